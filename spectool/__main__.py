@@ -1,0 +1,3 @@
+from spectool.cli import main
+
+main()

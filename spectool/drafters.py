@@ -1,0 +1,160 @@
+"""Drafters propose the next few tokens; the target verifies them.
+
+Protocol: `peek(history)` says cheaply whether and from where a draft would come: None, or (key, most tokens
+it can offer), the key naming what the controller keeps statistics under; `propose(history, k, sampling, rng)` returns up to k tokens, with the drafter's
+probability rows q when it samples (None means deterministic: q is one-hot on each drafted token).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import numpy as np
+
+from spectool.engine import Model
+from spectool.verify import Sampling, probs, sample, top_probability
+
+
+@dataclass
+class Draft:
+    tokens: list[int]
+    q: list[np.ndarray] | None
+    source: str  # "lookup" | "draft"
+
+
+EMPTY = Draft([], None, "none")
+
+
+class Drafter(Protocol):
+    def peek(self, history: Sequence[int]) -> tuple[str, int] | None: ...
+
+    def propose(self, history: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator) -> Draft: ...
+
+
+class DraftModel:
+    """A small model with its own KV cache, kept in step with the accepted tokens by `Model.sync`."""
+
+    def __init__(self, model: Model, p_min: float = 0.0):
+        self.model = model
+        self.p_min = p_min
+
+    def peek(self, history: Sequence[int]) -> tuple[str, int] | None:
+        room = self.model.n_ctx - len(history)
+        return ("draft", room) if room > 0 else None
+
+    def propose(self, history: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator) -> Draft:
+        m = self.model
+        room = m.n_ctx - len(history)
+        k = min(k, room)
+        if k <= 0:
+            return EMPTY
+        m.sync(history)
+        tokens: list[int] = []
+        qs: list[np.ndarray] = []
+        for i in range(k):
+            logits = m.logits(-1)
+            if sampling.greedy:
+                if self.p_min > 0 and top_probability(logits) < self.p_min:
+                    break
+                t = int(np.argmax(logits))
+            else:
+                q = probs(logits, sampling)
+                if self.p_min > 0 and q.max() < self.p_min:  # decided before the draw: keeps sampling exact
+                    break
+                t = sample(q, rng)
+                qs.append(q)
+            tokens.append(t)
+            if i < k - 1:
+                m.eval([t])
+        return Draft(tokens, None if sampling.greedy else qs, "draft")
+
+
+class PromptLookup:
+    """N-gram drafting from the prompt and the text so far.
+
+    An incremental index maps every n-gram (n_min <= n <= n_max) to the tokens that followed it, with counts and
+    the last position seen. A draft extends the current suffix one token at a time: the longest n-gram of the
+    suffix that was seen before votes for its most frequent follower (ties: the most recent). Each token costs
+    O(n_max) dictionary look-ups, whatever the history's length.
+    """
+
+    def __init__(self, n_min: int = 1, n_max: int = 4):
+        if not 1 <= n_min <= n_max:
+            raise ValueError("lookup n-gram sizes need 1 <= n_min <= n_max")
+        self.n_min, self.n_max = n_min, n_max
+        self.tokens: list[int] = []
+        self.follow: list[dict[tuple[int, ...], dict[int, list[int]]]] = [{} for _ in range(n_max + 1)]
+        self._peeked: tuple[int, list[int], int] | None = None
+
+    def _index(self, history: Sequence[int]) -> None:
+        n_old = len(self.tokens)
+        if n_old > len(history) or (n_old and history[n_old - 1] != self.tokens[-1]):
+            self.tokens, self.follow = [], [{} for _ in range(self.n_max + 1)]  # not an extension: rebuild
+            n_old = 0
+        toks = self.tokens
+        for j in range(n_old, len(history)):
+            t = history[j]
+            toks.append(t)
+            for n in range(self.n_min, min(self.n_max, j) + 1):
+                f = self.follow[n].setdefault(tuple(toks[j - n : j]), {})
+                c = f.get(t)
+                if c is None:
+                    f[t] = [1, j]
+                else:
+                    c[0] += 1
+                    c[1] = j
+
+    def _next(self, seq: list[int]) -> tuple[int, int] | None:
+        """(token, n-gram size) the index predicts after `seq`, or None."""
+        for n in range(min(self.n_max, len(seq)), self.n_min - 1, -1):
+            f = self.follow[n].get(tuple(seq[-n:]))
+            if f:
+                return max(f.items(), key=lambda kv: kv[1])[0], n
+        return None
+
+    def lookup(self, history: Sequence[int], k: int) -> tuple[list[int], int]:
+        """Up to k tokens predicted after `history`, and the n-gram size that predicted the first (0: none)."""
+        self._index(history)
+        seq = list(history[-self.n_max :])
+        out: list[int] = []
+        first_n = 0
+        for _ in range(k):
+            nxt = self._next(seq)
+            if nxt is None:
+                break
+            out.append(nxt[0])
+            seq.append(nxt[0])
+            first_n = first_n or nxt[1]
+        return out, first_n
+
+    def peek(self, history: Sequence[int], k_max: int = 16) -> tuple[str, int] | None:
+        tokens, n = self.lookup(history, k_max)
+        self._peeked = (len(history), tokens, n)
+        return (f"lookup:{n}", len(tokens)) if tokens else None
+
+    def propose(self, history: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator) -> Draft:
+        if self._peeked is not None and self._peeked[0] == len(history) and len(self._peeked[1]) >= k:
+            tokens = self._peeked[1][:k]
+        else:
+            tokens = self.lookup(history, k)[0]
+        self._peeked = None
+        return Draft(tokens, None, "lookup") if tokens else EMPTY
+
+
+class Hybrid:
+    """Prompt lookup first; the draft model where lookup finds nothing."""
+
+    def __init__(self, lookup: PromptLookup, draft: DraftModel):
+        self.lookup, self.draft = lookup, draft
+        self._use_lookup = False
+
+    def peek(self, history: Sequence[int]) -> tuple[str, int] | None:
+        found = self.lookup.peek(history)
+        self._use_lookup = found is not None
+        return found or self.draft.peek(history)
+
+    def propose(self, history: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator) -> Draft:
+        if self._use_lookup:
+            return self.lookup.propose(history, k, sampling, rng)
+        return self.draft.propose(history, k, sampling, rng)

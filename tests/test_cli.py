@@ -1,0 +1,113 @@
+"""The command line, driven in-process with Typer's CliRunner and as a real subprocess for pipes."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from spectool.cli import app
+
+runner = CliRunner()
+
+
+def run(args, input=None):
+    return runner.invoke(app, args, input=input)
+
+
+def test_help_is_instant_and_lists_commands():
+    r = run(["--help"])
+    assert r.exit_code == 0 and "run" in r.output
+    r = run(["run", "--help"])
+    assert r.exit_code == 0 and "--model-draft" in r.output and "Examples" in r.output
+    # importing the CLI does not import llama_cpp or numpy
+    code = "import sys, spectool.cli; print('llama_cpp' in sys.modules, 'numpy' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout
+    assert out.split() == ["False", "False"]
+
+
+def test_version():
+    r = run(["--version"])
+    assert r.exit_code == 0 and r.output.startswith("spectool ")
+
+
+def test_run_with_an_argument(tiny, tmp_path):
+    stats = tmp_path / "s.json"
+    r = run(["run", "-m", str(tiny["target"]), "-n", "20", "--stats-json", str(stats), "The quick brown fox"])
+    assert r.exit_code == 0, r.output
+    j = json.loads(stats.read_text())
+    assert j["mode"] == "lookup" and j["n_generated"] == 20 and j["finish_reason"] == "length"
+    assert j["n_prompt_tokens"] == 5
+
+
+@pytest.mark.parametrize("spec", ["none", "lookup", "draft", "hybrid", "auto"])
+def test_modes_give_the_same_greedy_text(tiny, spec, tmp_path):
+    args = ["-m", str(tiny["target"]), "-md", str(tiny["draft"]), "-n", "40", "-q"]
+    plain = run(["run", *args, "--spec", "none", "def greet(name):"])
+    r = run(["run", *args, "--spec", spec, "--stats-json", str(tmp_path / "s.json"), "def greet(name):"])
+    assert r.exit_code == 0 and r.stdout == plain.stdout
+    expected_mode = {"auto": "hybrid"}.get(spec, spec)
+    assert json.loads((tmp_path / "s.json").read_text())["mode"] == expected_mode
+
+
+def test_stdin_and_argument_are_joined(tiny, tmp_path):
+    s1, s2 = tmp_path / "a.json", tmp_path / "b.json"
+    a = run(["run", "-m", str(tiny["target"]), "-n", "10", "-q", "--stats-json", str(s1), "Summarize:"],
+            input="The dog sleeps.\n")
+    b = run(["run", "-m", str(tiny["target"]), "-n", "10", "-q", "--stats-json", str(s2),
+             "The dog sleeps.\nSummarize:"])
+    assert a.exit_code == 0 and a.stdout == b.stdout
+    assert json.loads(s1.read_text())["n_prompt_tokens"] == json.loads(s2.read_text())["n_prompt_tokens"]
+    only_stdin = run(["run", "-m", str(tiny["target"]), "-n", "5", "-q"], input="The dog sleeps.")
+    assert only_stdin.exit_code == 0
+
+
+def test_no_prompt_is_a_usage_error(tiny):
+    r = run(["run", "-m", str(tiny["target"])], input="")
+    assert r.exit_code == 2 and "no prompt" in r.stderr and "Traceback" not in r.output
+
+
+def test_binary_stdin_is_refused(tiny):
+    r = run(["run", "-m", str(tiny["target"])], input=b"\x00\x01\x02binary")
+    assert r.exit_code == 1 and "binary" in r.stderr
+
+
+def test_missing_model_is_one_line(tmp_path):
+    r = run(["run", "-m", str(tmp_path / "nope.gguf"), "hi"])
+    assert r.exit_code == 1
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "not found" in lines[0] and "Traceback" not in r.output
+
+
+def test_spec_draft_without_a_draft_model(tiny):
+    r = run(["run", "-m", str(tiny["target"]), "--spec", "draft", "hi"])
+    assert r.exit_code == 2 and "draft model" in r.stderr
+
+
+def test_bad_option_values(tiny):
+    for args in (["--temp", "-1"], ["--top-p", "0"], ["--draft-max", "-2"], ["--draft-min", "5", "--draft-max", "2"]):
+        r = run(["run", "-m", str(tiny["target"]), *args, "hi"])
+        assert r.exit_code == 2, args
+
+
+def test_pipe_purity(tiny, tmp_path):
+    """stdout through a real pipe carries exactly the generated text, newline-terminated, nothing else."""
+    stats = tmp_path / "s.json"
+    env = dict(os.environ, PYTHONIOENCODING="utf-8")
+    p = subprocess.run(
+        [sys.executable, "-m", "spectool", "run", "-m", str(tiny["target"]), "-n", "30",
+         "--stats-json", str(stats), "Summarize:"],
+        input=b"The quick brown fox jumps over the lazy dog.", capture_output=True, env=env, timeout=60,
+    )
+    assert p.returncode == 0, p.stderr
+    from spectool.engine import Model
+    from spectool.speculative import Generation, generate_text
+
+    with Model(tiny["target"], n_ctx=4096) as m:
+        prompt = m.tokenize("The quick brown fox jumps over the lazy dog.\nSummarize:", parse_special=True)
+        text = "".join(t for t, _ in generate_text(Generation(m, None, max_tokens=30), prompt))
+    expected = text if text.endswith("\n") else text + "\n"
+    assert p.stdout == expected.encode("utf-8", errors="replace")
+    assert b"[lookup]" in p.stderr and b"tok/s" in p.stderr

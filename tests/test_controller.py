@@ -1,0 +1,70 @@
+"""The adaptive controller with synthetic costs and acceptance."""
+
+import random
+
+from spectool.controller import Controller
+
+
+def drive(ctl, key, accept_p, cost1=0.013, slope=0.55, steps=400, seed=0):
+    """Feed a controller synthetic steps: batch cost cost1 * (1 + slope*(n-1)), each draft accepted with
+    probability accept_p. Returns the chosen k of the last 100 steps."""
+    rng = random.Random(seed)
+    ks = []
+    for _ in range(steps):
+        k = ctl.choose(key, 16)
+        ctl.observe_verify(k + 1, cost1 * (1 + slope * k))
+        if k:
+            acc = 0
+            while acc < k and rng.random() < accept_p:
+                acc += 1
+            ctl.observe_accept(key, k, acc)
+            ctl.observe_draft(key, k, 0.0001 * k)
+        ks.append(k)
+    return ks[-100:]
+
+
+def test_useless_drafts_give_plain_decoding():
+    ks = drive(Controller(k_max=8), "lookup:1", accept_p=0.05)
+    assert ks.count(0) >= 90  # re-probes aside
+
+
+def test_good_drafts_give_long_drafts():
+    ks = drive(Controller(k_max=8), "lookup:3", accept_p=0.95, slope=0.2)
+    assert min(ks) >= 6
+
+
+def true_rate(k, accept_p, slope):
+    return sum(accept_p**i for i in range(k + 1)) / (1 + slope * k)
+
+
+def test_choices_are_near_the_best_fixed_length():
+    for accept_p, slope in [(0.95, 0.55), (0.8, 0.2), (0.6, 0.55), (0.5, 0.2), (0.9, 0.05), (0.1, 0.55)]:
+        ks = drive(Controller(k_max=8), "draft", accept_p=accept_p, slope=slope)
+        best = max(true_rate(k, accept_p, slope) for k in range(9))
+        got = sum(true_rate(k, accept_p, slope) for k in ks) / len(ks)
+        assert got >= 0.95 * best, (accept_p, slope, ks)
+
+
+def test_cheap_verification_drafts_more():
+    ks_cheap = drive(Controller(k_max=8), "draft", accept_p=0.7, slope=0.05)
+    ks_dear = drive(Controller(k_max=8), "draft", accept_p=0.7, slope=0.6)
+    assert sum(ks_cheap) > sum(ks_dear)
+
+
+def test_fixed_length_and_availability():
+    ctl = Controller(k_max=6, k_min=6, adaptive=False)
+    assert ctl.choose("x", 16) == 6 and ctl.choose("x", 3) == 3 and ctl.choose("x", 0) == 0
+
+
+def test_recovers_after_a_bad_stretch():
+    ctl = Controller(k_max=8)
+    drive(ctl, "lookup:2", accept_p=0.02, steps=300)
+    ks = drive(ctl, "lookup:2", accept_p=0.97, steps=600, seed=1)
+    assert sum(k > 0 for k in ks) > 80
+
+
+def test_verify_cost_model_fits_a_line():
+    ctl = Controller()
+    for n, c in [(1, 1.0), (3, 2.0), (5, 3.0)]:
+        ctl.observe_verify(n, c)
+    assert abs(ctl.verify_cost(9) - 5.0) < 1e-9

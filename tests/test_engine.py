@@ -1,0 +1,172 @@
+"""The engine on the generated tiny models and the real llama.cpp."""
+
+import shutil
+
+import numpy as np
+import pytest
+
+from spectool.engine import Model, ModelLoadError, backend_info, check_gguf_file
+
+TEXTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "def greet(name):\n    print(\"Hello, \" + name + \"!\")\n",
+    "héllo wörld, 日本語 and an emoji 🙂 mixed with ascii",
+    "  leading spaces and\ttabs\n\nand blank lines  ",
+]
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_text_round_trips(target, text):
+    tokens = target.tokenize(text, add_special=False)
+    assert target.detokenize(tokens) == text
+    # the vocabulary has real multi-character tokens, not only bytes
+    assert len(tokens) < len(text.encode()) or not text.isascii()
+
+
+def test_tokenize_uses_multichar_tokens(target):
+    tokens = target.tokenize("The quick brown fox", add_special=False)
+    assert len(tokens) <= 5
+    assert any(len(target.piece(t)) > 2 for t in tokens)
+
+
+def test_tokenize_adds_bos(target):
+    info = target.vocab_info()
+    assert target.tokenize("fox")[0] == info.bos
+    assert target.tokenize("fox", add_special=False)[0] != info.bos
+
+
+def test_incremental_detokenize_never_splits_a_character(target):
+    text = "日本語 🙂 é"
+    tokens = target.tokenize(text, add_special=False)
+    pieces = [target.piece(t) for t in tokens]
+    assert any(len(p) == 1 and p[0] >= 0x80 for p in pieces), "expected byte-fallback tokens"
+    d = target.detokenizer()
+    outs = [d.feed([t]) for t in tokens]
+    assert "".join(outs) + d.flush() == text
+    assert all("\ufffd" not in o for o in outs)
+    # while the bytes of one character arrive, nothing is emitted
+    assert outs[0] == "" and outs[2] == "日"
+
+
+def test_batch_logits_equal_sequential(tiny):
+    with Model(tiny["target"], n_ctx=256) as a, Model(tiny["target"], n_ctx=256) as b:
+        tokens = a.tokenize("Speculative decoding lets a small draft model propose tokens")
+        a.eval(tokens, logits="all")
+        batch = np.stack([a.logits(i).copy() for i in range(len(tokens))])
+        seq = []
+        for t in tokens:
+            b.eval([t])
+            seq.append(b.logits(-1).copy())
+        np.testing.assert_allclose(batch, np.stack(seq), rtol=1e-4, atol=1e-4)
+
+
+def test_rollback_then_decode_equals_fresh(tiny):
+    with Model(tiny["target"], n_ctx=256) as m, Model(tiny["target"], n_ctx=256) as fresh:
+        a = m.tokenize("The dog sleeps in the sun")
+        b = m.tokenize(" and the fox runs into the woods", add_special=False)
+        c = m.tokenize(" while the draft proposes", add_special=False)
+        m.eval(a + b)
+        assert m.rollback(len(a))
+        assert m.tokens == a
+        m.eval(c)
+        fresh.eval(a + c)
+        np.testing.assert_allclose(m.logits(-1), fresh.logits(-1), rtol=1e-4, atol=1e-4)
+
+
+def test_sync_reuses_the_common_prefix(target):
+    target.reset()
+    a = target.tokenize("The quick brown fox jumps over the lazy dog.")
+    assert target.sync(a) == len(a)
+    b = a + target.tokenize(" The dog sleeps", add_special=False)
+    assert target.sync(b) == len(b) - len(a) + 0  # only the new tokens are decoded
+    c = a[:3] + target.tokenize(" woods", add_special=False)
+    assert target.sync(c) == len(c) - 3
+    assert target.tokens == c
+
+
+def test_prefill_longer_than_n_batch(tiny):
+    with Model(tiny["target"], n_ctx=1024, n_batch=32) as m, Model(tiny["target"], n_ctx=1024) as ref:
+        tokens = m.tokenize(" ".join(["the fox runs into the woods"] * 30))
+        assert len(tokens) > 100
+        m.eval(tokens)
+        ref.eval(tokens)
+        assert len(m.tokens) == len(tokens)
+        # llama.cpp's CPU flash attention sums in another order for other chunk sizes: F16-level differences
+        np.testing.assert_allclose(m.logits(-1), ref.logits(-1), rtol=0, atol=0.05)
+        assert np.argmax(m.logits(-1)) == np.argmax(ref.logits(-1))
+
+
+def test_logits_only_where_requested(target):
+    target.reset()
+    target.eval(target.tokenize("The fox"), logits="last")
+    target.logits(-1)
+    with pytest.raises(IndexError):
+        target.logits(-2)
+
+
+def test_vocab_facts_and_template(target, tiny):
+    info = target.vocab_info()
+    assert (info.bos, info.eos, info.add_bos, info.add_eos) == (1, 2, True, False)
+    assert info.n_tokens == target.n_vocab and info.texts[5] == b"<0x00>"
+    assert "<|assistant|>" in target.chat_template()
+    assert target.architecture == "llama"
+    assert target.is_eog(2) and not target.is_eog(100)
+    assert isinstance(backend_info()["gpu_offload"], bool)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ModelLoadError, match="not found"):
+        Model(tmp_path / "nope.gguf")
+
+
+def test_directory_instead_of_file(tmp_path):
+    with pytest.raises(ModelLoadError, match="directory"):
+        Model(tmp_path)
+
+
+def test_non_gguf_file(tmp_path):
+    p = tmp_path / "model.gguf"
+    p.write_text("this is not a model")
+    with pytest.raises(ModelLoadError, match="not a GGUF file"):
+        Model(p)
+
+
+def test_truncated_gguf(tmp_path, tiny):
+    data = tiny["target"].read_bytes()
+    p = tmp_path / "truncated.gguf"
+    p.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ModelLoadError, match="could not load truncated.gguf"):
+        Model(p)
+
+
+def test_unsupported_architecture(tmp_path, tiny):
+    import gguf
+
+    p = tmp_path / "alien.gguf"
+    w = gguf.GGUFWriter(str(p), "alien-arch-9000")
+    w.add_tensor("x", np.zeros(4, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    assert check_gguf_file(p) == p
+    with pytest.raises(ModelLoadError, match="alien-arch-9000"):
+        Model(p)
+
+
+def test_close_is_idempotent(tiny):
+    m = Model(tiny["draft"], n_ctx=64)
+    m.close()
+    m.close()
+
+
+def test_quantize_writes_atomically(tmp_path, tiny):
+    from spectool.engine import EngineError, quantize
+
+    out = quantize(tiny["target"], tmp_path / "t16.gguf", "F16")
+    with Model(out, n_ctx=64) as m:
+        assert m.n_vocab > 500
+    with pytest.raises(EngineError):
+        quantize(tiny["target"], tmp_path / "bad.gguf", "NOT_A_TYPE")
+    assert not (tmp_path / "bad.gguf").exists()
+    shutil.rmtree(tmp_path)

@@ -1,0 +1,62 @@
+"""The prompt-lookup index against a brute-force search (property test)."""
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from spectool.drafters import PromptLookup
+
+
+def brute_force(history, k, n_min, n_max):
+    seq, out = list(history), []
+    for _ in range(k):
+        best = None
+        for n in range(min(n_max, len(seq)), n_min - 1, -1):
+            suffix = seq[-n:]
+            followers = {}
+            for j in range(n, len(history)):  # j: position of a follower of history[j-n:j]
+                if history[j - n : j] == suffix:
+                    c = followers.get(history[j], (0, -1))
+                    followers[history[j]] = (c[0] + 1, j)
+            if followers:
+                best = max(followers.items(), key=lambda kv: kv[1])[0]
+                break
+        if best is None:
+            break
+        out.append(best)
+        seq.append(best)
+    return out
+
+
+streams = st.lists(st.integers(0, 5), min_size=1, max_size=80)
+
+
+@settings(max_examples=300, deadline=None)
+@given(streams, st.integers(1, 8), st.integers(1, 3), st.integers(0, 3))
+def test_index_equals_brute_force(history, k, n_min, extra):
+    n_max = n_min + extra
+    lk = PromptLookup(n_min, n_max)
+    assert lk.lookup(history, k)[0] == brute_force(history, k, n_min, n_max)
+
+
+@settings(max_examples=100, deadline=None)
+@given(streams, st.lists(st.lists(st.integers(0, 5), max_size=6), max_size=6), st.integers(1, 6))
+def test_incremental_index_equals_a_fresh_one(start, growths, k):
+    lk = PromptLookup(1, 3)
+    history = list(start)
+    lk.lookup(history, k)
+    for g in growths:
+        history += g
+        assert lk.lookup(history, k) == PromptLookup(1, 3).lookup(history, k)
+    # a history that is not an extension (a chat /reset) rebuilds the index
+    other = [9, 9, 8, 9, 9]
+    assert lk.lookup(other, k) == PromptLookup(1, 3).lookup(other, k)
+
+
+def test_prefers_the_most_frequent_follower():
+    # after "1" came 2 twice and 3 once (most recently): the count wins
+    assert PromptLookup(1, 1).lookup([1, 2, 1, 2, 1, 3, 1], 1)[0] == [2]
+
+
+def test_longest_match_wins_and_reports_its_size():
+    tokens, n = PromptLookup(1, 3).lookup([7, 8, 9, 1, 1, 8, 5, 7, 8], 2)
+    assert tokens == [9, 1] and n == 2

@@ -1,0 +1,191 @@
+"""Tiny deterministic GGUF models for the tests, written with the `gguf` package in well under a second.
+
+- `target`: llama architecture, F32, 3 layers, an SPM vocabulary with byte fallback whose multi-character
+  tokens are learnt by BPE merges on a small English + Python corpus, so ordinary text round-trips.
+- `draft`: the target's first two layers only, with a little noise: smaller, same vocabulary, correlated outputs.
+- `foreign`: like the target but with its ordinary tokens shuffled: another vocabulary.
+
+Layers add small updates to the residual stream and the output layer is scaled up, so next-token
+distributions are peaked and mostly a function of the last few tokens: the draft agrees with the target often,
+but not always, and greedy text falls into loops that prompt lookup can predict.
+"""
+
+from __future__ import annotations
+
+import collections
+from pathlib import Path
+
+import numpy as np
+
+CORPUS = """\
+The quick brown fox jumps over the lazy dog. The dog sleeps in the sun and the fox runs into the woods.
+Speculative decoding lets a small draft model propose tokens that a large target model checks in one pass.
+When the draft is right, the target accepts several tokens at once, and generation becomes faster.
+def add(a, b):
+    return a + b
+
+def greet(name):
+    print("Hello, " + name + "!")
+    return name
+
+for i in range(10):
+    total = add(total, i)
+Summaries, answers and code edits often repeat the text of the prompt, so looking up n-grams in the prompt
+finds good drafts without any draft model at all. This is the prompt lookup idea, and it is simple.
+"""
+
+SPECIALS = ["<unk>", "<s>", "</s>", "<|user|>", "<|assistant|>"]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{% if m['role'] == 'user' %}<|user|>{{ m['content'] }}"
+    "{% elif m['role'] == 'system' %}<|user|>[system] {{ m['content'] }}"
+    "{% else %}<|assistant|>{{ m['content'] }}</s>{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+N_EMBD, N_HEAD, N_HEAD_KV, N_FF, N_CTX = 64, 4, 2, 128, 2048
+
+
+def _bpe_vocab(text: str, n_merges: int) -> list[str]:
+    """Characters of printable ASCII and the corpus, then BPE merges in the order they were learnt."""
+    text = text.replace(" ", "\u2581")
+    chars = sorted(set(text) | {chr(c) for c in range(33, 127)} | {"\u2581"})
+    chars.remove("\n")  # newline goes through byte fallback, like in real SPM vocabularies
+    words = collections.Counter()
+    for line in text.split("\n"):
+        for w in line.replace("\u2581", "\n\u2581").split("\n"):
+            if w:
+                words[tuple(w)] += 1
+    merges: list[str] = []
+    for _ in range(n_merges):
+        pairs = collections.Counter()
+        for w, c in words.items():
+            for a, b in zip(w, w[1:]):
+                pairs[a, b] += c
+        if not pairs:
+            break
+        (a, b), _ = max(pairs.items(), key=lambda kv: (kv[1], kv[0]))
+        merges.append(a + b)
+        new = collections.Counter()
+        for w, c in words.items():
+            out, i = [], 0
+            while i < len(w):
+                if i + 1 < len(w) and w[i] == a and w[i + 1] == b:
+                    out.append(a + b)
+                    i += 2
+                else:
+                    out.append(w[i])
+                    i += 1
+            new[tuple(out)] += c
+        words = new
+    return chars + merges
+
+
+def vocabulary(shuffle_seed: int | None = None) -> tuple[list[str], list[float], list[int]]:
+    normal = _bpe_vocab(CORPUS, 300)
+    if shuffle_seed is not None:
+        rng = np.random.default_rng(shuffle_seed)
+        normal = [normal[i] for i in rng.permutation(len(normal))]
+    byte_tokens = [f"<0x{b:02X}>" for b in range(256)]
+    tokens = SPECIALS + byte_tokens + normal
+    # SPM merges prefer the higher score: later BPE merges get lower scores, single characters the lowest
+    scores = [0.0] * (len(SPECIALS) + 256) + [
+        -1000.0 if len(t) == 1 else -float(i) for i, t in enumerate(normal)
+    ]
+    # token types: 1 normal, 2 unknown, 3 control, 6 byte
+    types = [2, 3, 3, 3, 3] + [6] * 256 + [1] * len(normal)
+    return tokens, scores, types
+
+
+def _weights(rng: np.random.Generator, n_vocab: int, n_layer: int, last_scale: float = 1.0) -> dict[str, np.ndarray]:
+    d, hd = N_EMBD, N_EMBD // N_HEAD
+    kv = hd * N_HEAD_KV
+
+    def normal(shape, std):
+        return rng.normal(0.0, std, shape).astype(np.float32)
+
+    w = {
+        "token_embd.weight": normal((n_vocab, d), 1.0),
+        "output_norm.weight": np.ones(d, np.float32),
+        "output.weight": normal((n_vocab, d), 5.0 / np.sqrt(d)),
+    }
+    for i in range(n_layer):
+        out = 0.5 * (last_scale if i == n_layer - 1 else 1.0)  # how much each layer writes to the residual
+        w |= {
+            f"blk.{i}.attn_norm.weight": np.ones(d, np.float32),
+            f"blk.{i}.attn_q.weight": normal((d, d), 1 / np.sqrt(d)),
+            f"blk.{i}.attn_k.weight": normal((kv, d), 1 / np.sqrt(d)),
+            f"blk.{i}.attn_v.weight": normal((kv, d), 1 / np.sqrt(d)),
+            f"blk.{i}.attn_output.weight": normal((d, d), out / np.sqrt(d)),
+            f"blk.{i}.ffn_norm.weight": np.ones(d, np.float32),
+            f"blk.{i}.ffn_gate.weight": normal((N_FF, d), 1 / np.sqrt(d)),
+            f"blk.{i}.ffn_up.weight": normal((N_FF, d), 1 / np.sqrt(d)),
+            f"blk.{i}.ffn_down.weight": normal((d, N_FF), out / np.sqrt(N_FF)),
+        }
+    return w
+
+
+def _write(path: Path, weights: dict[str, np.ndarray], n_layer: int, vocab, name: str) -> Path:
+    import gguf
+
+    tokens, scores, types = vocab
+    path.parent.mkdir(parents=True, exist_ok=True)
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name(name)
+    w.add_context_length(N_CTX)
+    w.add_embedding_length(N_EMBD)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(N_FF)
+    w.add_head_count(N_HEAD)
+    w.add_head_count_kv(N_HEAD_KV)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_dimension_count(N_EMBD // N_HEAD)
+    w.add_vocab_size(len(tokens))
+    w.add_file_type(0)  # all F32
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_unk_token_id(0)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
+    w.add_add_space_prefix(False)
+    w.add_chat_template(CHAT_TEMPLATE)
+    for k, v in weights.items():
+        w.add_tensor(k, v)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def write_models(folder: Path) -> dict[str, Path]:
+    """Write target.gguf, draft.gguf and foreign.gguf into `folder` (deterministic) and return their paths."""
+    folder = Path(folder)
+    vocab = vocabulary()
+    n_vocab = len(vocab[0])
+    target = _weights(np.random.default_rng(1234), n_vocab, 3, last_scale=0.4)
+    noise = np.random.default_rng(99)
+    draft = {
+        k: v + noise.normal(0.0, 0.05 * (float(v.std()) or 1.0), v.shape).astype(np.float32)
+        if not k.endswith("norm.weight")
+        else v
+        for k, v in target.items()
+        if not k.startswith("blk.2.")
+    }
+    foreign_vocab = vocabulary(shuffle_seed=7)
+    foreign = _weights(np.random.default_rng(4321), len(foreign_vocab[0]), 2)
+    return {
+        "target": _write(folder / "target.gguf", target, 3, vocab, "tiny-target"),
+        "draft": _write(folder / "draft.gguf", draft, 2, vocab, "tiny-draft"),
+        "foreign": _write(folder / "foreign.gguf", foreign, 2, foreign_vocab, "tiny-foreign"),
+    }
+
+
+if __name__ == "__main__":
+    import sys
+
+    for k, p in write_models(Path(sys.argv[1] if len(sys.argv) > 1 else "tiny-models")).items():
+        print(k, p, p.stat().st_size)
