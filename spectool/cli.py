@@ -175,7 +175,7 @@ def run(
     seed: Seed = None,
     draft_max: DraftMax = 8,
     draft_min: DraftMin = 0,
-    draft_p_min: DraftPMin = 0.5,
+    draft_p_min: DraftPMin = 0.0,
     ctx_size: Ctx = 4096,
     threads: Threads = None,
     gpu_layers: Ngl = 0,
@@ -217,7 +217,14 @@ def _run(
     with engine.Model(model, n_ctx=ctx_size, n_threads=threads, n_gpu_layers=gpu_layers) as target:
         draft_model = None
         if model_draft and spec is not Spec.none and spec is not Spec.lookup:
-            draft_model = engine.Model(model_draft, n_ctx=target.n_ctx, n_threads=threads, n_gpu_layers=gpu_layers_draft)
+            try:
+                draft_model = engine.Model(
+                    model_draft, n_ctx=target.n_ctx, n_threads=threads, n_gpu_layers=gpu_layers_draft
+                )
+            except engine.EngineError as e:
+                if spec is Spec.draft:
+                    raise
+                notices.append(f"draft model not loaded ({e}); using prompt lookup")
         try:
             drafter, mode = build_drafter(spec, target, draft_model, draft_p_min, notices)
             if not target.can_rollback and drafter is not None:

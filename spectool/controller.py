@@ -29,29 +29,42 @@ class Controller:
     k_min: int = 0
     adaptive: bool = True
     decay: float = 0.97  # weight kept by older acceptance observations at each update
-    prior_accept: float = 0.5
-    prior_weight: float = 1.0
-    probe_every: int = 24
+    # prior acceptance by key until measured: longer prompt-lookup matches are more often right
+    priors: dict[str, float] = field(
+        default_factory=lambda: {"lookup:1": 0.3, "lookup:2": 0.5, "lookup:3": 0.6, "lookup:4": 0.8, "draft": 0.6}
+    )
+    prior_accept: float = 0.5  # for other keys
+    # keys whose quality is unknown until tried (a user's draft model): draft this many times first
+    explore: dict[str, int] = field(default_factory=lambda: {"draft": 2})
+    explore_k: int = 4
+    optimism: float = 0.3
+    prior_weight: float = 2.0
+    probe_every: int = 64
     slope_prior: float = 0.5  # extra cost of each batched token relative to one decode, until measured
     draft_cost_prior: float = 0.15  # a draft-model token relative to one target decode, until measured
     timed: bool = True
     _verify: dict[int, float] = field(default_factory=dict)  # batch size -> EMA seconds
     _draft: dict[str, float] = field(default_factory=dict)  # key -> EMA seconds per drafted token
     _acc: dict[str, _Acceptance] = field(default_factory=dict)
+    _warm: set = field(default_factory=set)
 
     # -- what the loop tells us ----------------------------------------------------------------------------
     def observe_verify(self, batch_size: int, seconds: float) -> None:
-        if not self.timed:
-            return
-        old = self._verify.get(batch_size)
-        self._verify[batch_size] = seconds if old is None else 0.8 * old + 0.2 * seconds
+        if self.timed:
+            self._ema(self._verify, batch_size, seconds)
 
     def observe_draft(self, key: str, n_drafted: int, seconds: float) -> None:
-        if n_drafted <= 0 or not self.timed:
+        if self.timed and n_drafted > 0:
+            self._ema(self._draft, key, seconds / n_drafted)
+
+    def _ema(self, table: dict, key, sample: float) -> None:
+        """Running average of a cost. The first sample of each key is a warm-up (llama.cpp builds and
+        allocates a graph for a new batch shape) and is dropped; later outliers are clipped."""
+        if key not in self._warm:
+            self._warm.add(key)
             return
-        per = seconds / n_drafted
-        old = self._draft.get(key)
-        self._draft[key] = per if old is None else 0.8 * old + 0.2 * per
+        old = table.get(key)
+        table[key] = sample if old is None else 0.8 * old + 0.2 * min(sample, 4 * old)
 
     def observe_accept(self, key: str, drafted: int, accepted: int) -> None:
         a = self._stats(key)
@@ -66,13 +79,14 @@ class Controller:
             a = self._acc[key] = _Acceptance([0.0] * self.k_max, [0.0] * self.k_max)
         return a
 
-    def acceptance(self, key: str) -> list[float]:
-        """Estimated acceptance at each draft position; a position seldom tried borrows the one before it."""
+    def acceptance(self, key: str, optimism: float = 0.0) -> list[float]:
+        """Estimated acceptance at each draft position; a position seldom tried borrows the one before it.
+        `optimism` adds an upper-confidence bonus that shrinks as a position is tried (exploration)."""
         a = self._stats(key)
-        w, prior, out = self.prior_weight, self.prior_accept, []
+        w, prior, out = self.prior_weight, self.priors.get(key, self.prior_accept), []
         for h, t in zip(a.hits, a.tries):
             prior = (h + w * prior) / (t + w)
-            out.append(prior)
+            out.append(min(1.0, prior + optimism / (t + w) ** 0.5))
         return out
 
     def verify_cost(self, batch_size: int) -> float:
@@ -89,10 +103,10 @@ class Controller:
         base = known[0][1] / (1 + self.slope_prior * (known[0][0] - 1)) if known else 1.0
         return base * (1 + self.slope_prior * (batch_size - 1))
 
-    def expected_rate(self, key: str, k: int) -> float:
+    def expected_rate(self, key: str, k: int, optimism: float = 0.0) -> float:
         """Expected tokens per second of a step drafting k tokens under `key`."""
         expected, run = 1.0, 1.0
-        for a in self.acceptance(key)[:k]:
+        for a in self.acceptance(key, optimism)[:k]:
             run *= a
             expected += run
         per_draft = self._draft.get(key)
@@ -105,13 +119,15 @@ class Controller:
         hi = min(self.k_max, available)
         if not self.adaptive or hi <= self.k_min:
             return max(0, hi)
-        best = max(range(self.k_min, hi + 1), key=lambda k: self.expected_rate(key, k))
         a = self._stats(key)
+        if a.tries[0] < self.explore.get(key, 0):
+            return max(self.k_min, min(hi, self.explore_k))
+        best = max(range(self.k_min, hi + 1), key=lambda k: self.expected_rate(key, k, self.optimism))
         if best == 0:
             a.zero_streak += 1
             if a.zero_streak >= self.probe_every:  # re-probe: one short draft keeps the estimate honest
                 a.zero_streak = 0
-                return min(2, hi)
+                return 1
         else:
             a.zero_streak = 0
         return best

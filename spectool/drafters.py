@@ -27,6 +27,8 @@ EMPTY = Draft([], None, "none")
 
 
 class Drafter(Protocol):
+    def prefill(self, history: Sequence[int]) -> None: ...
+
     def peek(self, history: Sequence[int]) -> tuple[str, int] | None: ...
 
     def propose(self, history: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator) -> Draft: ...
@@ -38,6 +40,9 @@ class DraftModel:
     def __init__(self, model: Model, p_min: float = 0.0):
         self.model = model
         self.p_min = p_min
+
+    def prefill(self, history: Sequence[int]) -> None:
+        self.model.sync(history[:-1], logits="none") if len(history) > 1 else self.model.reset()
 
     def peek(self, history: Sequence[int]) -> tuple[str, int] | None:
         room = self.model.n_ctx - len(history)
@@ -79,10 +84,11 @@ class PromptLookup:
     O(n_max) dictionary look-ups, whatever the history's length.
     """
 
-    def __init__(self, n_min: int = 1, n_max: int = 4):
+    def __init__(self, n_min: int = 1, n_max: int = 8, key_max: int = 4):
         if not 1 <= n_min <= n_max:
             raise ValueError("lookup n-gram sizes need 1 <= n_min <= n_max")
         self.n_min, self.n_max = n_min, n_max
+        self.key_max = key_max  # matches of key_max tokens or more share one controller key
         self.tokens: list[int] = []
         self.follow: list[dict[tuple[int, ...], dict[int, list[int]]]] = [{} for _ in range(n_max + 1)]
         self._peeked: tuple[int, list[int], int] | None = None
@@ -128,10 +134,13 @@ class PromptLookup:
             first_n = first_n or nxt[1]
         return out, first_n
 
+    def prefill(self, history: Sequence[int]) -> None:
+        self._index(history)
+
     def peek(self, history: Sequence[int], k_max: int = 16) -> tuple[str, int] | None:
         tokens, n = self.lookup(history, k_max)
         self._peeked = (len(history), tokens, n)
-        return (f"lookup:{n}", len(tokens)) if tokens else None
+        return (f"lookup:{min(n, self.key_max)}", len(tokens)) if tokens else None
 
     def propose(self, history: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator) -> Draft:
         if self._peeked is not None and self._peeked[0] == len(history) and len(self._peeked[1]) >= k:
@@ -148,6 +157,10 @@ class Hybrid:
     def __init__(self, lookup: PromptLookup, draft: DraftModel):
         self.lookup, self.draft = lookup, draft
         self._use_lookup = False
+
+    def prefill(self, history: Sequence[int]) -> None:
+        self.lookup.prefill(history)
+        self.draft.prefill(history)
 
     def peek(self, history: Sequence[int]) -> tuple[str, int] | None:
         found = self.lookup.peek(history)

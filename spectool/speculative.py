@@ -55,6 +55,12 @@ def speculative_generate(g: Generation, prompt: Sequence[int], stats: Stats | No
         raise EngineError(f"the prompt has {len(x)} tokens but the context holds only {target.n_ctx}")
     t0 = time.perf_counter()
     target.sync(x[:-1], logits="none") if len(x) > 1 else target.reset()
+    notice = None
+    if drafter is not None:
+        try:
+            drafter.prefill(x)  # the draft model's prompt is prompt processing, not drafting
+        except EngineError as e:
+            drafter, notice = _fallback(x, e)
     if stats is not None:
         stats.n_prompt_tokens = len(x)
         stats.prompt_seconds = time.perf_counter() - t0
@@ -67,7 +73,6 @@ def speculative_generate(g: Generation, prompt: Sequence[int], stats: Stats | No
                     stats.finish_reason = "context"
                 yield Step([], 0, 0, "none", 0.0, 0.0, finish_reason="context")
                 return
-            notice = None
             # 1. draft
             t0 = time.perf_counter()
             d = EMPTY
@@ -77,15 +82,14 @@ def speculative_generate(g: Generation, prompt: Sequence[int], stats: Stats | No
                 if k > 0:
                     try:
                         d = drafter.propose(x, k, s, rng)
-                    except EngineError as e:  # a failing draft model: go on with prompt lookup alone
-                        drafter, d = PromptLookup(), EMPTY
-                        notice = f"draft model failed ({e}); continuing with prompt lookup"
+                    except EngineError as e:
+                        drafter, notice = _fallback(x, e)
             t1 = time.perf_counter()
             # 2. verify: one target pass over [x[-1], d_1..d_k]
             target.eval([x[-1], *d.tokens], logits="all")
             if s.greedy:
-                argmax = [int(np.argmax(target.logits(i))) for i in range(len(d.tokens) + 1)]
-                n_acc, t = accept_greedy(argmax, d.tokens)
+                n_acc, t = accept_greedy((int(np.argmax(target.logits(i))) for i in range(len(d.tokens) + 1)),
+                                         d.tokens)
             else:
                 p = [probs(target.logits(i), s) for i in range(len(d.tokens) + 1)]
                 n_acc, t = accept_sampled(p, d.q, d.tokens, rng)
@@ -107,6 +111,7 @@ def speculative_generate(g: Generation, prompt: Sequence[int], stats: Stats | No
             x.extend(new)
             n_new += len(new)
             step = Step(new, len(d.tokens), n_acc, d.source, t1 - t0, t2 - t1, finish, notice)
+            notice = None
             if stats is not None:
                 stats.add_step(step)
                 stats.finish_reason = finish
@@ -115,6 +120,13 @@ def speculative_generate(g: Generation, prompt: Sequence[int], stats: Stats | No
                 return
     finally:
         target.rollback(len(x) - 1)  # whatever happened, the cache holds x[:-1] and nothing drafted
+
+
+def _fallback(x: list[int], error: Exception) -> tuple[Drafter, str]:
+    """A failing draft model: go on with prompt lookup alone (the output stays the target's)."""
+    lookup = PromptLookup()
+    lookup.prefill(x)
+    return lookup, f"draft model failed ({error}); continuing with prompt lookup"
 
 
 class TextStream:

@@ -9,7 +9,7 @@ output then follows p exactly. At temperature 0 this reduces to: accept while ar
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -59,12 +59,13 @@ def sample(p: np.ndarray, rng: np.random.Generator) -> int:
     return int(min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), len(p) - 1))
 
 
-def accept_greedy(target_argmax: Sequence[int], draft: Sequence[int]) -> tuple[int, int]:
-    """(number of draft tokens accepted, the target's next token) at temperature 0."""
-    n = 0
-    while n < len(draft) and draft[n] == target_argmax[n]:
-        n += 1
-    return n, int(target_argmax[n])
+def accept_greedy(target_argmax: Iterable[int], draft: Sequence[int]) -> tuple[int, int]:
+    """(number of draft tokens accepted, the target's next token) at temperature 0. `target_argmax` may be
+    lazy: nothing past the first mismatch is read."""
+    for n, t in enumerate(target_argmax):
+        if n == len(draft) or draft[n] != t:
+            return n, int(t)
+    raise ValueError("need len(draft) + 1 target rows")
 
 
 def accept_sampled(

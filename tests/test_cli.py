@@ -111,3 +111,14 @@ def test_pipe_purity(tiny, tmp_path):
     expected = text if text.endswith("\n") else text + "\n"
     assert p.stdout == expected.encode("utf-8", errors="replace")
     assert b"[lookup]" in p.stderr and b"tok/s" in p.stderr
+
+
+def test_unloadable_draft_falls_back_to_lookup(tiny, tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 64)
+    stats = tmp_path / "s.json"
+    r = run(["run", "-m", str(tiny["target"]), "-md", str(bad), "-n", "10", "--stats-json", str(stats), "hi"])
+    assert r.exit_code == 0 and "using prompt lookup" in r.stderr
+    assert json.loads(stats.read_text())["mode"] == "lookup"
+    r = run(["run", "-m", str(tiny["target"]), "-md", str(bad), "--spec", "draft", "hi"])
+    assert r.exit_code == 1 and "could not load bad.gguf" in r.stderr

@@ -66,5 +66,8 @@ def test_recovers_after_a_bad_stretch():
 def test_verify_cost_model_fits_a_line():
     ctl = Controller()
     for n, c in [(1, 1.0), (3, 2.0), (5, 3.0)]:
+        ctl.observe_verify(n, 50.0)  # a warm-up outlier: dropped
         ctl.observe_verify(n, c)
     assert abs(ctl.verify_cost(9) - 5.0) < 1e-9
+    ctl.observe_verify(1, 100.0)  # a later outlier is clipped
+    assert ctl.verify_cost(1) == 0.8 * 1.0 + 0.2 * 4.0
