@@ -5,8 +5,10 @@ Heavy modules (llama_cpp, numpy, huggingface_hub) are imported inside commands s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import sys
 from enum import Enum
 from pathlib import Path
@@ -67,6 +69,9 @@ StatsJson = Annotated[Optional[Path], typer.Option("--stats-json", help="Write g
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No summary on stderr.")]
 Debug = Annotated[bool, typer.Option("--debug", help="Show tracebacks and llama.cpp's log.")]
 Stop = Annotated[Optional[list[str]], typer.Option("--stop", help="Stop when this text appears (repeatable).")]
+ColorDrafts = Annotated[
+    bool, typer.Option("--color-drafts", help="Colour text from accepted drafts (green: lookup, cyan: draft model).")
+]
 
 
 def _version(value: bool) -> None:
@@ -136,7 +141,7 @@ def write_json_atomic(path: Path, obj) -> None:
     os.replace(tmp, path)
 
 
-def build_drafter(spec: Spec, target, draft_model, p_min: float, notices: list[str]):
+def build_drafter(spec: Spec, draft_model, p_min: float, notices: list[str]):
     """The drafter for a mode; falls back to prompt lookup when a draft model is missing (unless demanded)."""
     from spectool.drafters import DraftModel, Hybrid, PromptLookup
 
@@ -153,6 +158,83 @@ def build_drafter(spec: Spec, target, draft_model, p_min: float, notices: list[s
         return PromptLookup(), "lookup"
     dm = DraftModel(draft_model, p_min=p_min)
     return (dm, "draft") if spec is Spec.draft else (Hybrid(PromptLookup(), dm), "hybrid")
+
+
+@contextlib.contextmanager
+def open_generation(o: dict, notices: list[str]):
+    """Load the target (and draft) model from the shared options; yield (Generation, mode)."""
+    if o["top_p"] <= 0.0:
+        raise UserError("--top-p must be in (0, 1]", code=2)
+    if o["draft_min"] > o["draft_max"]:
+        raise UserError("--draft-min must not exceed --draft-max", code=2)
+    if not o["model"]:
+        raise UserError("no model given: pass -m MODEL.gguf", code=2)
+    from spectool import engine
+    from spectool.controller import Controller
+    from spectool.speculative import Generation
+    from spectool.verify import Sampling
+
+    engine.set_verbose(o["debug"])
+    spec = o["spec"]
+    with contextlib.ExitStack() as stack:
+        target = stack.enter_context(
+            engine.Model(o["model"], n_ctx=o["ctx_size"], n_threads=o["threads"], n_gpu_layers=o["gpu_layers"])
+        )
+        draft_model = None
+        if o["model_draft"] and spec not in (Spec.none, Spec.lookup):
+            try:
+                draft_model = stack.enter_context(engine.Model(
+                    o["model_draft"], n_ctx=target.n_ctx, n_threads=o["threads"],
+                    n_gpu_layers=o["gpu_layers_draft"],
+                ))
+            except engine.EngineError as e:
+                if spec is Spec.draft:
+                    raise
+                notices.append(f"draft model not loaded ({e}); using prompt lookup")
+        if draft_model is not None:
+            from spectool.compat import vocab_differences
+
+            problems = vocab_differences(target.vocab_info(), draft_model.vocab_info(), limit=1)
+            if problems:
+                msg = f"the draft model's vocabulary does not match the target's: {problems[0]}"
+                if spec is Spec.draft:
+                    raise UserError(msg + " (see `spectool check`)")
+                notices.append(msg + "; using prompt lookup")
+                draft_model = None
+        drafter, mode = build_drafter(spec, draft_model, o["draft_p_min"], notices)
+        if not target.can_rollback and drafter is not None:
+            notices.append(f"{target.architecture} cannot roll back its cache: plain decoding")
+            drafter, mode = None, "none"
+        sampling = Sampling(o["temp"], o["top_k"], o["top_p"], o["min_p"])
+        controller = Controller(
+            k_max=o["draft_max"], k_min=o["draft_min"], adaptive=o["draft_min"] != o["draft_max"],
+            timed=not (o["seed"] is not None and not sampling.greedy),  # seeded sampling must reproduce
+        )
+        gen = Generation(target, drafter, sampling, controller, max_tokens=o["max_tokens"], seed=o["seed"])
+        yield gen, mode, (str(o["model_draft"]) if draft_model is not None else None)
+
+
+class SigintFlag:
+    """Ctrl-C sets a flag the loop checks between steps (so no cache is left half-updated); a second
+    Ctrl-C raises KeyboardInterrupt at once."""
+
+    def __init__(self):
+        self.set = False
+
+    def __enter__(self):
+        self._old = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def _handler(self, signum, frame):
+        if self.set:
+            raise KeyboardInterrupt
+        self.set = True
+
+    def __exit__(self, *exc):
+        signal.signal(signal.SIGINT, self._old)
+
+    def __call__(self) -> bool:
+        return self.set
 
 
 # -- run ---------------------------------------------------------------------------------------------------------
@@ -181,102 +263,199 @@ def run(
     gpu_layers: Ngl = 0,
     gpu_layers_draft: Ngld = 0,
     stop: Stop = None,
+    color_drafts: ColorDrafts = False,
     stats_json: StatsJson = None,
     quiet: Quiet = False,
     debug: Debug = False,
 ) -> None:
-    """Generate text once: stream it to stdout, statistics to stderr."""
+    """Generate text once: stream it to stdout, live statistics to stderr."""
+    o = dict(locals())
     try:
-        _run(**locals())
+        _run(o)
     except typer.Exit:
         raise
     except Exception as e:  # noqa: BLE001 - mapped to one line by the error table
         _fail(e, debug)
 
 
-def _run(
-    prompt, model, model_draft, spec, max_tokens, temp, top_k, top_p, min_p, seed, draft_max, draft_min,
-    draft_p_min, ctx_size, threads, gpu_layers, gpu_layers_draft, stop, stats_json, quiet, debug,
-) -> None:
-    if top_p <= 0.0:
-        raise UserError("--top-p must be in (0, 1]", code=2)
-    if draft_min > draft_max:
-        raise UserError("--draft-min must not exceed --draft-max", code=2)
-    text = read_prompt(prompt)
-    if not model:
-        raise UserError("no model given: pass -m MODEL.gguf", code=2)
-
-    from spectool import engine
-    from spectool.controller import Controller
-    from spectool.speculative import Generation, generate_text
+def _run(o: dict) -> None:
+    from spectool.speculative import generate_text
     from spectool.stats import Stats
-    from spectool.verify import Sampling
+    from spectool.ui import Display
 
-    engine.set_verbose(debug)
+    text = read_prompt(o["prompt"])
     notices: list[str] = []
-    with engine.Model(model, n_ctx=ctx_size, n_threads=threads, n_gpu_layers=gpu_layers) as target:
-        draft_model = None
-        if model_draft and spec is not Spec.none and spec is not Spec.lookup:
+    with open_generation(o, notices) as (gen, mode, draft_name):
+        for n in notices:
+            print(f"spectool: {n}", file=sys.stderr)
+        stats = Stats(mode=mode, target=str(o["model"]), draft=draft_name)
+        tokens = gen.target.tokenize(text, add_special=True, parse_special=True)
+        display = Display(stats, quiet=o["quiet"], color_drafts=o["color_drafts"])
+        with SigintFlag() as interrupted, display:
             try:
-                draft_model = engine.Model(
-                    model_draft, n_ctx=target.n_ctx, n_threads=threads, n_gpu_layers=gpu_layers_draft
-                )
-            except engine.EngineError as e:
-                if spec is Spec.draft:
-                    raise
-                notices.append(f"draft model not loaded ({e}); using prompt lookup")
-        try:
-            drafter, mode = build_drafter(spec, target, draft_model, draft_p_min, notices)
-            if not target.can_rollback and drafter is not None:
-                notices.append(f"{target.architecture} cannot roll back its cache: plain decoding")
-                drafter, mode = None, "none"
-            for n in notices:
-                print(f"spectool: {n}", file=sys.stderr)
-            stats = Stats(mode=mode, target=str(model), draft=str(model_draft) if draft_model else None)
-            g = Generation(
-                target,
-                drafter,
-                Sampling(temp, top_k, top_p, min_p),
-                Controller(k_max=draft_max, k_min=draft_min, adaptive=draft_min != draft_max),
-                max_tokens=max_tokens,
-                seed=seed,
-            )
-            tokens = target.tokenize(text, add_special=True, parse_special=True)
-            out = sys.stdout
-            code = 0
-            wrote_newline = True
-            try:
-                for piece, step in generate_text(g, tokens, stop or (), stats):
+                for piece, step in generate_text(gen, tokens, o["stop"] or (), stats):
                     if step.notice:
-                        print(f"spectool: {step.notice}", file=sys.stderr)
-                    if piece:
-                        out.write(piece)
-                        out.flush()
-                        wrote_newline = piece.endswith("\n")
-            except KeyboardInterrupt:
+                        display.notice(step.notice)
+                    display.text(piece[: step.draft_chars], step.source)
+                    display.text(piece[step.draft_chars :])
+                    if interrupted():
+                        stats.finish_reason = "interrupted"
+                        break
+            except KeyboardInterrupt:  # a second Ctrl-C
                 stats.finish_reason = "interrupted"
-                code = 130
-            if not wrote_newline:
-                out.write("\n")
-            out.flush()
-            if stats_json:
-                write_json_atomic(stats_json, stats.to_json())
-            if not quiet:
-                print(summary_line(stats), file=sys.stderr)
-            if code:
-                raise typer.Exit(code)
-        finally:
-            if draft_model is not None:
-                draft_model.close()
+        if o["stats_json"]:
+            write_json_atomic(o["stats_json"], stats.to_json())
+        display.summary()
+        if o["debug"]:
+            print(f"spectool: display rendering took {display.render_seconds:.3f}s", file=sys.stderr)
+        if stats.finish_reason == "interrupted":
+            raise typer.Exit(130)
 
 
-def summary_line(st) -> str:
-    return (
-        f"[{st.mode}] {st.n_generated} tokens in {st.decode_seconds:.2f}s = {st.tokens_per_second:.1f} tok/s; "
-        f"drafted {st.n_drafted}, accepted {st.n_accepted} ({100 * st.acceptance_rate:.0f}%); "
-        f"{st.mean_accepted_length:.2f} tokens/step; prompt {st.n_prompt_tokens} tokens in "
-        f"{st.prompt_seconds:.2f}s; finish: {st.finish_reason}"
-    )
+# -- check -------------------------------------------------------------------------------------------------------
+@app.command(epilog="Example:\n\n  spectool check big.gguf small.gguf")
+def check(
+    target: Annotated[str, typer.Argument(help="Target model (.gguf).")],
+    draft: Annotated[str, typer.Argument(help="Draft model (.gguf).")],
+    debug: Debug = False,
+) -> None:
+    """Can DRAFT draft for TARGET? Compares vocabularies by llama.cpp's rule; exit 0 if so, 1 if not."""
+    try:
+        from spectool import engine
+        from spectool.compat import vocab_differences
+
+        engine.set_verbose(debug)
+        with engine.Model(target, n_ctx=64) as t, engine.Model(draft, n_ctx=64) as d:
+            ti, di = t.vocab_info(), d.vocab_info()
+            problems = vocab_differences(ti, di)
+    except Exception as e:  # noqa: BLE001
+        _fail(e, debug)
+    print(f"target: {Path(target).name}: {ti.n_tokens} tokens, type {ti.type}, BOS {ti.bos}, EOS {ti.eos}")
+    print(f"draft:  {Path(draft).name}: {di.n_tokens} tokens, type {di.type}, BOS {di.bos}, EOS {di.eos}")
+    if not problems:
+        print("compatible: the draft can draft for the target")
+        return
+    print("NOT compatible:")
+    for p in problems:
+        print(f"  - {p}")
+    raise typer.Exit(1)
+
+
+# -- chat --------------------------------------------------------------------------------------------------------
+CHAT_HELP = """commands:
+  /help          this help
+  /stats         statistics of the last reply and of the session
+  /reset         forget the conversation (keeps the system prompt)
+  /system TEXT   set the system prompt and start over
+  /exit          leave (Ctrl-D too); Ctrl-C stops a reply and keeps the session"""
+
+
+@app.command(epilog="Example:\n\n  spectool chat -m model.gguf --system \"You are terse.\"")
+def chat(
+    model: Model_ = None,
+    model_draft: Draft_ = None,
+    spec: Spec_ = Spec.auto,
+    system: Annotated[Optional[str], typer.Option("--system", help="System prompt.")] = None,
+    max_tokens: MaxTokens = 512,
+    temp: Temp = 0.0,
+    top_k: TopK = 40,
+    top_p: TopP = 0.95,
+    min_p: MinP = 0.05,
+    seed: Seed = None,
+    draft_max: DraftMax = 8,
+    draft_min: DraftMin = 0,
+    draft_p_min: DraftPMin = 0.0,
+    ctx_size: Ctx = 4096,
+    threads: Threads = None,
+    gpu_layers: Ngl = 0,
+    gpu_layers_draft: Ngld = 0,
+    color_drafts: ColorDrafts = False,
+    quiet: Quiet = False,
+    debug: Debug = False,
+) -> None:
+    """Chat in the terminal, with the model's chat template and the conversation kept in the KV cache."""
+    o = dict(locals())
+    try:
+        _chat(o)
+    except typer.Exit:
+        raise
+    except Exception as e:  # noqa: BLE001
+        _fail(e, debug)
+
+
+def _chat(o: dict) -> None:
+    from spectool.chat import Chat
+    from spectool.stats import Stats
+    from spectool.ui import Display, stats_table, summary_line
+
+    try:
+        import readline  # noqa: F401 - line editing and history for input()
+    except ImportError:
+        pass
+    notices: list[str] = []
+    with open_generation(o, notices) as (gen, mode, _):
+        for n in notices:
+            print(f"spectool: {n}", file=sys.stderr)
+        session = Chat(gen, system=o["system"], mode=mode)
+        if session.template is None:
+            print("spectool: the model has no chat template; using a plain User:/Assistant: format",
+                  file=sys.stderr)
+        print(f"spectool chat: {Path(o['model']).name} ({mode}). /help for commands, /exit to leave.",
+              file=sys.stderr)
+        while True:
+            try:
+                line = input("> ")
+            except EOFError:
+                print(file=sys.stderr)
+                return
+            except KeyboardInterrupt:
+                print(file=sys.stderr)
+                continue
+            if not line.strip():
+                continue
+            if line.startswith("/"):
+                cmd, _, arg = line.strip().partition(" ")
+                if cmd in ("/exit", "/quit"):
+                    return
+                elif cmd == "/help":
+                    print(CHAT_HELP, file=sys.stderr)
+                elif cmd == "/reset":
+                    session.reset()
+                    print("spectool: conversation cleared", file=sys.stderr)
+                elif cmd == "/system":
+                    session.set_system(arg.strip())
+                    print("spectool: system prompt set; conversation cleared", file=sys.stderr)
+                elif cmd == "/stats":
+                    _chat_stats(session, stats_table)
+                else:
+                    print(f"spectool: unknown command {cmd} (/help lists them)", file=sys.stderr)
+                continue
+            display = Display(Stats(), quiet=True, color_drafts=o["color_drafts"], live=False)
+            with SigintFlag() as interrupted, display:
+                try:
+                    for piece, step in session.send(line, interrupted):
+                        display.text(piece[: step.draft_chars], step.source)
+                        display.text(piece[step.draft_chars :])
+                except KeyboardInterrupt:
+                    session.turns[-1].finish_reason = "interrupted"
+            if not o["quiet"]:
+                print(summary_line(session.turns[-1]), file=sys.stderr)
+
+
+def _chat_stats(session, stats_table) -> None:
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    if not session.turns:
+        console.print("no replies yet")
+        return
+    last = session.turns[-1]
+    console.print(f"last reply: prompt {last.n_prompt_tokens} tokens, {last.n_prefilled} of them prefilled")
+    console.print(stats_table(last))
+    n = sum(t.n_generated for t in session.turns)
+    secs = sum(t.decode_seconds for t in session.turns)
+    console.print(f"session: {len(session.turns)} replies, {n} tokens, {n / secs if secs else 0:.1f} tok/s, "
+                  f"{len(session.tokens)} tokens in the conversation")
 
 
 def main() -> None:

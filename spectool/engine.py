@@ -338,11 +338,14 @@ class Model:
 
     def sync(self, history: Sequence[int], *, logits: str = "last") -> int:
         """Make the cache hold `history` exactly, reusing the longest common prefix; returns how many tokens
-        were decoded. At least the final token is decoded again so its logits are available."""
-        common = 0
-        limit = min(len(self.tokens), len(history) - 1)
-        while common < limit and self.tokens[common] == history[common]:
-            common += 1
+        were decoded. Unless `logits` is "none", the final token is decoded again so its logits are there."""
+        limit = min(len(self.tokens), len(history) - (logits != "none"))
+        if self.tokens[:limit] == list(history[:limit]):
+            common = limit  # the usual case: the cache holds a prefix of history
+        else:
+            common = 0
+            while self.tokens[common] == history[common]:
+                common += 1
         if not self.rollback(common):
             self.reset()
             common = 0

@@ -30,6 +30,7 @@ class Step:
     verify_seconds: float
     finish_reason: str | None = None  # set on the last step: "stop" | "length" | "context"
     notice: str | None = None  # a one-line message for the user (e.g. the draft model failed)
+    draft_chars: int = 0  # set by generate_text: how much of the step's text came from accepted drafts
 
 
 @dataclass
@@ -54,7 +55,11 @@ def speculative_generate(g: Generation, prompt: Sequence[int], stats: Stats | No
     if len(x) > target.n_ctx:
         raise EngineError(f"the prompt has {len(x)} tokens but the context holds only {target.n_ctx}")
     t0 = time.perf_counter()
-    target.sync(x[:-1], logits="none") if len(x) > 1 else target.reset()
+    if len(x) > 1:
+        n_prefilled = target.sync(x[:-1], logits="none")
+    else:
+        target.reset()
+        n_prefilled = 0
     notice = None
     if drafter is not None:
         try:
@@ -63,6 +68,7 @@ def speculative_generate(g: Generation, prompt: Sequence[int], stats: Stats | No
             drafter, notice = _fallback(x, e)
     if stats is not None:
         stats.n_prompt_tokens = len(x)
+        stats.n_prefilled = n_prefilled
         stats.prompt_seconds = time.perf_counter() - t0
     n_new = 0
     try:
@@ -160,20 +166,23 @@ class TextStream:
 
 
 def generate_text(g: Generation, prompt: Sequence[int], stop: Sequence[str] = (), stats: Stats | None = None):
-    """Yield (text, step) pairs; text is what became final at that step. Stops at stop strings too."""
+    """Yield (text, step) pairs; text is what became final at that step, and its first `step.draft_chars`
+    characters came from accepted drafts. Stops at stop strings too."""
     stream = TextStream(g.target, stop)
     gen = speculative_generate(g, prompt, stats)
     try:
         for step in gen:
-            text = stream.feed(step.tokens)
+            drafted = stream.feed(step.tokens[: step.accepted])
+            own = "" if stream.stopped else stream.feed(step.tokens[step.accepted :])
             if stream.stopped:
+                step.finish_reason = "stop"
                 if stats is not None:
                     stats.finish_reason = "stop"
-                step.finish_reason = "stop"
-                yield text, step
+            elif step.finish_reason:
+                own += stream.flush()
+            step.draft_chars = len(drafted)
+            yield drafted + own, step
+            if stream.stopped:
                 return
-            if step.finish_reason:
-                text += stream.flush()
-            yield text, step
     finally:
         gen.close()

@@ -11,6 +11,7 @@ class Stats:
     target: str = ""
     draft: str | None = None
     n_prompt_tokens: int = 0
+    n_prefilled: int = 0  # prompt tokens actually decoded (the rest was already in the KV cache)
     n_generated: int = 0
     n_steps: int = 0
     n_drafted: int = 0

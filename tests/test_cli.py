@@ -122,3 +122,36 @@ def test_unloadable_draft_falls_back_to_lookup(tiny, tmp_path):
     assert json.loads(stats.read_text())["mode"] == "lookup"
     r = run(["run", "-m", str(tiny["target"]), "-md", str(bad), "--spec", "draft", "hi"])
     assert r.exit_code == 1 and "could not load bad.gguf" in r.stderr
+
+
+def test_check_compatible_and_not(tiny):
+    ok = run(["check", str(tiny["target"]), str(tiny["draft"])])
+    assert ok.exit_code == 0 and "compatible" in ok.stdout
+    bad = run(["check", str(tiny["target"]), str(tiny["foreign"])])
+    assert bad.exit_code == 1 and "NOT compatible" in bad.stdout
+    assert "token 261 differs" in bad.stdout  # the first difference, readable
+
+
+def test_incompatible_draft_falls_back_or_is_refused(tiny, tmp_path):
+    stats = tmp_path / "s.json"
+    args = ["run", "-m", str(tiny["target"]), "-md", str(tiny["foreign"]), "-n", "5"]
+    r = run([*args, "--stats-json", str(stats), "hi"])
+    assert r.exit_code == 0 and "does not match" in r.stderr
+    assert json.loads(stats.read_text())["mode"] == "lookup"
+    r = run([*args, "--spec", "draft", "hi"])
+    assert r.exit_code == 1 and "does not match" in r.stderr
+
+
+def test_vocab_differences_unit(target):
+    from dataclasses import replace
+
+    from spectool.compat import vocab_differences
+
+    a = target.vocab_info()
+    assert vocab_differences(a, a) == []
+    assert "BOS" in vocab_differences(a, replace(a, bos=7))[0]
+    assert "add_eos" in vocab_differences(a, replace(a, add_eos=True))[0]
+    assert "sizes differ" in vocab_differences(a, replace(a, n_tokens=a.n_tokens + 129))[0]
+    texts = list(a.texts)
+    texts[4] = b"other"  # ids below 5 are not compared
+    assert vocab_differences(a, replace(a, texts=tuple(texts))) == []

@@ -1,0 +1,115 @@
+"""Chat: the model's chat template (rendered in jinja2's sandbox), multi-turn history kept in the KV cache, the
+REPL with its slash commands.
+
+The conversation is kept as tokens too: a new turn appends only the tokens of the text the template adds after
+the last reply (end-of-turn markers, the new user message, the generation prompt), so the target prefills just
+those, and prompt lookup searches the earlier turns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+from spectool.engine import EngineError, Model
+from spectool.speculative import Generation, Step, generate_text
+from spectool.stats import Stats
+
+FALLBACK_STOP = "\nUser:"
+
+
+class TemplateError(EngineError):
+    """The model's chat template failed to render (or reached for something the sandbox forbids)."""
+
+
+def render(template: str | None, messages: list[dict], *, add_generation_prompt: bool, bos: str = "",
+           eos: str = "") -> str:
+    """The conversation as the model expects it. Templates from GGUF files are untrusted: they run in jinja2's
+    ImmutableSandboxedEnvironment. Without a template, a plain "User:/Assistant:" format."""
+    if template is None:
+        out = []
+        for m in messages:
+            if m["role"] == "system":
+                out.append(m["content"] + "\n\n")
+            else:
+                out.append(f"{'User' if m['role'] == 'user' else 'Assistant'}: {m['content']}\n")
+        if add_generation_prompt:
+            out.append("Assistant:")
+        return "".join(out)
+
+    import jinja2
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+        raise TemplateError(f"the chat template refused the conversation: {message}")
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = raise_exception
+    try:
+        return env.from_string(template).render(
+            messages=messages, add_generation_prompt=add_generation_prompt, bos_token=bos, eos_token=eos
+        )
+    except jinja2.exceptions.SecurityError as e:
+        raise TemplateError(f"the model's chat template tried something unsafe and was stopped: {e}") from None
+    except jinja2.exceptions.TemplateError as e:
+        raise TemplateError(f"the model's chat template failed: {e}") from None
+
+
+@dataclass
+class Chat:
+    gen: Generation
+    system: str | None = None
+    mode: str = "none"
+    messages: list[dict] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)  # the conversation so far, as the target saw it
+    anchor: str = ""  # the rendered conversation up to the end of the last reply ("" = unknown)
+    turns: list[Stats] = field(default_factory=list)
+
+    def __post_init__(self):
+        m = self.gen.target
+        self.template = m.chat_template()
+        info = m.vocab_info()
+        self.bos = info.texts[info.bos].decode("utf-8", "replace") if 0 <= info.bos < info.n_tokens else ""
+        self.eos = info.texts[info.eos].decode("utf-8", "replace") if 0 <= info.eos < info.n_tokens else ""
+        self.stop = [FALLBACK_STOP] if self.template is None else []
+        self.reset()
+
+    def reset(self) -> None:
+        self.messages = [{"role": "system", "content": self.system}] if self.system else []
+        self.tokens, self.anchor = [], ""
+
+    def set_system(self, text: str) -> None:
+        self.system = text or None
+        self.reset()
+
+    def _prompt(self, user: str) -> tuple[list[int], str]:
+        msgs = self.messages + [{"role": "user", "content": user}]
+        text = render(self.template, msgs, add_generation_prompt=True, bos=self.bos, eos=self.eos)
+        m = self.gen.target
+        if self.anchor and text.startswith(self.anchor):  # only what the template added since the last reply
+            return self.tokens + m.tokenize(text[len(self.anchor):], add_special=False, parse_special=True), text
+        add_bos = not (self.bos and text.startswith(self.bos))
+        return m.tokenize(text, add_special=add_bos, parse_special=True), text
+
+    def send(self, user: str, interrupted: Callable[[], bool] = lambda: False) -> Iterator[tuple[str, Step]]:
+        """Stream the reply to `user`. The turn is kept, also when interrupted, with the text produced."""
+        prompt, rendered = self._prompt(user)
+        stats = Stats(mode=self.mode, target=str(self.gen.target.path))
+        self.turns.append(stats)
+        reply: list[str] = []
+        generated: list[int] = []
+        try:
+            for text, step in generate_text(self.gen, prompt, self.stop, stats):
+                reply.append(text)
+                generated += step.tokens
+                yield text, step
+                if interrupted():
+                    stats.finish_reason = "interrupted"
+                    break
+        finally:
+            out = "".join(reply)
+            self.messages += [{"role": "user", "content": user}, {"role": "assistant", "content": out}]
+            if self.gen.target.detokenize(generated) == out:  # tokens and text agree: extend next turn
+                self.tokens, self.anchor = prompt + generated, rendered + out
+            else:  # cut by a stop string: re-tokenize next turn (the KV cache prefix is still reused)
+                self.tokens, self.anchor = [], ""

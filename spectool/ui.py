@@ -1,0 +1,135 @@
+"""Presentation: streams text to stdout and shows live statistics on stderr. It never reaches into the loop: it
+consumes the (text, step) events the loop yields and the Stats object it fills.
+
+- stderr a terminal: a Rich Live panel (tokens/s, acceptance, tokens per step, acceptance by draft position,
+  lookup vs draft-model share, the draft length in use, elapsed), refreshed 5 times a second (measured on Gemma 3 270M: 0.6% of the loop; 1.9% at 10 times a second), then a
+  small summary table.
+- stderr not a terminal: no live panel; a one-line summary at the end.
+- stdout carries only the generated text; when stdout is a terminal, tokens from accepted drafts can be
+  coloured (`--color-drafts`).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import IO
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from spectool.stats import Stats
+
+SOURCE_STYLE = {"lookup": 32, "draft": 36}  # ANSI colours of accepted-draft text: green, cyan
+
+
+def summary_line(st: Stats) -> str:
+    return (
+        f"[{st.mode}] {st.n_generated} tokens in {st.decode_seconds:.2f}s = {st.tokens_per_second:.1f} tok/s; "
+        f"drafted {st.n_drafted}, accepted {st.n_accepted} ({100 * st.acceptance_rate:.0f}%); "
+        f"{st.mean_accepted_length:.2f} tokens/step; prompt {st.n_prompt_tokens} tokens in "
+        f"{st.prompt_seconds:.2f}s; finish: {st.finish_reason}"
+    )
+
+
+def _bar(frac: float, width: int = 12) -> str:
+    full = int(round(frac * width))
+    return "█" * full + "·" * (width - full)
+
+
+def stats_table(st: Stats, elapsed: float | None = None) -> Table:
+    t = Table.grid(padding=(0, 2))
+    t.add_column(style="bold")
+    t.add_column()
+    t.add_row("mode", st.mode + (f"  (draft length {st.last_k})" if st.mode != "none" else ""))
+    t.add_row("speed", f"{st.tokens_per_second:.1f} tok/s  ({st.n_generated} tokens, {st.n_steps} steps)")
+    if st.n_drafted:
+        t.add_row("accepted", f"{100 * st.acceptance_rate:.0f}%  of {st.n_drafted} drafted;  "
+                  f"{st.mean_accepted_length:.2f} tokens/step")
+        shares = ", ".join(f"{k} {100 * v / st.n_drafted:.0f}%" for k, v in sorted(st.by_source.items()))
+        t.add_row("drafts from", shares)
+        for i, (d, a) in enumerate(zip(st.drafted_per_position, st.accepted_per_position + [0] * 64)):
+            if i >= 8:
+                break
+            t.add_row(f"  position {i + 1}", f"{_bar(a / d if d else 0)} {100 * a / d if d else 0:3.0f}%  ({d})")
+    if elapsed is not None:
+        t.add_row("elapsed", f"{elapsed:.1f}s")
+    return t
+
+
+class Display:
+    """Consumes generation events. Use as a context manager around the loop."""
+
+    def __init__(self, stats: Stats, *, quiet: bool = False, color_drafts: bool = False,
+                 out: IO[str] | None = None, err: IO[str] | None = None, live: bool | None = None):
+        self.stats = stats
+        self.quiet = quiet
+        self.out = out or sys.stdout
+        self.err_console = Console(file=err or sys.stderr, stderr=err is None)
+        self.out_console = Console(file=self.out)
+        self.live_on = (not quiet and self.err_console.is_terminal) if live is None else live
+        self.color = color_drafts and self.out_console.is_terminal and not self.out_console.no_color
+        self.ended_with_newline = True
+        self.live: Live | None = None
+        self.t0 = time.perf_counter()
+        self.render_seconds = 0.0
+        self.partial = ""  # the unfinished line, shown in the live panel when stdout shares its terminal
+        self.share_terminal = False
+
+    def __enter__(self) -> "Display":
+        if self.live_on:
+            # when stdout is the same terminal, Live takes it over and prints finished lines above the panel;
+            # the unfinished line is shown inside the panel
+            self.share_terminal = self.out_console.is_terminal
+            self.live = Live(console=self.err_console, refresh_per_second=5, transient=True,
+                             redirect_stdout=self.share_terminal, redirect_stderr=False,
+                             get_renderable=self._render)
+            self.live.__enter__()
+            if self.share_terminal:
+                self.out = sys.stdout  # Rich's proxy
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.live is not None:
+            if self.share_terminal and not self.ended_with_newline:
+                self.out.write("\n")  # Rich's proxy prints whole lines only: finish the last one
+                self.ended_with_newline = True
+            self.live.__exit__(*exc)
+            self.live = None
+            self.out = sys.stdout
+        if not self.ended_with_newline:
+            self.out.write("\n")
+        self.out.flush()
+
+    def _render(self):
+        t = time.perf_counter()
+        parts = [Text.from_ansi(self.partial)] if self.partial else []
+        parts += [Text("── spectool ──", style="bold magenta"), stats_table(self.stats, t - self.t0)]
+        self.render_seconds += time.perf_counter() - t
+        return Group(*parts)
+
+    def text(self, piece: str, source: str = "none") -> None:
+        if not piece:
+            return
+        if self.color and source in SOURCE_STYLE:  # colour each line, so no escape code spans a newline
+            code = SOURCE_STYLE[source]
+            piece = "\n".join(f"\x1b[{code}m{line}\x1b[0m" if line else "" for line in piece.split("\n"))
+        self.out.write(piece)
+        if not self.share_terminal:  # Rich's proxy would print a flushed partial line as a line of its own
+            self.out.flush()
+        self.ended_with_newline = piece.endswith("\n")
+        if self.live is not None and self.share_terminal:
+            self.partial = (self.partial + piece).rsplit("\n", 1)[-1]
+
+    def notice(self, message: str) -> None:
+        self.err_console.print(f"spectool: {message}", markup=False, highlight=False)
+
+    def summary(self) -> None:
+        if self.quiet:
+            return
+        if self.err_console.is_terminal:
+            self.err_console.print(stats_table(self.stats))
+        else:
+            print(summary_line(self.stats), file=self.err_console.file)

@@ -1,0 +1,136 @@
+"""Chat: template rendering in the sandbox, KV reuse across turns, the REPL in a real terminal (tmux)."""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+from spectool.chat import Chat, TemplateError, render
+from spectool.cli import app
+from spectool.drafters import PromptLookup
+from spectool.speculative import Generation
+
+
+def test_render_uses_the_template_and_the_fallback():
+    msgs = [{"role": "user", "content": "hi"}]
+    t = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}{% if add_generation_prompt %}<a>{% endif %}"
+    assert render(t, msgs, add_generation_prompt=True) == "<user>hi<a>"
+    assert render(None, msgs, add_generation_prompt=True) == "User: hi\nAssistant:"
+
+
+@pytest.mark.parametrize("evil", [
+    "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+    "{{ messages.append(1) }}",
+    "{{ cycler.__init__.__globals__.os.system('echo pwned') }}",
+])
+def test_template_cannot_reach_python_internals(evil):
+    with pytest.raises(TemplateError):
+        render(evil, [{"role": "user", "content": "x"}], add_generation_prompt=True)
+
+
+def test_template_raise_exception_is_a_clear_error():
+    with pytest.raises(TemplateError, match="roles must alternate"):
+        render("{{ raise_exception('roles must alternate') }}", [], add_generation_prompt=True)
+
+
+def test_second_turn_prefills_only_its_new_tokens(target):
+    target.reset()
+    chat = Chat(Generation(target, PromptLookup(), max_tokens=12))
+    first = "".join(t for t, _ in chat.send("The quick brown fox"))
+    assert chat.turns[0].n_prefilled == chat.turns[0].n_prompt_tokens - 1
+    second = "".join(t for t, _ in chat.send("and the lazy dog"))
+    s2 = chat.turns[1]
+    new_text = render(chat.template, chat.messages[:-1], add_generation_prompt=True)
+    n_new = len(target.tokenize(new_text[len(render(chat.template, chat.messages[:1], add_generation_prompt=True)
+                                              + first):], add_special=False, parse_special=True))
+    # the previous prompt and reply stay in the cache: only the last reply token and the new turn are decoded
+    assert s2.n_prefilled == n_new
+    assert s2.n_prompt_tokens > 3 * s2.n_prefilled
+    assert second is not None and chat.messages[-1]["content"] == second
+
+
+def test_reset_and_system(target):
+    chat = Chat(Generation(target, None, max_tokens=5), system="be brief")
+    list(chat.send("hello"))
+    assert chat.messages[0] == {"role": "system", "content": "be brief"} and len(chat.messages) == 3
+    chat.reset()
+    assert chat.messages == [{"role": "system", "content": "be brief"}] and chat.tokens == []
+    chat.set_system("")
+    assert chat.messages == []
+
+
+def test_chat_with_cli_runner(tiny):
+    r = CliRunner().invoke(app, ["chat", "-m", str(tiny["target"]), "-n", "8"],
+                           input="The quick brown fox\n/stats\n/reset\n/help\n/bogus\n/exit\n")
+    assert r.exit_code == 0, r.output
+    assert "prefilled" in r.stderr and "conversation cleared" in r.stderr and "/system TEXT" in r.stderr
+    assert "unknown command /bogus" in r.stderr
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+def test_chat_in_a_real_terminal(tiny, tmp_path):
+    sock = str(tmp_path / "tmux.sock")
+    done = tmp_path / "exit_code"
+    cmd = f"{sys.executable} -m spectool chat -m {tiny['target']} -md {tiny['draft']} -n 12; echo $? > {done}"
+    tmux = ["tmux", "-S", sock]
+    subprocess.run([*tmux, "new-session", "-d", "-x", "120", "-y", "40", cmd], check=True, env=os.environ)
+
+    def screen():
+        return subprocess.run([*tmux, "capture-pane", "-p"], capture_output=True, text=True).stdout
+
+    def wait_for(text, count=1, timeout=30):
+        end = time.time() + timeout
+        while time.time() < end:
+            if screen().count(text) >= count:
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"{text!r} x{count} never appeared:\n{screen()}")
+
+    def send(line):
+        subprocess.run([*tmux, "send-keys", line, "Enter"], check=True)
+
+    try:
+        wait_for("/help for commands")
+        send("The quick brown fox")
+        wait_for("tok/s", 1)
+        send("and the lazy dog")
+        wait_for("tok/s", 2)
+        send("/stats")
+        wait_for("prefilled")
+        wait_for("session: 2 replies")
+        send("/reset")
+        wait_for("conversation cleared")
+        send("/exit")
+        end = time.time() + 20
+        while not done.exists() and time.time() < end:
+            time.sleep(0.1)
+        assert done.read_text().strip() == "0"
+    finally:
+        subprocess.run([*tmux, "kill-server"], capture_output=True)
+
+
+@pytest.mark.realmodel
+def test_ctrl_c_during_run_keeps_the_text_and_exits_130(gemma_q4, tmp_path):
+    stats = tmp_path / "s.json"
+    p = subprocess.Popen(
+        [sys.executable, "-m", "spectool", "run", "-m", str(gemma_q4), "-n", "3000", "-t", "2",
+         "--stats-json", str(stats), "Write a very long story about a dragon."],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    first = p.stdout.read(1)  # generation has started
+    time.sleep(1.0)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    out = first + out
+    assert p.returncode == 130, err
+    import json
+
+    j = json.loads(stats.read_text())
+    assert j["finish_reason"] == "interrupted" and 0 < j["n_generated"] < 3000
+    assert out.endswith(b"\n") and len(out) > 10
+    assert b"finish: interrupted" in err and b"Traceback" not in err
