@@ -45,8 +45,10 @@ class UserError(Exception):
 
 
 # -- shared option aliases ---------------------------------------------------------------------------------------
-Model_ = Annotated[Optional[str], typer.Option("--model", "-m", help="Target model: a local .gguf path.")]
-Draft_ = Annotated[Optional[str], typer.Option("--model-draft", "-md", help="Draft model: a local .gguf path.")]
+Model_ = Annotated[
+    Optional[str], typer.Option("--model", "-m", help="Target model: a .gguf path, hf:OWNER/REPO/FILE[@REV] or a pair name.")
+]
+Draft_ = Annotated[Optional[str], typer.Option("--model-draft", "-md", help="Draft model: a .gguf path or hf:... reference.")]
 Spec_ = Annotated[Spec, typer.Option("--spec", help="auto: hybrid with a draft model, lookup without one.")]
 MaxTokens = Annotated[int, typer.Option("--max-tokens", "-n", min=1, help="Most tokens to generate.")]
 Temp = Annotated[float, typer.Option("--temp", min=0.0, help="Temperature; 0 = greedy.")]
@@ -54,7 +56,11 @@ TopK = Annotated[int, typer.Option("--top-k", min=0, help="Top-k sampling; 0 = o
 TopP = Annotated[float, typer.Option("--top-p", min=0.0, max=1.0, help="Top-p sampling in (0, 1]; 1 = off.")]
 MinP = Annotated[float, typer.Option("--min-p", min=0.0, max=1.0, help="Min-p sampling; 0 = off.")]
 Seed = Annotated[Optional[int], typer.Option("--seed", help="Random seed for sampling (reproducible runs).")]
-DraftMax = Annotated[int, typer.Option("--draft-max", min=0, max=64, help="Most draft tokens per step.")]
+DraftMax = Annotated[
+    Optional[int], typer.Option("--draft-max", min=0, max=64, help="Most draft tokens per step [default: the pair's, or 8].")
+]
+Pair_ = Annotated[Optional[str], typer.Option("--pair", "-p", help="A target/draft pair from models.toml.")]
+Yes = Annotated[bool, typer.Option("--yes", "-y", help="Download without asking.")]
 DraftMin = Annotated[
     int, typer.Option("--draft-min", min=0, max=64, help="Fewest draft tokens per step; = --draft-max: fixed length.")
 ]
@@ -92,9 +98,13 @@ def _root(
 # -- errors ------------------------------------------------------------------------------------------------------
 def _error_table():
     from spectool.engine import DecodeError, ModelLoadError
+    from spectool.hub import HubError
+    from spectool.registry import RegistryError
 
     return {
         UserError: "",
+        HubError: "",
+        RegistryError: "",
         ModelLoadError: "check the path, or that the file is a complete GGUF model",
         DecodeError: "try a smaller --ctx-size or fewer --gpu-layers",
         UnicodeDecodeError: "spectool reads UTF-8 text",
@@ -165,11 +175,11 @@ def open_generation(o: dict, notices: list[str]):
     """Load the target (and draft) model from the shared options; yield (Generation, mode)."""
     if o["top_p"] <= 0.0:
         raise UserError("--top-p must be in (0, 1]", code=2)
-    if o["draft_min"] > o["draft_max"]:
+    target_ref, draft_ref, pair_draft_max = resolve_models(o)
+    k_max = o["draft_max"] if o["draft_max"] is not None else pair_draft_max
+    if o["draft_min"] > k_max:
         raise UserError("--draft-min must not exceed --draft-max", code=2)
-    if not o["model"]:
-        raise UserError("no model given: pass -m MODEL.gguf", code=2)
-    from spectool import engine
+    from spectool import engine, hub
     from spectool.controller import Controller
     from spectool.speculative import Generation
     from spectool.verify import Sampling
@@ -177,17 +187,19 @@ def open_generation(o: dict, notices: list[str]):
     engine.set_verbose(o["debug"])
     spec = o["spec"]
     with contextlib.ExitStack() as stack:
+        ask = _confirm if sys.stdin.isatty() else None
+        target_path = hub.ensure(target_ref, yes=o["yes"], ask=ask)
         target = stack.enter_context(
-            engine.Model(o["model"], n_ctx=o["ctx_size"], n_threads=o["threads"], n_gpu_layers=o["gpu_layers"])
+            engine.Model(target_path, n_ctx=o["ctx_size"], n_threads=o["threads"], n_gpu_layers=o["gpu_layers"])
         )
         draft_model = None
-        if o["model_draft"] and spec not in (Spec.none, Spec.lookup):
+        if draft_ref is not None and spec not in (Spec.none, Spec.lookup):
             try:
                 draft_model = stack.enter_context(engine.Model(
-                    o["model_draft"], n_ctx=target.n_ctx, n_threads=o["threads"],
+                    hub.ensure(draft_ref, yes=o["yes"], ask=ask), n_ctx=target.n_ctx, n_threads=o["threads"],
                     n_gpu_layers=o["gpu_layers_draft"],
                 ))
-            except engine.EngineError as e:
+            except (engine.EngineError, hub.HubError) as e:
                 if spec is Spec.draft:
                     raise
                 notices.append(f"draft model not loaded ({e}); using prompt lookup")
@@ -207,11 +219,35 @@ def open_generation(o: dict, notices: list[str]):
             drafter, mode = None, "none"
         sampling = Sampling(o["temp"], o["top_k"], o["top_p"], o["min_p"])
         controller = Controller(
-            k_max=o["draft_max"], k_min=o["draft_min"], adaptive=o["draft_min"] != o["draft_max"],
+            k_max=k_max, k_min=o["draft_min"], adaptive=o["draft_min"] != k_max,
             timed=not (o["seed"] is not None and not sampling.greedy),  # seeded sampling must reproduce
         )
         gen = Generation(target, drafter, sampling, controller, max_tokens=o["max_tokens"], seed=o["seed"])
-        yield gen, mode, (str(o["model_draft"]) if draft_model is not None else None)
+        yield gen, mode, str(target_ref), (str(draft_ref) if draft_model is not None else None)
+
+
+def resolve_models(o: dict):
+    """(target ref, draft ref or None, the pair's draft length) from -m / -md / --pair / the default pair."""
+    from spectool import registry
+
+    if o.get("pair") and o.get("model"):
+        raise UserError("give either --pair or -m, not both", code=2)
+    pair = None
+    if o.get("model"):
+        target = registry.parse_ref(o["model"])
+    else:
+        reg = registry.load()
+        name = o.get("pair") or reg.default
+        if not name:
+            raise UserError("no model given: pass -m MODEL.gguf or --pair NAME (see `spectool models`)", code=2)
+        pair = reg.get(name)
+        target = pair.target
+    draft = registry.parse_ref(o["model_draft"]) if o.get("model_draft") else (pair.draft if pair else None)
+    return target, draft, (pair.draft_max if pair else 8)
+
+
+def _confirm(question: str) -> bool:
+    return typer.confirm(question, default=True, err=True)
 
 
 class SigintFlag:
@@ -247,6 +283,7 @@ class SigintFlag:
 def run(
     prompt: Annotated[Optional[str], typer.Argument(help="The prompt; piped stdin is read and joined with it.")] = None,
     model: Model_ = None,
+    pair: Pair_ = None,
     model_draft: Draft_ = None,
     spec: Spec_ = Spec.auto,
     max_tokens: MaxTokens = 256,
@@ -255,7 +292,7 @@ def run(
     top_p: TopP = 0.95,
     min_p: MinP = 0.05,
     seed: Seed = None,
-    draft_max: DraftMax = 8,
+    draft_max: DraftMax = None,
     draft_min: DraftMin = 0,
     draft_p_min: DraftPMin = 0.0,
     ctx_size: Ctx = 4096,
@@ -265,6 +302,7 @@ def run(
     stop: Stop = None,
     color_drafts: ColorDrafts = False,
     stats_json: StatsJson = None,
+    yes: Yes = False,
     quiet: Quiet = False,
     debug: Debug = False,
 ) -> None:
@@ -285,10 +323,10 @@ def _run(o: dict) -> None:
 
     text = read_prompt(o["prompt"])
     notices: list[str] = []
-    with open_generation(o, notices) as (gen, mode, draft_name):
+    with open_generation(o, notices) as (gen, mode, target_name, draft_name):
         for n in notices:
             print(f"spectool: {n}", file=sys.stderr)
-        stats = Stats(mode=mode, target=str(o["model"]), draft=draft_name)
+        stats = Stats(mode=mode, target=target_name, draft=draft_name)
         tokens = gen.target.tokenize(text, add_special=True, parse_special=True)
         display = Display(stats, quiet=o["quiet"], color_drafts=o["color_drafts"])
         with SigintFlag() as interrupted, display:
@@ -341,6 +379,81 @@ def check(
     raise typer.Exit(1)
 
 
+# -- pull / models ---------------------------------------------------------------------------------------------
+def _refs_for(name: str):
+    """[(role, ref)] for a pair name or a single model reference."""
+    from spectool import registry
+
+    if name.startswith("hf:") or name.endswith(".gguf"):
+        return [("model", registry.parse_ref(name))]
+    pair = registry.load().get(name)
+    return [("target", pair.target)] + ([("draft", pair.draft)] if pair.draft is not None else [])
+
+
+@app.command(epilog="Examples:\n\n  spectool pull qwen2.5-7b\n\n"
+             "  spectool pull hf:Qwen/Qwen2.5-0.5B-Instruct-GGUF/qwen2.5-0.5b-instruct-q8_0.gguf")
+def pull(
+    name: Annotated[str, typer.Argument(help="A pair from models.toml, or hf:OWNER/REPO/FILE[@REVISION].")],
+    yes: Yes = False,
+    debug: Debug = False,
+) -> None:
+    """Download a pair (or one model) into the Hugging Face cache; files already there are not fetched again."""
+    try:
+        from spectool import hub
+
+        hub.VERBOSE["on"] = debug
+        for role, ref in _refs_for(name):
+            if ref.path is not None:
+                raise UserError(f"{ref.path} is a local file: nothing to pull", code=2)
+            path = hub.ensure(ref, yes=yes, ask=_confirm if sys.stdin.isatty() else None)
+            print(f"{role}: {ref} -> {path}")
+    except typer.Exit:
+        raise
+    except Exception as e:  # noqa: BLE001
+        _fail(e, debug)
+
+
+@app.command()
+def models(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    debug: Debug = False,
+) -> None:
+    """The curated pairs: sizes, licences, and whether they are downloaded (from the local cache only)."""
+    try:
+        from spectool import hub, registry
+
+        reg = registry.load()
+        rows = []
+        for p in reg.pairs.values():
+            refs = [p.target] + ([p.draft] if p.draft is not None else [])
+            states = [hub.status(r) for r in refs]
+            kinds = {k for k, _ in states}
+            state = "downloaded" if kinds == {"downloaded"} else ("missing" if kinds == {"missing"} else "partial")
+            rows.append({
+                "name": p.name, "default": p.name == reg.default, "target": str(p.target),
+                "draft": str(p.draft) if p.draft else "lookup", "quantization": p.quantization,
+                "size_gb": p.size_gb, "license": p.license, "draft_max": p.draft_max, "status": state,
+                "disk_bytes": sum(n for _, n in states), "description": p.description, "source": p.source,
+            })
+    except Exception as e:  # noqa: BLE001
+        _fail(e, debug)
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="spectool pairs", caption="* the default pair.  spectool pull NAME;  spectool run --pair NAME")
+    for col in ("pair", "target / draft", "size", "licence", "status", "on disk"):
+        t.add_column(col, no_wrap=col in ("pair", "status"))
+    for r in rows:
+        name = r["name"] + (" *" if r["default"] else "")
+        files = [ref.split("/")[-1] for ref in (r["target"], r["draft"])]
+        t.add_row(name, "\n".join(files), f"{r['size_gb']:.1f} GB", r["license"], r["status"],
+                  f"{r['disk_bytes'] / 1e9:.2f} GB")
+    Console().print(t)
+
+
 # -- chat --------------------------------------------------------------------------------------------------------
 CHAT_HELP = """commands:
   /help          this help
@@ -353,6 +466,7 @@ CHAT_HELP = """commands:
 @app.command(epilog="Example:\n\n  spectool chat -m model.gguf --system \"You are terse.\"")
 def chat(
     model: Model_ = None,
+    pair: Pair_ = None,
     model_draft: Draft_ = None,
     spec: Spec_ = Spec.auto,
     system: Annotated[Optional[str], typer.Option("--system", help="System prompt.")] = None,
@@ -362,7 +476,7 @@ def chat(
     top_p: TopP = 0.95,
     min_p: MinP = 0.05,
     seed: Seed = None,
-    draft_max: DraftMax = 8,
+    draft_max: DraftMax = None,
     draft_min: DraftMin = 0,
     draft_p_min: DraftPMin = 0.0,
     ctx_size: Ctx = 4096,
@@ -370,6 +484,7 @@ def chat(
     gpu_layers: Ngl = 0,
     gpu_layers_draft: Ngld = 0,
     color_drafts: ColorDrafts = False,
+    yes: Yes = False,
     quiet: Quiet = False,
     debug: Debug = False,
 ) -> None:
@@ -393,14 +508,14 @@ def _chat(o: dict) -> None:
     except ImportError:
         pass
     notices: list[str] = []
-    with open_generation(o, notices) as (gen, mode, _):
+    with open_generation(o, notices) as (gen, mode, target_name, _):
         for n in notices:
             print(f"spectool: {n}", file=sys.stderr)
         session = Chat(gen, system=o["system"], mode=mode)
         if session.template is None:
             print("spectool: the model has no chat template; using a plain User:/Assistant: format",
                   file=sys.stderr)
-        print(f"spectool chat: {Path(o['model']).name} ({mode}). /help for commands, /exit to leave.",
+        print(f"spectool chat: {gen.target.path.name} ({mode}). /help for commands, /exit to leave.",
               file=sys.stderr)
         while True:
             try:

@@ -124,12 +124,13 @@ def _weights(rng: np.random.Generator, n_vocab: int, n_layer: int, last_scale: f
     return w
 
 
-def _write(path: Path, weights: dict[str, np.ndarray], n_layer: int, vocab, name: str) -> Path:
+def _write(path: Path, weights: dict[str, np.ndarray], n_layer: int, vocab, name: str, split: int = 0) -> Path:
+    """Write a model; split > 0 writes shards of that many tensors (NAME-00001-of-0000N.gguf, ...)."""
     import gguf
 
     tokens, scores, types = vocab
     path.parent.mkdir(parents=True, exist_ok=True)
-    w = gguf.GGUFWriter(str(path), "llama")
+    w = gguf.GGUFWriter(str(path), "llama", split_max_tensors=split)
     w.add_name(name)
     w.add_context_length(N_CTX)
     w.add_embedding_length(N_EMBD)
@@ -182,6 +183,14 @@ def write_models(folder: Path) -> dict[str, Path]:
         "draft": _write(folder / "draft.gguf", draft, 2, vocab, "tiny-draft"),
         "foreign": _write(folder / "foreign.gguf", foreign, 2, foreign_vocab, "tiny-foreign"),
     }
+
+
+def write_split_target(folder: Path) -> list[Path]:
+    """The target model again, as a split GGUF in three shards; returns the shard paths in order."""
+    folder = Path(folder)
+    target = _weights(np.random.default_rng(1234), len(vocabulary()[0]), 3, last_scale=0.4)
+    _write(folder / "tiny-split.gguf", target, 3, vocabulary(), "tiny-target", split=12)
+    return sorted(folder.glob("tiny-split-*-of-*.gguf"))
 
 
 if __name__ == "__main__":
