@@ -94,6 +94,10 @@ class Chat:
     def send(self, user: str, interrupted: Callable[[], bool] = lambda: False) -> Iterator[tuple[str, Step]]:
         """Stream the reply to `user`. The turn is kept, also when interrupted, with the text produced."""
         prompt, rendered = self._prompt(user)
+        n_ctx = self.gen.target.n_ctx
+        if len(prompt) >= n_ctx:
+            raise EngineError(f"the conversation has {len(prompt)} tokens but the context holds {n_ctx}: "
+                              "/reset to start over, or raise -c/--ctx-size")
         stats = Stats(mode=self.mode, target=str(self.gen.target.path))
         self.turns.append(stats)
         reply: list[str] = []

@@ -112,6 +112,28 @@ def _error_table():
     }
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, turned into an exception so that cleanup (finally blocks, temporary files) runs."""
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated()
+
+
+@contextlib.contextmanager
+def cli_errors(debug: bool):
+    """Every command's body: errors become one line (see _error_table), interrupts exit 130 / 143."""
+    try:
+        yield
+    except typer.Exit:
+        raise
+    except KeyboardInterrupt as e:
+        print("spectool: interrupted", file=sys.stderr)
+        raise typer.Exit(143 if isinstance(e, Terminated) else 130) from None
+    except Exception as e:  # noqa: BLE001 - mapped to one line by the error table
+        _fail(e, debug)
+
+
 def _fail(e: BaseException, debug: bool) -> None:
     if debug:
         raise e
@@ -145,10 +167,15 @@ def read_prompt(prompt: str | None) -> str:
 
 
 def write_json_atomic(path: Path, obj) -> None:
+    """Write JSON to a temporary file beside `path`, then rename: readers see the old file or the new one."""
     path = Path(path)
+    text = json.dumps(obj, indent=2) + "\n"
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def build_drafter(spec: Spec, draft_model, p_min: float, notices: list[str]):
@@ -251,26 +278,33 @@ def _confirm(question: str) -> bool:
 
 
 class SigintFlag:
-    """Ctrl-C sets a flag the loop checks between steps (so no cache is left half-updated); a second
-    Ctrl-C raises KeyboardInterrupt at once."""
+    """Ctrl-C (or SIGTERM) sets a flag the loop checks between steps, so no cache is left half-updated and
+    the text so far is kept; a second signal raises at once."""
 
     def __init__(self):
         self.set = False
+        self.terminated = False
 
     def __enter__(self):
-        self._old = signal.signal(signal.SIGINT, self._handler)
+        self._old = {s: signal.signal(s, self._handler) for s in (signal.SIGINT, signal.SIGTERM)}
         return self
 
     def _handler(self, signum, frame):
         if self.set:
-            raise KeyboardInterrupt
+            raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
         self.set = True
+        self.terminated = signum == signal.SIGTERM
 
     def __exit__(self, *exc):
-        signal.signal(signal.SIGINT, self._old)
+        for s, h in self._old.items():
+            signal.signal(s, h)
 
     def __call__(self) -> bool:
         return self.set
+
+    @property
+    def exit_code(self) -> int:
+        return 143 if self.terminated else 130
 
 
 # -- run ---------------------------------------------------------------------------------------------------------
@@ -300,6 +334,7 @@ def run(
     gpu_layers: Ngl = 0,
     gpu_layers_draft: Ngld = 0,
     stop: Stop = None,
+    truncate: Annotated[bool, typer.Option("--truncate", help="Keep the end of a prompt too long for the context.")] = False,
     color_drafts: ColorDrafts = False,
     stats_json: StatsJson = None,
     yes: Yes = False,
@@ -307,13 +342,23 @@ def run(
     debug: Debug = False,
 ) -> None:
     """Generate text once: stream it to stdout, live statistics to stderr."""
-    o = dict(locals())
-    try:
-        _run(o)
-    except typer.Exit:
-        raise
-    except Exception as e:  # noqa: BLE001 - mapped to one line by the error table
-        _fail(e, debug)
+    with cli_errors(debug):
+        _run(dict(locals()))
+
+
+def fit_prompt(tokens: list[int], n_ctx: int, max_tokens: int, truncate: bool, bos: int) -> list[int]:
+    """The prompt must leave room for at least one new token; --truncate keeps its end (and the BOS)."""
+    if len(tokens) < n_ctx:
+        return tokens
+    if not truncate:
+        raise UserError(f"the prompt has {len(tokens)} tokens but the context holds {n_ctx} (-c/--ctx-size); "
+                        "raise -c or pass --truncate to keep the end of the prompt")
+    keep = n_ctx - min(max_tokens, n_ctx // 2)
+    head = tokens[:1] if tokens and tokens[0] == bos else []
+    out = head + tokens[len(tokens) - (keep - len(head)):]
+    print(f"spectool: prompt truncated to its last {len(out)} of {len(tokens)} tokens (context {n_ctx})",
+          file=sys.stderr)
+    return out
 
 
 def _run(o: dict) -> None:
@@ -327,7 +372,8 @@ def _run(o: dict) -> None:
         for n in notices:
             print(f"spectool: {n}", file=sys.stderr)
         stats = Stats(mode=mode, target=target_name, draft=draft_name)
-        tokens = gen.target.tokenize(text, add_special=True, parse_special=True)
+        tokens = fit_prompt(gen.target.tokenize(text, add_special=True, parse_special=True), gen.target.n_ctx,
+                            o["max_tokens"], o["truncate"], gen.target.vocab_info().bos)
         display = Display(stats, quiet=o["quiet"], color_drafts=o["color_drafts"])
         with SigintFlag() as interrupted, display:
             try:
@@ -347,7 +393,7 @@ def _run(o: dict) -> None:
         if o["debug"]:
             print(f"spectool: display rendering took {display.render_seconds:.3f}s", file=sys.stderr)
         if stats.finish_reason == "interrupted":
-            raise typer.Exit(130)
+            raise typer.Exit(interrupted.exit_code)
 
 
 # -- check -------------------------------------------------------------------------------------------------------
@@ -358,7 +404,7 @@ def check(
     debug: Debug = False,
 ) -> None:
     """Can DRAFT draft for TARGET? Compares vocabularies by llama.cpp's rule; exit 0 if so, 1 if not."""
-    try:
+    with cli_errors(debug):
         from spectool import engine
         from spectool.compat import vocab_differences
 
@@ -366,8 +412,6 @@ def check(
         with engine.Model(target, n_ctx=64) as t, engine.Model(draft, n_ctx=64) as d:
             ti, di = t.vocab_info(), d.vocab_info()
             problems = vocab_differences(ti, di)
-    except Exception as e:  # noqa: BLE001
-        _fail(e, debug)
     print(f"target: {Path(target).name}: {ti.n_tokens} tokens, type {ti.type}, BOS {ti.bos}, EOS {ti.eos}")
     print(f"draft:  {Path(draft).name}: {di.n_tokens} tokens, type {di.type}, BOS {di.bos}, EOS {di.eos}")
     if not problems:
@@ -398,7 +442,7 @@ def pull(
     debug: Debug = False,
 ) -> None:
     """Download a pair (or one model) into the Hugging Face cache; files already there are not fetched again."""
-    try:
+    with cli_errors(debug):
         from spectool import hub
 
         hub.VERBOSE["on"] = debug
@@ -407,10 +451,6 @@ def pull(
                 raise UserError(f"{ref.path} is a local file: nothing to pull", code=2)
             path = hub.ensure(ref, yes=yes, ask=_confirm if sys.stdin.isatty() else None)
             print(f"{role}: {ref} -> {path}")
-    except typer.Exit:
-        raise
-    except Exception as e:  # noqa: BLE001
-        _fail(e, debug)
 
 
 @app.command()
@@ -419,7 +459,7 @@ def models(
     debug: Debug = False,
 ) -> None:
     """The curated pairs: sizes, licences, and whether they are downloaded (from the local cache only)."""
-    try:
+    with cli_errors(debug):
         from spectool import hub, registry
 
         reg = registry.load()
@@ -435,8 +475,6 @@ def models(
                 "size_gb": p.size_gb, "license": p.license, "draft_max": p.draft_max, "status": state,
                 "disk_bytes": sum(n for _, n in states), "description": p.description, "source": p.source,
             })
-    except Exception as e:  # noqa: BLE001
-        _fail(e, debug)
     if as_json:
         print(json.dumps(rows, indent=2))
         return
@@ -452,6 +490,75 @@ def models(
         t.add_row(name, "\n".join(files), f"{r['size_gb']:.1f} GB", r["license"], r["status"],
                   f"{r['disk_bytes'] / 1e9:.2f} GB")
     Console().print(t)
+
+
+# -- bench -------------------------------------------------------------------------------------------------------
+@app.command(epilog="Examples:\n\n  spectool bench --pair demo\n\n"
+             "  spectool bench -m big.gguf -md small.gguf --prompts prompts.txt --plot speed.png")
+def bench(
+    model: Model_ = None,
+    pair: Pair_ = None,
+    model_draft: Draft_ = None,
+    prompts: Annotated[Optional[Path], typer.Option(
+        "--prompts", help="Prompts: JSON lines, or text with prompts separated by lines of '---'.")] = None,
+    max_tokens: MaxTokens = 96,
+    ctx_size: Ctx = 4096,
+    threads: Threads = None,
+    gpu_layers: Ngl = 0,
+    gpu_layers_draft: Ngld = 0,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG chart of the speedups.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    yes: Yes = False,
+    debug: Debug = False,
+) -> None:
+    """Plain vs speculative decoding on this machine, side by side, with your model(s) and prompts."""
+    with cli_errors(debug):
+        _bench(dict(locals()))
+
+
+def _bench(o: dict) -> None:
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from spectool import bench as B
+    from spectool import engine, hub
+
+    engine.set_verbose(o["debug"])
+    hub.VERBOSE["on"] = o["debug"]
+    texts = B.read_prompts(str(o["prompts"])) if o["prompts"] else B.BUILTIN_PROMPTS
+    if not texts:
+        raise UserError(f"no prompts in {o['prompts']}", code=2)
+    target_ref, draft_ref, _ = resolve_models(o)
+    ask = _confirm if sys.stdin.isatty() else None
+    with contextlib.ExitStack() as stack:
+        target = stack.enter_context(engine.Model(hub.ensure(target_ref, yes=o["yes"], ask=ask), n_ctx=o["ctx_size"],
+                                                  n_threads=o["threads"], n_gpu_layers=o["gpu_layers"]))
+        draft = None
+        if draft_ref is not None:
+            draft = stack.enter_context(engine.Model(hub.ensure(draft_ref, yes=o["yes"], ask=ask), n_ctx=target.n_ctx,
+                                                     n_threads=o["threads"], n_gpu_layers=o["gpu_layers_draft"]))
+            from spectool.compat import vocab_differences
+
+            problems = vocab_differences(target.vocab_info(), draft.vocab_info(), limit=1)
+            if problems:
+                raise UserError(f"the draft model's vocabulary does not match the target's: {problems[0]}")
+        contenders = B.default_contenders(with_draft=draft is not None)
+        tokens = [target.tokenize(t) for t in texts]
+        with Progress(console=Console(stderr=True), transient=True) as progress:
+            task = progress.add_task("benchmarking", total=len(tokens) * len(contenders))
+            results = B.run(target, draft, tokens, contenders, o["max_tokens"],
+                            on_done=lambda name, i: progress.update(task, advance=1, description=f"{name}, prompt {i + 1}"))
+    if o["plot"]:
+        B.plot({target.path.name: results}, str(o["plot"]))
+    if o["as_json"]:
+        print(json.dumps({"target": str(target_ref), "draft": str(draft_ref) if draft_ref else None,
+                          "prompts": len(texts), "max_tokens": o["max_tokens"],
+                          "results": [r.to_json() for r in results],
+                          "recommendation": B.recommend(results, contenders)}, indent=2))
+        return
+    print(B.markdown_table(results, f"{target.path.name}: {len(texts)} prompts, {o['max_tokens']} tokens each"))
+    print()
+    print(B.recommend(results, contenders))
 
 
 # -- chat --------------------------------------------------------------------------------------------------------
@@ -489,17 +596,13 @@ def chat(
     debug: Debug = False,
 ) -> None:
     """Chat in the terminal, with the model's chat template and the conversation kept in the KV cache."""
-    o = dict(locals())
-    try:
-        _chat(o)
-    except typer.Exit:
-        raise
-    except Exception as e:  # noqa: BLE001
-        _fail(e, debug)
+    with cli_errors(debug):
+        _chat(dict(locals()))
 
 
 def _chat(o: dict) -> None:
     from spectool.chat import Chat
+    from spectool.engine import EngineError
     from spectool.stats import Stats
     from spectool.ui import Display, stats_table, summary_line
 
@@ -553,6 +656,11 @@ def _chat(o: dict) -> None:
                         display.text(piece[step.draft_chars :])
                 except KeyboardInterrupt:
                     session.turns[-1].finish_reason = "interrupted"
+                except EngineError as e:
+                    print(f"spectool: {e}", file=sys.stderr)
+                    continue
+            if interrupted.terminated:
+                raise typer.Exit(143)
             if not o["quiet"]:
                 print(summary_line(session.turns[-1]), file=sys.stderr)
 
@@ -574,6 +682,7 @@ def _chat_stats(session, stats_table) -> None:
 
 
 def main() -> None:
+    signal.signal(signal.SIGTERM, _on_sigterm)
     app()
 
 

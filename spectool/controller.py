@@ -31,7 +31,8 @@ class Controller:
     decay: float = 0.97  # weight kept by older acceptance observations at each update
     # prior acceptance by key until measured: longer prompt-lookup matches are more often right
     priors: dict[str, float] = field(
-        default_factory=lambda: {"lookup:1": 0.3, "lookup:2": 0.5, "lookup:3": 0.6, "lookup:4": 0.8, "draft": 0.6}
+        default_factory=lambda: {"lookup:1": 0.3, "lookup:2": 0.5, "lookup:3": 0.6, "lookup:4": 0.75,
+                                 "lookup:8": 0.9, "draft": 0.6}
     )
     prior_accept: float = 0.5  # for other keys
     # keys whose quality is unknown until tried (a user's draft model): draft this many times first

@@ -84,11 +84,12 @@ class PromptLookup:
     O(n_max) dictionary look-ups, whatever the history's length.
     """
 
-    def __init__(self, n_min: int = 1, n_max: int = 8, key_max: int = 4):
+    KEY_BUCKETS = (8, 4, 3, 2, 1)  # match lengths the controller keeps apart: 1, 2, 3, 4-7, 8 and more
+
+    def __init__(self, n_min: int = 1, n_max: int = 12):
         if not 1 <= n_min <= n_max:
             raise ValueError("lookup n-gram sizes need 1 <= n_min <= n_max")
         self.n_min, self.n_max = n_min, n_max
-        self.key_max = key_max  # matches of key_max tokens or more share one controller key
         self.tokens: list[int] = []
         self.follow: list[dict[tuple[int, ...], dict[int, list[int]]]] = [{} for _ in range(n_max + 1)]
         self._peeked: tuple[int, list[int], int] | None = None
@@ -140,7 +141,9 @@ class PromptLookup:
     def peek(self, history: Sequence[int], k_max: int = 16) -> tuple[str, int] | None:
         tokens, n = self.lookup(history, k_max)
         self._peeked = (len(history), tokens, n)
-        return (f"lookup:{min(n, self.key_max)}", len(tokens)) if tokens else None
+        if not tokens:
+            return None
+        return f"lookup:{next(b for b in self.KEY_BUCKETS if n >= b)}", len(tokens)
 
     def propose(self, history: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator) -> Draft:
         if self._peeked is not None and self._peeked[0] == len(history) and len(self._peeked[1]) >= k:

@@ -19,6 +19,7 @@ class FakeHub:
         self.gated: set[str] = set()
         self.unauthorized: set[str] = set()
         self.cut_once: dict[str, int] = {}  # file -> bytes to send before the first GET's connection drops
+        self.slow: set[str] = set()  # files sent in small chunks with pauses (to interrupt a download)
         self.log: list[tuple[str, str, str | None]] = []  # (method, path, Range header)
         hub = self
 
@@ -103,5 +104,13 @@ class FakeHub:
             h.wfile.write(chunk[:cut])
             h.wfile.flush()
             h.close_connection = True
+            return
+        if file in self.slow:
+            import time
+
+            for i in range(0, len(chunk), 1 << 16):
+                h.wfile.write(chunk[i : i + (1 << 16)])
+                h.wfile.flush()
+                time.sleep(0.05)
             return
         h.wfile.write(chunk)

@@ -1,0 +1,202 @@
+"""Plain vs speculative, side by side, on one machine: the engine of `spectool bench` and benchmarks/.
+
+Every contender decodes the same prompts with the same token budget, greedy; decode speed excludes prompt
+processing; each speedup is against plain decoding measured in the same run, on the same prompts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Sequence
+
+from spectool.controller import Controller
+from spectool.drafters import DraftModel, Hybrid, PromptLookup
+from spectool.speculative import Generation, speculative_generate
+from spectool.stats import Stats
+
+BUILTIN_PROMPTS = [
+    "def bubble_sort(items):\n    n = len(items)\n    for i in range(n):\n        for j in range(n - i - 1):\n"
+    "            if items[j] > items[j + 1]:\n                items[j], items[j + 1] = items[j + 1], items[j]\n"
+    "    return items\n\n# The same function with the parameter renamed to values:\n",
+    "The Great Wall of China is a series of fortifications built across the historical northern borders of "
+    "ancient Chinese states. Several walls were built from as early as the 7th century BC.\n\nSummary:",
+    "Question: Why is the sky blue?\nAnswer:",
+    "Once upon a time, in a small village by the sea,",
+]
+
+
+@dataclass
+class Contender:
+    name: str
+    mode: str  # none | lookup | draft | hybrid
+    k_max: int = 8
+    fixed: bool = False
+
+    def generation(self, target, draft_model, max_tokens: int) -> Generation:
+        drafter = {
+            "none": lambda: None,
+            "lookup": lambda: PromptLookup(),
+            "draft": lambda: DraftModel(draft_model),
+            "hybrid": lambda: Hybrid(PromptLookup(), DraftModel(draft_model)),
+        }[self.mode]()
+        ctl = Controller(k_max=self.k_max, k_min=self.k_max if self.fixed else 0, adaptive=not self.fixed)
+        return Generation(target, drafter, controller=ctl, max_tokens=max_tokens)
+
+
+    @property
+    def flags(self) -> str:
+        """The `spectool run` options that reproduce this contender."""
+        if self.mode == "none":
+            return "--spec none"
+        k = f"--draft-min {self.k_max} --draft-max {self.k_max}" if self.fixed else f"--draft-max {self.k_max}"
+        return f"--spec {self.mode} {k}"
+
+
+def default_contenders(with_draft: bool) -> list[Contender]:
+    out = [Contender("plain", "none"), Contender("lookup", "lookup", 16)]
+    out += [Contender(f"lookup k={k}", "lookup", k, True) for k in (4, 8)]
+    if with_draft:
+        out += [Contender("draft", "draft", 8), Contender("hybrid", "hybrid", 16)]
+        out += [Contender(f"draft k={k}", "draft", k, True) for k in (2, 4)]
+    return out
+
+
+@dataclass
+class Result:
+    contender: str
+    prompts: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+    drafted: int = 0
+    accepted: int = 0
+    steps: int = 0
+    identical: int = 0  # prompts whose text equals plain decoding's
+    failed: int = 0  # prompts on which the contender crashed (external contenders)
+    speedup: float = 0.0
+    outputs: list[list[int]] = field(default_factory=list, repr=False)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        return self.tokens / self.steps if self.steps else 0.0
+
+    def add(self, st: Stats, tokens: list[int]) -> None:
+        self.prompts += 1
+        self.tokens += st.n_generated
+        self.seconds += st.decode_seconds
+        self.drafted += st.n_drafted
+        self.accepted += st.n_accepted
+        self.steps += st.n_steps
+        self.outputs.append(tokens)
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d.pop("outputs")
+        d |= {"tokens_per_second": round(self.tokens_per_second, 3), "acceptance": round(self.acceptance, 4),
+              "mean_accepted_length": round(self.mean_accepted_length, 4)}
+        return d
+
+
+def speedups(results: Sequence[Result], baseline: str = "plain") -> None:
+    """Fill `speedup` (tokens/s over the baseline's, same run) and `identical` (outputs equal to the
+    baseline's, prompt by prompt)."""
+    base = next(r for r in results if r.contender == baseline)
+    for r in results:
+        r.speedup = r.tokens_per_second / base.tokens_per_second if base.tokens_per_second else 0.0
+        r.identical = sum(a == b for a, b in zip(r.outputs, base.outputs))
+
+
+def run(target, draft_model, prompts: Sequence[list[int]], contenders: Sequence[Contender], max_tokens: int,
+        on_done: Callable[[str, int], None] = lambda name, i: None) -> list[Result]:
+    """Decode every prompt with every contender (interleaved prompt by prompt, so slow drift of the machine
+    hits all alike)."""
+    results = {c.name: Result(c.name) for c in contenders}
+    for i, prompt in enumerate(prompts):
+        for c in contenders:
+            st = Stats(mode=c.mode)
+            g = c.generation(target, draft_model, max_tokens)
+            tokens = [t for step in speculative_generate(g, prompt, st) for t in step.tokens]
+            results[c.name].add(st, tokens)
+            on_done(c.name, i)
+    out = list(results.values())
+    speedups(out)
+    return out
+
+
+def markdown_table(results: Sequence[Result], title: str = "") -> str:
+    lines = [f"**{title}**", ""] if title else []
+    lines += [
+        "| contender | tok/s | speedup | acceptance | tokens/step | identical to plain |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        acc = f"{100 * r.acceptance:.0f}%" if r.drafted else "-"
+        steps = f"{r.mean_accepted_length:.2f}" if r.steps else "-"
+        same = f"{r.identical}/{r.prompts + r.failed}" + (f" ({r.failed} crashed)" if r.failed else "")
+        lines.append(f"| {r.contender} | {r.tokens_per_second:.1f} | {r.speedup:.2f}x | {acc} | {steps} | {same} |")
+    return "\n".join(lines)
+
+
+def recommend(results: Sequence[Result], contenders: Sequence[Contender]) -> str:
+    best = max(results, key=lambda r: r.tokens_per_second)
+    flags = next(c.flags for c in contenders if c.name == best.contender)
+    if best.contender == "plain":
+        return "plain decoding won on these prompts: drafts did not pay (spectool run --spec none)"
+    return (f"fastest: {best.contender}, {best.speedup:.2f}x plain ({best.tokens_per_second:.1f} tok/s): "
+            f"spectool run {flags}")
+
+
+def plot(groups: dict[str, Sequence[Result]], path: str) -> None:
+    """A bar chart of speedups over plain decoding: one group of bars per prompt set, a colour per contender."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(dict.fromkeys(r.contender for rs in groups.values() for r in rs))
+    colours = {n: plt.get_cmap("tab10")(k % 10) for k, n in enumerate(names)}
+    fig, ax = plt.subplots(figsize=(2.6 * len(groups) + 2, 4.2))
+    width, ticks, seen = 0.8 / max(len(rs) for rs in groups.values()), [], set()
+    for i, rs in enumerate(groups.values()):
+        for j, r in enumerate(rs):
+            x = i + (j - (len(rs) - 1) / 2) * width
+            ax.bar(x, r.speedup, width * 0.95, color=colours[r.contender],
+                   label=None if r.contender in seen else r.contender)
+            ax.text(x, r.speedup + 0.02, f"{r.speedup:.2f}", ha="center", va="bottom", fontsize=7)
+            seen.add(r.contender)
+        ticks.append(i)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(ticks)
+    ax.set_xticklabels(list(groups), fontsize=8)
+    ax.set_ylabel("speedup over plain decoding (same run)")
+    top = max(r.speedup for rs in groups.values() for r in rs)
+    ax.set_ylim(0, top * 1.12 + 0.05)
+    ax.legend(fontsize=7, ncol=min(4, len(names)), loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def read_prompts(path: str) -> list[str]:
+    """A prompts file: JSON lines (a string, or an object with "prompt") or text with prompts separated by
+    lines of three dashes."""
+    from pathlib import Path
+
+    text = Path(path).read_text(encoding="utf-8")
+    if path.endswith((".jsonl", ".json")):
+        import json
+
+        out = []
+        for i, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                obj = json.loads(line)
+                out.append(obj if isinstance(obj, str) else obj["prompt"])
+        return out
+    return [p.strip("\n") for p in text.split("\n---\n") if p.strip()]

@@ -1,0 +1,104 @@
+"""Benchmark plumbing: prompt preparation from the real datasets, ratio arithmetic, table rendering, and a
+smoke run of `spectool bench` on the tiny models. (Speed itself is measured by benchmarks/run.py, not here.)"""
+
+import io
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from spectool import bench
+from spectool.bench import Contender, Result
+from spectool.cli import app
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import prompts as P  # noqa: E402
+
+
+def test_iter_json_array_stops_quietly_at_a_truncated_item():
+    items = [{"id": i, "text": "x" * i} for i in range(50)]
+    full = json.dumps(items)
+    cut = full[: full.index('"id": 40') + 5]  # the 41st object is cut in the middle
+    got = list(P.iter_json_array(io.StringIO(cut), chunk=64))
+    assert got == items[:40]
+    assert list(P.iter_json_array(io.StringIO(full), chunk=7)) == items
+
+
+def test_sharegpt_prompts_are_real_and_shaped():
+    g, f = P.grounded_prompts(4), P.freeform_prompts(4)
+    assert len(g) == 4 and len(f) == 4
+    assert all(600 <= len(p) - len("\n\nAnswer:\n") <= 2500 and p.endswith("Answer:\n") for p in g)
+    assert all(p.startswith("Question: ") and p.endswith("?\nAnswer:") for p in f)
+    assert len(set(f)) == 4
+
+
+def test_humaneval_prompts_contain_the_function_and_a_request():
+    ps = P.humaneval_prompts(3)
+    assert len(ps) == 3 and all("def " in p and "return" in p for p in ps)
+    assert ps[0].endswith("# The same function again, unchanged:\n\n")
+    assert "_v2:" in ps[2]
+
+
+def test_speedup_and_identical_arithmetic():
+    plain = Result("plain", prompts=2, tokens=200, seconds=4.0, outputs=[[1, 2], [3, 4]])
+    fast = Result("lookup", prompts=2, tokens=200, seconds=2.0, drafted=100, accepted=75, steps=50,
+                  outputs=[[1, 2], [3, 5]])
+    bench.speedups([plain, fast])
+    assert plain.speedup == 1.0 and fast.speedup == 2.0
+    assert fast.identical == 1 and plain.identical == 2
+    assert fast.acceptance == 0.75 and fast.mean_accepted_length == 4.0 and fast.tokens_per_second == 100.0
+
+
+def test_markdown_table_and_recommendation():
+    rs = [Result("plain", prompts=2, tokens=100, seconds=2.0, steps=100, speedup=1.0, identical=2),
+          Result("lookup k=8", prompts=2, tokens=100, seconds=1.0, drafted=80, accepted=60, steps=20, identical=2,
+                 speedup=2.0)]
+    table = bench.markdown_table(rs, "set")
+    assert table.splitlines()[0] == "**set**"
+    assert "| lookup k=8 | 100.0 | 2.00x | 75% | 5.00 | 2/2 |" in table
+    assert "| plain | 50.0 | 1.00x | - | 1.00 | 2/2 |" in table
+    rs[1].failed = 1
+    assert "| 2/3 (1 crashed) |" in bench.markdown_table(rs)
+    rs[1].failed = 0
+    cs = [Contender("plain", "none"), Contender("lookup k=8", "lookup", 8, True)]
+    assert bench.recommend(rs, cs).endswith("spectool run --spec lookup --draft-min 8 --draft-max 8")
+    rs[1].speedup, rs[1].seconds = 0.5, 4.0
+    assert "plain decoding won" in bench.recommend(rs, cs)
+
+
+def test_read_prompts(tmp_path):
+    t = tmp_path / "p.txt"
+    t.write_text("first prompt\nline two\n---\nsecond\n")
+    assert bench.read_prompts(str(t)) == ["first prompt\nline two", "second"]
+    j = tmp_path / "p.jsonl"
+    j.write_text('"a"\n{"prompt": "b"}\n\n')
+    assert bench.read_prompts(str(j)) == ["a", "b"]
+
+
+def test_plot_writes_a_png(tmp_path):
+    rs = [Result("plain", prompts=1, tokens=10, seconds=1.0, speedup=1.0),
+          Result("lookup", prompts=1, tokens=10, seconds=0.5, speedup=2.0)]
+    bench.plot({"a": rs, "b": rs}, str(tmp_path / "c.png"))
+    assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_spectool_bench_smoke(tiny, tmp_path):
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("The quick brown fox\n---\ndef add(a, b):\n    return a + b\n")
+    r = CliRunner().invoke(app, ["bench", "-m", str(tiny["target"]), "-md", str(tiny["draft"]), "--prompts",
+                                 str(prompts), "-n", "24", "--json", "--plot", str(tmp_path / "b.png")])
+    assert r.exit_code == 0, r.output
+    j = json.loads(r.stdout)
+    names = [x["contender"] for x in j["results"]]
+    assert names[0] == "plain" and "hybrid" in names and "draft k=2" in names
+    assert all(x["identical"] == 2 and x["prompts"] == 2 and x["tokens"] == 48 for x in j["results"])
+    assert j["recommendation"] and (tmp_path / "b.png").exists()
+    r = CliRunner().invoke(app, ["bench", "-m", str(tiny["target"]), "-n", "8"])
+    assert r.exit_code == 0 and "| plain |" in r.stdout and "lookup k=4" in r.stdout
+
+
+def test_spectool_bench_refuses_a_foreign_draft(tiny):
+    r = CliRunner().invoke(app, ["bench", "-m", str(tiny["target"]), "-md", str(tiny["foreign"]), "-n", "4"])
+    assert r.exit_code == 1 and "does not match" in r.stderr

@@ -1,0 +1,277 @@
+"""Bad input, interrupts, faults mid-run, long runs, untrusted files: each case answered by one line on stderr,
+a non-zero exit and no traceback, and nothing half-written."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from spectool.cli import UserError, app, read_prompt, write_json_atomic
+
+runner = CliRunner()
+
+
+def one_line_error(r, code=1):
+    assert r.exit_code == code, (r.exit_code, r.output)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in r.output, r.stderr
+    return lines[0]
+
+
+# -- the error catalogue -----------------------------------------------------------------------------------------
+def test_bad_model_files(tmp_path, tiny):
+    import gguf
+
+    (tmp_path / "notgguf.gguf").write_text("hello")
+    data = tiny["target"].read_bytes()
+    (tmp_path / "cut.gguf").write_bytes(data[: len(data) // 2])
+    w = gguf.GGUFWriter(str(tmp_path / "alien.gguf"), "alien-arch-9000")
+    w.add_tensor("x", np.zeros(4, np.float32))
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    cases = {
+        tmp_path / "missing.gguf": "model file not found",
+        tmp_path: "is a directory",
+        tmp_path / "notgguf.gguf": "not a GGUF file",
+        tmp_path / "cut.gguf": "not within the file bounds",
+        tmp_path / "alien.gguf": "unknown model architecture: 'alien-arch-9000'",
+    }
+    for path, message in cases.items():
+        assert message in one_line_error(runner.invoke(app, ["run", "-m", str(path), "hi"]))
+
+
+def test_prompt_longer_than_the_context(tiny):
+    long = " ".join(["the fox runs into the woods"] * 40)
+    line = one_line_error(runner.invoke(app, ["run", "-m", str(tiny["target"]), "-c", "64", long]))
+    assert "tokens but the context holds 256" in line and "--truncate" in line  # llama.cpp rounds n_ctx to 256
+    r = runner.invoke(app, ["run", "-m", str(tiny["target"]), "-c", "64", "-n", "8", "--truncate", long])
+    assert r.exit_code == 0 and "prompt truncated to its last" in r.stderr
+
+
+def test_context_filling_up_keeps_the_text(tiny, tmp_path):
+    stats = tmp_path / "s.json"
+    r = runner.invoke(app, ["run", "-m", str(tiny["target"]), "-c", "64", "-n", "1000", "--stats-json", str(stats),
+                            "The quick brown fox"])
+    assert r.exit_code == 0
+    j = json.loads(stats.read_text())
+    assert j["finish_reason"] == "context" and j["n_generated"] == 256 - 5 + 1 and len(r.stdout) > 100
+
+
+def test_invalid_utf8_stdin(tiny):
+    line = one_line_error(runner.invoke(app, ["run", "-m", str(tiny["target"])], input=b"caf\xe9 au lait"))
+    assert "not valid UTF-8" in line
+
+
+@pytest.mark.parametrize("args", [["--draft-max", "-1"], ["--temp", "-0.5"], ["--top-p", "1.5"], ["--top-p", "0"],
+                                  ["-n", "0"], ["--ctx-size", "-5"]])
+def test_invalid_option_values(tiny, args):
+    r = runner.invoke(app, ["run", "-m", str(tiny["target"]), *args, "hi"])
+    assert r.exit_code == 2 and "Traceback" not in r.output
+
+
+def test_unknown_pair_suggests(tiny):
+    assert "did you mean qwen3-8b" in one_line_error(runner.invoke(app, ["run", "--pair", "qwen3-8", "hi"]))
+
+
+# -- interrupts --------------------------------------------------------------------------------------------------
+@pytest.mark.realmodel
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_signal_during_generation(gemma_q4, tmp_path, sig, code):
+    stats = tmp_path / "s.json"
+    p = subprocess.Popen([sys.executable, "-m", "spectool", "run", "-m", str(gemma_q4), "-n", "3000", "-t", "2",
+                          "--stats-json", str(stats), "Write a long story about a dragon."],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = p.stdout.read(1)
+    time.sleep(0.5)
+    p.send_signal(sig)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == code, err
+    assert (first + out).endswith(b"\n") and b"Traceback" not in err
+    assert json.loads(stats.read_text())["finish_reason"] == "interrupted"
+
+
+@pytest.mark.realmodel
+def test_sigint_during_prefill_then_the_next_run_works(gemma_q4, tmp_path):
+    long = "The history of the printing press begins in the fifteenth century. " * 300
+    p = subprocess.Popen([sys.executable, "-m", "spectool", "run", "-m", str(gemma_q4), "-n", "50", "-t", "2",
+                          "-c", "8192", long], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    time.sleep(2.5)  # the model is loaded and the prompt is being processed
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode in (130, 0), err  # 0 only if it was already done
+    assert b"Traceback" not in err
+    r = subprocess.run([sys.executable, "-m", "spectool", "run", "-m", str(gemma_q4), "-n", "5", "-q", "Hello"],
+                       capture_output=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip()
+
+
+def test_sigterm_during_download_leaves_no_file_at_the_final_path(tiny, tmp_path):
+    from fakehub import FakeHub
+
+    with FakeHub() as hub:
+        hub.add("test/tiny", {"target.gguf": tiny["target"]})
+        hub.slow.add("target.gguf")
+        env = dict(os.environ, HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf"))
+        env.pop("HF_HUB_OFFLINE", None)
+        p = subprocess.Popen([sys.executable, "-m", "spectool", "pull", "hf:test/tiny/target.gguf"], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        end = time.time() + 30
+        while time.time() < end and not hub.gets("target.gguf"):
+            time.sleep(0.05)
+        time.sleep(0.3)
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=30)
+        assert p.returncode == 143, err
+        assert b"Traceback" not in err
+        repo = tmp_path / "hf" / "hub" / "models--test--tiny"
+        assert not list(repo.glob("snapshots/*/target.gguf"))
+        assert not list(repo.glob("blobs/*.incomplete"))
+        hub.slow.clear()
+        r = subprocess.run([sys.executable, "-m", "spectool", "pull", "hf:test/tiny/target.gguf"], env=env,
+                           capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        assert r.returncode == 0 and Path(r.stdout.split(" -> ")[1].strip()).read_bytes() == \
+            tiny["target"].read_bytes()
+
+
+# -- long runs ---------------------------------------------------------------------------------------------------
+def rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def test_4000_tokens_keep_memory_flat_and_the_cache_right(tiny):
+    from spectool.drafters import DraftModel, Hybrid, PromptLookup
+    from spectool.engine import Model
+    from spectool.speculative import Generation, speculative_generate
+    from spectool.stats import Stats
+
+    with Model(tiny["target"], n_ctx=4200, flash_attn=False) as t, Model(tiny["draft"], n_ctx=4200) as d:
+        prompt = t.tokenize("The quick brown fox")
+        g = Generation(t, Hybrid(PromptLookup(), DraftModel(d)), max_tokens=4000)
+        rss, st = [], Stats()
+        out = []
+        for i, step in enumerate(speculative_generate(g, prompt, st)):
+            out += step.tokens
+            if i % 50 == 0:
+                rss.append(rss_mb())
+        assert len(out) == 4000 and st.n_accepted > 100
+        # memory: flat after the first quarter (the KV cache is allocated up front), within 20 MB
+        quarter = rss[len(rss) // 4:]
+        assert max(quarter) - min(quarter) < 20, rss
+        x = prompt + out
+        t.eval([x[-1]])
+        with Model(tiny["target"], n_ctx=4200, flash_attn=False) as fresh:
+            fresh.eval(x)
+            np.testing.assert_allclose(t.logits(-1), fresh.logits(-1), rtol=0, atol=1e-3)
+
+
+def test_50_turn_chat_keeps_memory_flat_and_the_cache_right(tiny):
+    from spectool.chat import Chat
+    from spectool.drafters import PromptLookup
+    from spectool.engine import Model
+    from spectool.speculative import Generation
+
+    with Model(tiny["target"], n_ctx=4096, flash_attn=False) as t:
+        chat = Chat(Generation(t, PromptLookup(), max_tokens=20))
+        rss = []
+        for turn in range(50):
+            "".join(text for text, _ in chat.send(f"turn {turn}: the quick brown fox"))
+            rss.append(rss_mb())
+            assert chat.turns[-1].n_prefilled < 40  # each turn prefills its own tokens only
+        assert max(rss[10:]) - min(rss[10:]) < 20, rss
+        assert len(chat.messages) == 100
+        x = chat.tokens
+        assert t.tokens == x[:-1]
+        t.eval([x[-1]])
+        with Model(tiny["target"], n_ctx=4096, flash_attn=False) as fresh:
+            fresh.eval(x)
+            np.testing.assert_allclose(t.logits(-1), fresh.logits(-1), rtol=0, atol=1e-3)
+
+
+# -- untrusted inputs and secrets --------------------------------------------------------------------------------
+def test_hub_token_never_appears(tiny, tmp_path):
+    from fakehub import FakeHub
+
+    secret = "hf_SECRETtokenVALUE0123456789"
+    with FakeHub() as hub:
+        hub.add("test/tiny", {"target.gguf": tiny["target"]})
+        hub.unauthorized.add("test/private")
+        env = dict(os.environ, HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf"), HF_TOKEN=secret)
+        env.pop("HF_HUB_OFFLINE", None)
+        stats = tmp_path / "s.json"
+        runs = [
+            ["pull", "hf:test/private/x.gguf"],
+            ["pull", "hf:test/private/x.gguf", "--debug"],
+            ["run", "-m", "hf:test/tiny/target.gguf", "-n", "5", "--debug", "--stats-json", str(stats), "hi"],
+        ]
+        for args in runs:
+            r = subprocess.run([sys.executable, "-m", "spectool", *args], env=env, capture_output=True, text=True,
+                               stdin=subprocess.DEVNULL)
+            assert secret not in r.stdout and secret not in r.stderr, args
+        assert secret not in stats.read_text() and json.loads(stats.read_text())["n_generated"] == 5
+
+
+def test_stats_json_is_written_atomically(tmp_path):
+    path = tmp_path / "s.json"
+    write_json_atomic(path, {"a": 1})
+    with pytest.raises(TypeError):
+        write_json_atomic(path, {"a": object()})
+    assert json.loads(path.read_text()) == {"a": 1} and [p.name for p in tmp_path.iterdir()] == ["s.json"]
+
+
+# -- fuzzing (bounded) -------------------------------------------------------------------------------------------
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=200), st.one_of(st.none(), st.text(max_size=20)))
+def test_read_prompt_fuzz(data, prompt):
+    import io
+
+    class FakeStdin:
+        buffer = io.BytesIO(data)
+
+        def isatty(self):
+            return False
+
+    old = sys.stdin
+    sys.stdin = FakeStdin()
+    try:
+        text = read_prompt(prompt)
+    except UserError as e:
+        assert e.code in (1, 2) and str(e)
+        return
+    finally:
+        sys.stdin = old
+    assert isinstance(text, str) and (text.strip() or prompt)
+    if prompt:
+        assert text.endswith(prompt)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(5, 634), max_size=40), st.lists(st.text("ab ch\nxé", min_size=1, max_size=4),
+                                                               max_size=3), st.integers(1, 5))
+def test_stop_strings_fuzz(target, tokens, stops, chunk):
+    """Streaming with stop strings, fed in chunks, gives the full text cut at the first stop string."""
+    from spectool.speculative import TextStream
+
+    full = target.detokenize(tokens)
+    expect = full
+    for s in stops:
+        i = expect.find(s)
+        if i >= 0:
+            expect = expect[:i]
+    stream = TextStream(target, stops)
+    got = ""
+    for i in range(0, len(tokens), chunk):
+        got += stream.feed(tokens[i : i + chunk])
+        if stream.stopped:
+            break
+    got += stream.flush()
+    assert got == expect
