@@ -57,7 +57,7 @@ TopP = Annotated[float, typer.Option("--top-p", min=0.0, max=1.0, help="Top-p sa
 MinP = Annotated[float, typer.Option("--min-p", min=0.0, max=1.0, help="Min-p sampling; 0 = off.")]
 Seed = Annotated[Optional[int], typer.Option("--seed", help="Random seed for sampling (reproducible runs).")]
 DraftMax = Annotated[
-    Optional[int], typer.Option("--draft-max", min=0, max=64, help="Most draft tokens per step [default: the pair's, or 8].")
+    Optional[int], typer.Option("--draft-max", min=0, max=64, help="Most draft tokens per step (default: the pair's, else 8).")
 ]
 Pair_ = Annotated[Optional[str], typer.Option("--pair", "-p", help="A target/draft pair from models.toml.")]
 Yes = Annotated[bool, typer.Option("--yes", "-y", help="Download without asking.")]
@@ -678,7 +678,7 @@ def _chat_stats(session, stats_table) -> None:
     n = sum(t.n_generated for t in session.turns)
     secs = sum(t.decode_seconds for t in session.turns)
     console.print(f"session: {len(session.turns)} replies, {n} tokens, {n / secs if secs else 0:.1f} tok/s, "
-                  f"{len(session.tokens)} tokens in the conversation")
+                  f"{len(session.gen.target.tokens)} tokens in the KV cache")
 
 
 def main() -> None:
