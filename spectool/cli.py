@@ -57,7 +57,7 @@ TopP = Annotated[float, typer.Option("--top-p", min=0.0, max=1.0, help="Top-p sa
 MinP = Annotated[float, typer.Option("--min-p", min=0.0, max=1.0, help="Min-p sampling; 0 = off.")]
 Seed = Annotated[Optional[int], typer.Option("--seed", help="Random seed for sampling (reproducible runs).")]
 DraftMax = Annotated[
-    Optional[int], typer.Option("--draft-max", min=0, max=64, help="Most draft tokens per step (default: the pair's, else 8).")
+    Optional[int], typer.Option("--draft-max", min=0, max=64, help="Most draft tokens per step (default: the pair's, else 16).")
 ]
 Pair_ = Annotated[Optional[str], typer.Option("--pair", "-p", help="A target/draft pair from models.toml.")]
 Yes = Annotated[bool, typer.Option("--yes", "-y", help="Download without asking.")]
@@ -270,7 +270,7 @@ def resolve_models(o: dict):
         pair = reg.get(name)
         target = pair.target
     draft = registry.parse_ref(o["model_draft"]) if o.get("model_draft") else (pair.draft if pair else None)
-    return target, draft, (pair.draft_max if pair else 8)
+    return target, draft, (pair.draft_max if pair else 16)
 
 
 def _confirm(question: str) -> bool:
