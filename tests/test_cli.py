@@ -2,6 +2,7 @@
 
 import json
 import os
+from pathlib import Path
 import subprocess
 import sys
 
@@ -155,3 +156,15 @@ def test_vocab_differences_unit(target):
     texts = list(a.texts)
     texts[4] = b"other"  # ids below 5 are not compared
     assert vocab_differences(a, replace(a, texts=tuple(texts))) == []
+
+
+def test_shell_completion_completes_commands_and_options():
+    exe = str(Path(sys.executable).parent / "spectool")  # the installed console script
+    env = dict(os.environ, _SPECTOOL_COMPLETE="complete_bash", COMP_WORDS="spectool ch", COMP_CWORD="1")
+    out = subprocess.run([exe], env=env, capture_output=True, text=True).stdout
+    assert "chat" in out.split() and "check" in out.split() and "run" not in out.split()
+    env |= {"COMP_WORDS": "spectool run --draft-m", "COMP_CWORD": "2"}
+    out = subprocess.run([exe], env=env, capture_output=True, text=True).stdout
+    assert set(out.split()) == {"--draft-max", "--draft-min"}
+    script = subprocess.run([exe, "--show-completion", "bash"], capture_output=True, text=True)
+    assert script.returncode == 0 and "complete" in script.stdout
