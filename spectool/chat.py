@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from spectool.engine import EngineError, Model
+from spectool.engine import EngineError
 from spectool.speculative import Generation, Step, generate_text
 from spectool.stats import Stats
 

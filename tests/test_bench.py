@@ -6,7 +6,6 @@ import json
 import sys
 from pathlib import Path
 
-import pytest
 from typer.testing import CliRunner
 
 from spectool import bench

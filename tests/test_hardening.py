@@ -3,7 +3,6 @@ a non-zero exit and no traceback, and nothing half-written."""
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
