@@ -13,6 +13,7 @@ same run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -26,7 +27,7 @@ sys.path.insert(0, str(HERE.parent))
 
 import prompts as P  # noqa: E402
 
-from spectool import bench, engine  # noqa: E402
+from spectool import bench, engine, prune  # noqa: E402
 from spectool.bench import Contender, Result  # noqa: E402
 
 CACHE = Path(os.environ.get("SPECTOOL_BENCH_CACHE", Path.home() / ".cache" / "spectool-bench"))
@@ -83,16 +84,16 @@ def run_set(name: str, model: Path, texts: list[str], contenders: list[Contender
             draft_path: Path | None = None, external: bool = False) -> list[Result]:
     print(f"\n== {name}: {model.name}{' + ' + draft_path.name if draft_path else ''}, {len(texts)} prompts",
           flush=True)
-    with engine.Model(model, n_ctx=4096, n_threads=args.threads) as target:
-        draft = engine.Model(draft_path, n_ctx=4096, n_threads=args.threads) if draft_path else None
-        try:
-            prompts = [target.tokenize(t) for t in texts]
-            results = bench.run(target, draft, prompts, contenders, args.tokens,
-                                on_done=lambda c, i: print(f"  {c:>12s} prompt {i + 1}", end="\r", flush=True))
-            plain_texts = [target.detokenize(o) for o in results[0].outputs]
-        finally:
-            if draft is not None:
-                draft.close()
+    with engine.Model(model, n_ctx=4096, n_threads=args.threads) as target, contextlib.ExitStack() as stack:
+        drafts = {}
+        for vocab in sorted({c.draft_vocab for c in contenders if c.mode in ("draft", "hybrid")}):
+            path = prune.pruned_draft(draft_path, vocab, n_threads=args.threads) if vocab else draft_path
+            m = stack.enter_context(engine.Model(path, n_ctx=4096, n_threads=args.threads))
+            drafts[vocab] = (m, prune.read_ids(path) if vocab else None)
+        prompts = [target.tokenize(t) for t in texts]
+        results = bench.run(target, drafts, prompts, contenders, args.tokens,
+                            on_done=lambda c, i: print(f"  {c:>12s} prompt {i + 1}", end="\r", flush=True))
+        plain_texts = [target.detokenize(o) for o in results[0].outputs]
     if external:
         ext = llama_cpp_prompt_lookup(model, texts, plain_texts, args.tokens, args.threads)
         ext.speedup = ext.tokens_per_second / results[0].tokens_per_second
@@ -115,8 +116,10 @@ def main() -> None:
     engine.set_verbose(False)
     m = models()
     lookup = [Contender("plain", "none"), Contender("lookup", "lookup", 16), Contender("lookup k=8", "lookup", 8, True)]
-    drafted = [Contender("plain", "none"), Contender("draft", "draft"), Contender("draft k=4", "draft", 4, True),
-               Contender("hybrid (auto)", "hybrid")]
+    drafted = [Contender("plain", "none"), Contender("draft", "draft", 8), Contender("draft k=4", "draft", 4, True),
+               Contender("hybrid (auto)", "hybrid", 16),
+               Contender("draft, 64k vocab", "draft", 8, draft_vocab=65536),
+               Contender("hybrid, 64k vocab", "hybrid", 16, draft_vocab=65536)]
     auto_q4 = [Contender("plain", "none"), Contender("auto", "lookup", 16), Contender("lookup k=8", "lookup", 8, True)]
     ext = not args.no_external
     groups = {

@@ -31,13 +31,19 @@ class Contender:
     mode: str  # none | lookup | draft | hybrid
     k_max: int = 8
     fixed: bool = False
+    draft_vocab: int = 0  # > 0: the draft pruned to this many tokens (see prune.py)
 
-    def generation(self, target, draft_model, max_tokens: int) -> Generation:
+    def generation(self, target, drafts: dict, max_tokens: int) -> Generation:
+        """`drafts` maps a draft vocabulary size (0: the full draft) to (Model, kept ids or None)."""
+        def draft_model():
+            model, ids = drafts[self.draft_vocab]
+            return DraftModel(model, ids=ids, n_target=target.n_vocab)
+
         drafter = {
             "none": lambda: None,
             "lookup": lambda: PromptLookup(),
-            "draft": lambda: DraftModel(draft_model),
-            "hybrid": lambda: Hybrid(PromptLookup(), DraftModel(draft_model)),
+            "draft": draft_model,
+            "hybrid": lambda: Hybrid(PromptLookup(), draft_model()),
         }[self.mode]()
         ctl = Controller(k_max=self.k_max, k_min=self.k_max if self.fixed else 0, adaptive=not self.fixed)
         return Generation(target, drafter, controller=ctl, max_tokens=max_tokens)
@@ -49,15 +55,18 @@ class Contender:
         if self.mode == "none":
             return "--spec none"
         k = f"--draft-min {self.k_max} --draft-max {self.k_max}" if self.fixed else f"--draft-max {self.k_max}"
-        return f"--spec {self.mode} {k}"
+        return f"--spec {self.mode} {k}" + (f" --draft-vocab {self.draft_vocab}" if self.draft_vocab else "")
 
 
-def default_contenders(with_draft: bool) -> list[Contender]:
+def default_contenders(with_draft: bool, pruned_vocab: int = 0) -> list[Contender]:
     out = [Contender("plain", "none"), Contender("lookup", "lookup", 16)]
     out += [Contender(f"lookup k={k}", "lookup", k, True) for k in (4, 8)]
     if with_draft:
         out += [Contender("draft", "draft", 8), Contender("hybrid", "hybrid", 16)]
         out += [Contender(f"draft k={k}", "draft", k, True) for k in (2, 4)]
+    if with_draft and pruned_vocab:
+        out += [Contender(f"draft, {pruned_vocab} tokens", "draft", 8, draft_vocab=pruned_vocab),
+                Contender(f"hybrid, {pruned_vocab} tokens", "hybrid", 16, draft_vocab=pruned_vocab)]
     return out
 
 
@@ -113,7 +122,7 @@ def speedups(results: Sequence[Result], baseline: str = "plain") -> None:
         r.identical = sum(a == b for a, b in zip(r.outputs, base.outputs))
 
 
-def run(target, draft_model, prompts: Sequence[list[int]], contenders: Sequence[Contender], max_tokens: int,
+def run(target, drafts: dict, prompts: Sequence[list[int]], contenders: Sequence[Contender], max_tokens: int,
         on_done: Callable[[str, int], None] = lambda name, i: None) -> list[Result]:
     """Decode every prompt with every contender (interleaved prompt by prompt, so slow drift of the machine
     hits all alike)."""
@@ -121,7 +130,7 @@ def run(target, draft_model, prompts: Sequence[list[int]], contenders: Sequence[
     for i, prompt in enumerate(prompts):
         for c in contenders:
             st = Stats(mode=c.mode)
-            g = c.generation(target, draft_model, max_tokens)
+            g = c.generation(target, drafts, max_tokens)
             tokens = [t for step in speculative_generate(g, prompt, st) for t in step.tokens]
             results[c.name].add(st, tokens)
             on_done(c.name, i)

@@ -60,6 +60,9 @@ DraftMax = Annotated[
     Optional[int], typer.Option("--draft-max", min=0, max=64, help="Most draft tokens per step (default: the pair's, else 16).")
 ]
 Pair_ = Annotated[Optional[str], typer.Option("--pair", "-p", help="A target/draft pair from models.toml.")]
+DraftVocab = Annotated[int, typer.Option(
+    "--draft-vocab", min=0, help="Prune the draft to this many tokens, its most likely ones (made once, cached): "
+    "a faster draft when its vocabulary is large. 0 = off.")]
 Yes = Annotated[bool, typer.Option("--yes", "-y", help="Download without asking.")]
 DraftMin = Annotated[
     int, typer.Option("--draft-min", min=0, max=64, help="Fewest draft tokens per step; = --draft-max: fixed length.")
@@ -178,7 +181,7 @@ def write_json_atomic(path: Path, obj) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def build_drafter(spec: Spec, draft_model, p_min: float, notices: list[str]):
+def build_drafter(spec: Spec, draft_model, p_min: float, notices: list[str], ids=None, n_target: int = 0):
     """The drafter for a mode; falls back to prompt lookup when a draft model is missing (unless demanded)."""
     from spectool.drafters import DraftModel, Hybrid, PromptLookup
 
@@ -193,7 +196,7 @@ def build_drafter(spec: Spec, draft_model, p_min: float, notices: list[str]):
         spec = Spec.lookup
     if spec is Spec.lookup:
         return PromptLookup(), "lookup"
-    dm = DraftModel(draft_model, p_min=p_min)
+    dm = DraftModel(draft_model, p_min=p_min, ids=ids, n_target=n_target)
     return (dm, "draft") if spec is Spec.draft else (Hybrid(PromptLookup(), dm), "hybrid")
 
 
@@ -240,7 +243,10 @@ def open_generation(o: dict, notices: list[str]):
                     raise UserError(msg + " (see `spectool check`)")
                 notices.append(msg + "; using prompt lookup")
                 draft_model = None
-        drafter, mode = build_drafter(spec, draft_model, o["draft_p_min"], notices)
+        ids = None
+        if draft_model is not None and 0 < o["draft_vocab"] < draft_model.n_vocab:
+            draft_model, ids = _pruned(stack, draft_model, o, notices)
+        drafter, mode = build_drafter(spec, draft_model, o["draft_p_min"], notices, ids, target.n_vocab)
         if not target.can_rollback and drafter is not None:
             notices.append(f"{target.architecture} cannot roll back its cache: plain decoding")
             drafter, mode = None, "none"
@@ -251,6 +257,21 @@ def open_generation(o: dict, notices: list[str]):
         )
         gen = Generation(target, drafter, sampling, controller, max_tokens=o["max_tokens"], seed=o["seed"])
         yield gen, mode, str(target_ref), (str(draft_ref) if draft_model is not None else None)
+
+
+def _pruned(stack, draft_model, o: dict, notices: list[str]):
+    """Swap the loaded draft for its pruned copy (made on first use and cached): (Model, kept ids)."""
+    from spectool import engine, prune
+
+    if not prune.cached_path(draft_model.path, o["draft_vocab"]).exists():
+        print(f"spectool: preparing a {o['draft_vocab']}-token copy of the draft (once; it is cached)",
+              file=sys.stderr)
+    path = prune.pruned_draft(draft_model.path, o["draft_vocab"], n_threads=o["threads"])
+    pruned = stack.enter_context(engine.Model(path, n_ctx=draft_model.n_ctx, n_threads=o["threads"],
+                                              n_gpu_layers=o["gpu_layers_draft"]))
+    draft_model.close()
+    notices.append(f"draft pruned to {pruned.n_vocab} tokens ({path})")
+    return pruned, prune.read_ids(path)
 
 
 def resolve_models(o: dict):
@@ -329,6 +350,7 @@ def run(
     draft_max: DraftMax = None,
     draft_min: DraftMin = 0,
     draft_p_min: DraftPMin = 0.0,
+    draft_vocab: DraftVocab = 0,
     ctx_size: Ctx = 4096,
     threads: Threads = None,
     gpu_layers: Ngl = 0,
@@ -502,6 +524,8 @@ def bench(
     prompts: Annotated[Optional[Path], typer.Option(
         "--prompts", help="Prompts: JSON lines, or text with prompts separated by lines of '---'.")] = None,
     max_tokens: MaxTokens = 96,
+    draft_vocab: Annotated[int, typer.Option(
+        "--draft-vocab", min=0, help="Also try the draft pruned to this many tokens (0 = not).")] = 65536,
     ctx_size: Ctx = 4096,
     threads: Threads = None,
     gpu_layers: Ngl = 0,
@@ -542,11 +566,19 @@ def _bench(o: dict) -> None:
             problems = vocab_differences(target.vocab_info(), draft.vocab_info(), limit=1)
             if problems:
                 raise UserError(f"the draft model's vocabulary does not match the target's: {problems[0]}")
-        contenders = B.default_contenders(with_draft=draft is not None)
+        drafts = {0: (draft, None)}
+        pruned_vocab = o["draft_vocab"] if draft is not None and 0 < o["draft_vocab"] < draft.n_vocab else 0
+        if pruned_vocab:
+            from spectool import prune
+
+            path = prune.pruned_draft(draft.path, pruned_vocab, n_threads=o["threads"])
+            drafts[pruned_vocab] = (stack.enter_context(engine.Model(path, n_ctx=target.n_ctx,
+                                                                     n_threads=o["threads"])), prune.read_ids(path))
+        contenders = B.default_contenders(with_draft=draft is not None, pruned_vocab=pruned_vocab)
         tokens = [target.tokenize(t) for t in texts]
         with Progress(console=Console(stderr=True), transient=True) as progress:
             task = progress.add_task("benchmarking", total=len(tokens) * len(contenders))
-            results = B.run(target, draft, tokens, contenders, o["max_tokens"],
+            results = B.run(target, drafts, tokens, contenders, o["max_tokens"],
                             on_done=lambda name, i: progress.update(task, advance=1, description=f"{name}, prompt {i + 1}"))
     if o["plot"]:
         B.plot({target.path.name: results}, str(o["plot"]))
@@ -586,6 +618,7 @@ def chat(
     draft_max: DraftMax = None,
     draft_min: DraftMin = 0,
     draft_p_min: DraftPMin = 0.0,
+    draft_vocab: DraftVocab = 0,
     ctx_size: Ctx = 4096,
     threads: Threads = None,
     gpu_layers: Ngl = 0,

@@ -35,14 +35,36 @@ class Drafter(Protocol):
 
 
 class DraftModel:
-    """A small model with its own KV cache, kept in step with the accepted tokens by `Model.sync`."""
+    """A small model with its own KV cache, kept in step with the accepted tokens by `Model.sync`.
 
-    def __init__(self, model: Model, p_min: float = 0.0):
+    `ids` is for a draft with a pruned vocabulary (see prune.py): its token i is the target's ids[i]; the
+    target's other tokens reach it as its unknown token, and it proposes only tokens it has."""
+
+    def __init__(self, model: Model, p_min: float = 0.0, ids: np.ndarray | None = None, n_target: int = 0):
         self.model = model
         self.p_min = p_min
+        self.ids = ids
+        if ids is not None:
+            unk = int(np.flatnonzero(ids == 0)[0]) if (ids == 0).any() else 0
+            self.to_draft = np.full(max(n_target, int(ids.max()) + 1), unk, dtype=np.int64)
+            self.to_draft[ids] = np.arange(len(ids))
+        self._seen: list[int] = []  # history in target ids ...
+        self._mapped: list[int] = []  # ... and in draft ids
+
+    def _map(self, history: Sequence[int]) -> list[int]:
+        if self.ids is None:
+            return list(history)
+        n = len(self._seen)
+        if n > len(history) or self._seen != list(history[:n]):
+            self._seen, self._mapped, n = [], [], 0
+        new = list(history[n:])
+        self._seen += new
+        self._mapped += self.to_draft[new].tolist() if new else []
+        return list(self._mapped)
 
     def prefill(self, history: Sequence[int]) -> None:
-        self.model.sync(history[:-1], logits="none") if len(history) > 1 else self.model.reset()
+        h = self._map(history)
+        self.model.sync(h[:-1], logits="none") if len(h) > 1 else self.model.reset()
 
     def peek(self, history: Sequence[int]) -> tuple[str, int] | None:
         room = self.model.n_ctx - len(history)
@@ -54,8 +76,8 @@ class DraftModel:
         k = min(k, room)
         if k <= 0:
             return EMPTY
-        m.sync(history)
-        tokens: list[int] = []
+        m.sync(self._map(history))
+        tokens: list[int] = []  # in the draft's own ids
         qs: list[np.ndarray] = []
         for i in range(k):
             logits = m.logits(-1)
@@ -72,7 +94,15 @@ class DraftModel:
             tokens.append(t)
             if i < k - 1:
                 m.eval([t])
+        if self.ids is not None:  # back to the target's ids; q spread over the target's vocabulary
+            tokens = self.ids[tokens].tolist()
+            qs = [self._widen(q) for q in qs]
         return Draft(tokens, None if sampling.greedy else qs, "draft")
+
+    def _widen(self, q: np.ndarray) -> np.ndarray:
+        out = np.zeros(len(self.to_draft))
+        out[self.ids] = q
+        return out
 
 
 class PromptLookup:

@@ -83,15 +83,17 @@ def test_plot_writes_a_png(tmp_path):
     assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_spectool_bench_smoke(tiny, tmp_path):
+def test_spectool_bench_smoke(tiny, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECTOOL_CACHE", str(tmp_path))
     prompts = tmp_path / "p.txt"
     prompts.write_text("The quick brown fox\n---\ndef add(a, b):\n    return a + b\n")
     r = CliRunner().invoke(app, ["bench", "-m", str(tiny["target"]), "-md", str(tiny["draft"]), "--prompts",
-                                 str(prompts), "-n", "24", "--json", "--plot", str(tmp_path / "b.png")])
+                                 str(prompts), "-n", "24", "--draft-vocab", "400", "--json",
+                                 "--plot", str(tmp_path / "b.png")])
     assert r.exit_code == 0, r.output
     j = json.loads(r.stdout)
     names = [x["contender"] for x in j["results"]]
-    assert names[0] == "plain" and "hybrid" in names and "draft k=2" in names
+    assert names[0] == "plain" and "hybrid" in names and "draft k=2" in names and "draft, 400 tokens" in names
     assert all(x["identical"] == 2 and x["prompts"] == 2 and x["tokens"] == 48 for x in j["results"])
     assert j["recommendation"] and (tmp_path / "b.png").exists()
     r = CliRunner().invoke(app, ["bench", "-m", str(tiny["target"]), "-n", "8"])
