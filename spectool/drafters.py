@@ -38,15 +38,14 @@ class DraftModel:
     """A small model with its own KV cache, kept in step with the accepted tokens by `Model.sync`.
 
     `ids` is for a draft with a pruned vocabulary (see prune.py): its token i is the target's ids[i]; the
-    target's other tokens reach it as its unknown token, and it proposes only tokens it has."""
+    target's other tokens reach it as its token 0 (a special token), and it proposes only tokens it has."""
 
     def __init__(self, model: Model, p_min: float = 0.0, ids: np.ndarray | None = None, n_target: int = 0):
         self.model = model
         self.p_min = p_min
         self.ids = ids
-        if ids is not None:
-            unk = int(np.flatnonzero(ids == 0)[0]) if (ids == 0).any() else 0
-            self.to_draft = np.full(max(n_target, int(ids.max()) + 1), unk, dtype=np.int64)
+        if ids is not None:  # prune.py keeps ids 0-4, so the draft's token 0 is the target's token 0
+            self.to_draft = np.zeros(max(n_target, int(ids.max()) + 1), dtype=np.int64)
             self.to_draft[ids] = np.arange(len(ids))
         self._seen: list[int] = []  # history in target ids ...
         self._mapped: list[int] = []  # ... and in draft ids
