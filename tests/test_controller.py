@@ -71,3 +71,15 @@ def test_verify_cost_model_fits_a_line():
     assert abs(ctl.verify_cost(9) - 5.0) < 1e-9
     ctl.observe_verify(1, 100.0)  # a later outlier is clipped
     assert ctl.verify_cost(1) == 0.8 * 1.0 + 0.2 * 4.0
+
+
+def test_batches_of_two_or_more_are_modelled_apart_from_one_token():
+    """llama.cpp on a CPU: a batch of 2 costs about 2 single steps, each further token much less. A line through
+    sizes 1 and 2 would price a batch of 17 at 17 steps and forbid long drafts."""
+    ctl = Controller()
+    assert ctl.verify_cost(1) == 1.0 and abs(ctl.verify_cost(2) - 1.8) < 1e-9  # priors
+    ctl.observe_verify(1, 9.0), ctl.observe_verify(1, 1.0)  # warm-up dropped
+    ctl.observe_verify(2, 9.0), ctl.observe_verify(2, 2.0)
+    assert abs(ctl.verify_cost(17) - (2.0 + 0.2 * 1.0 * 15)) < 1e-9
+    ctl.observe_verify(9, 9.0), ctl.observe_verify(9, 3.4)
+    assert abs(ctl.verify_cost(16) - (3.4 + 0.2 * 7)) < 1e-9  # the line through sizes 2 and 9
