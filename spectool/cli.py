@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from dataclasses import dataclass
 import os
 import signal
 import sys
@@ -200,50 +201,68 @@ def build_drafter(spec: Spec, draft_model, p_min: float, notices: list[str], ids
     return (dm, "draft") if spec is Spec.draft else (Hybrid(PromptLookup(), dm), "hybrid")
 
 
+@dataclass
+class Loaded:
+    target: object  # engine.Model
+    draft: object | None  # engine.Model, or None when none was asked for or it could not be used
+    target_ref: object
+    draft_ref: object | None
+    draft_error: Exception | None = None  # why a draft that was asked for is not there
+    draft_notice: str = ""
+
+
+def load_models(o: dict, stack: contextlib.ExitStack, refs: tuple, want_draft: bool) -> Loaded:
+    """Download if needed and load the target and (when wanted) the draft of `refs` (from resolve_models);
+    check that they share a vocabulary. A draft that cannot be used is reported in `draft_error`, not raised:
+    the caller decides."""
+    from spectool import engine, hub
+    from spectool.compat import vocab_differences
+
+    engine.set_verbose(o["debug"])
+    hub.VERBOSE["on"] = o["debug"]
+    target_ref, draft_ref, _ = refs
+    ask = _confirm if sys.stdin.isatty() else None
+    target = stack.enter_context(engine.Model(hub.ensure(target_ref, yes=o["yes"], ask=ask), n_ctx=o["ctx_size"],
+                                              n_threads=o["threads"], n_gpu_layers=o["gpu_layers"]))
+    out = Loaded(target, None, target_ref, draft_ref)
+    if draft_ref is None or not want_draft:
+        return out
+    try:
+        draft = stack.enter_context(engine.Model(hub.ensure(draft_ref, yes=o["yes"], ask=ask), n_ctx=target.n_ctx,
+                                                 n_threads=o["threads"], n_gpu_layers=o["gpu_layers_draft"]))
+    except (engine.EngineError, hub.HubError) as e:
+        out.draft_error, out.draft_notice = e, f"draft model not loaded ({e})"
+        return out
+    problems = vocab_differences(target.vocab_info(), draft.vocab_info(), limit=1)
+    if problems:
+        msg = f"the draft model's vocabulary does not match the target's: {problems[0]}"
+        out.draft_error, out.draft_notice = UserError(msg + " (see `spectool check`)"), msg
+        return out
+    out.draft = draft
+    return out
+
+
 @contextlib.contextmanager
 def open_generation(o: dict, notices: list[str]):
-    """Load the target (and draft) model from the shared options; yield (Generation, mode)."""
+    """Load the target (and draft) model from the shared options; yield (Generation, mode, names)."""
     if o["top_p"] <= 0.0:
         raise UserError("--top-p must be in (0, 1]", code=2)
-    target_ref, draft_ref, pair_draft_max = resolve_models(o)
-    k_max = o["draft_max"] if o["draft_max"] is not None else pair_draft_max
+    refs = resolve_models(o)
+    k_max = o["draft_max"] if o["draft_max"] is not None else refs[2]
     if o["draft_min"] > k_max:
         raise UserError("--draft-min must not exceed --draft-max", code=2)
-    from spectool import engine, hub
     from spectool.controller import Controller
     from spectool.speculative import Generation
     from spectool.verify import Sampling
 
-    engine.set_verbose(o["debug"])
     spec = o["spec"]
     with contextlib.ExitStack() as stack:
-        ask = _confirm if sys.stdin.isatty() else None
-        target_path = hub.ensure(target_ref, yes=o["yes"], ask=ask)
-        target = stack.enter_context(
-            engine.Model(target_path, n_ctx=o["ctx_size"], n_threads=o["threads"], n_gpu_layers=o["gpu_layers"])
-        )
-        draft_model = None
-        if draft_ref is not None and spec not in (Spec.none, Spec.lookup):
-            try:
-                draft_model = stack.enter_context(engine.Model(
-                    hub.ensure(draft_ref, yes=o["yes"], ask=ask), n_ctx=target.n_ctx, n_threads=o["threads"],
-                    n_gpu_layers=o["gpu_layers_draft"],
-                ))
-            except (engine.EngineError, hub.HubError) as e:
-                if spec is Spec.draft:
-                    raise
-                notices.append(f"draft model not loaded ({e}); using prompt lookup")
-        if draft_model is not None:
-            from spectool.compat import vocab_differences
-
-            problems = vocab_differences(target.vocab_info(), draft_model.vocab_info(), limit=1)
-            if problems:
-                msg = f"the draft model's vocabulary does not match the target's: {problems[0]}"
-                if spec is Spec.draft:
-                    raise UserError(msg + " (see `spectool check`)")
-                notices.append(msg + "; using prompt lookup")
-                draft_model = None
-        ids = None
+        m = load_models(o, stack, refs, want_draft=spec not in (Spec.none, Spec.lookup))
+        if m.draft_error is not None:
+            if spec is Spec.draft:
+                raise m.draft_error
+            notices.append(m.draft_notice + "; using prompt lookup")
+        target, draft_model, ids = m.target, m.draft, None
         if draft_model is not None and 0 < o["draft_vocab"] < draft_model.n_vocab:
             draft_model, ids = _pruned(stack, draft_model, o, notices)
         drafter, mode = build_drafter(spec, draft_model, o["draft_p_min"], notices, ids, target.n_vocab)
@@ -256,7 +275,7 @@ def open_generation(o: dict, notices: list[str]):
             timed=not (o["seed"] is not None and not sampling.greedy),  # seeded sampling must reproduce
         )
         gen = Generation(target, drafter, sampling, controller, max_tokens=o["max_tokens"], seed=o["seed"])
-        yield gen, mode, str(target_ref), (str(draft_ref) if draft_model is not None else None)
+        yield gen, mode, str(m.target_ref), (str(m.draft_ref) if draft_model is not None else None)
 
 
 def _pruned(stack, draft_model, o: dict, notices: list[str]):
@@ -545,27 +564,16 @@ def _bench(o: dict) -> None:
     from rich.progress import Progress
 
     from spectool import bench as B
-    from spectool import engine, hub
+    from spectool import engine
 
-    engine.set_verbose(o["debug"])
-    hub.VERBOSE["on"] = o["debug"]
     texts = B.read_prompts(str(o["prompts"])) if o["prompts"] else B.BUILTIN_PROMPTS
     if not texts:
         raise UserError(f"no prompts in {o['prompts']}", code=2)
-    target_ref, draft_ref, _ = resolve_models(o)
-    ask = _confirm if sys.stdin.isatty() else None
     with contextlib.ExitStack() as stack:
-        target = stack.enter_context(engine.Model(hub.ensure(target_ref, yes=o["yes"], ask=ask), n_ctx=o["ctx_size"],
-                                                  n_threads=o["threads"], n_gpu_layers=o["gpu_layers"]))
-        draft = None
-        if draft_ref is not None:
-            draft = stack.enter_context(engine.Model(hub.ensure(draft_ref, yes=o["yes"], ask=ask), n_ctx=target.n_ctx,
-                                                     n_threads=o["threads"], n_gpu_layers=o["gpu_layers_draft"]))
-            from spectool.compat import vocab_differences
-
-            problems = vocab_differences(target.vocab_info(), draft.vocab_info(), limit=1)
-            if problems:
-                raise UserError(f"the draft model's vocabulary does not match the target's: {problems[0]}")
+        m = load_models(o, stack, resolve_models(o), want_draft=True)
+        if m.draft_error is not None:
+            raise m.draft_error
+        target, draft, target_ref, draft_ref = m.target, m.draft, m.target_ref, m.draft_ref
         drafts = {0: (draft, None)}
         pruned_vocab = o["draft_vocab"] if draft is not None and 0 < o["draft_vocab"] < draft.n_vocab else 0
         if pruned_vocab:
