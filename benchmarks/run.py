@@ -115,12 +115,12 @@ def main() -> None:
         args.prompts, args.tokens = 2, 48
     engine.set_verbose(False)
     m = models()
-    lookup = [Contender("plain", "none"), Contender("lookup", "lookup", 16), Contender("lookup k=8", "lookup", 8, True)]
+    lookup = [Contender("plain", "none"), Contender("lookup", "lookup", 32), Contender("lookup k=8", "lookup", 8, True)]
     drafted = [Contender("plain", "none"), Contender("draft", "draft", 8), Contender("draft k=4", "draft", 4, True),
                Contender("hybrid (auto)", "hybrid", 16),
                Contender("draft, 64k vocab", "draft", 8, draft_vocab=65536),
                Contender("hybrid, 64k vocab", "hybrid", 16, draft_vocab=65536)]
-    auto_q4 = [Contender("plain", "none"), Contender("auto", "lookup", 16), Contender("lookup k=8", "lookup", 8, True)]
+    auto_q4 = [Contender("plain", "none"), Contender("auto", "lookup", 32), Contender("lookup k=8", "lookup", 8, True)]
     ext = not args.no_external
     groups = {
         "code editing (HumanEval), F16": run_set("code editing (HumanEval), F16 target", m["F16"],

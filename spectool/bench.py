@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 
-from spectool.controller import Controller
+from spectool.controller import Controller, Costs
 from spectool.drafters import DraftModel, Hybrid, PromptLookup
 from spectool.speculative import Generation, speculative_generate
 from spectool.stats import Stats
@@ -33,8 +33,9 @@ class Contender:
     fixed: bool = False
     draft_vocab: int = 0  # > 0: the draft pruned to this many tokens (see prune.py)
 
-    def generation(self, target, drafts: dict, max_tokens: int) -> Generation:
-        """`drafts` maps a draft vocabulary size (0: the full draft) to (Model, kept ids or None)."""
+    def generation(self, target, drafts: dict, max_tokens: int, costs: Costs | None = None) -> Generation:
+        """`drafts` maps a draft vocabulary size (0: the full draft) to (Model, kept ids or None); `costs` is
+        the target's measured batch costs, shared by all generations on it."""
         def draft_model():
             model, ids = drafts[self.draft_vocab]
             return DraftModel(model, ids=ids, n_target=target.n_vocab)
@@ -45,7 +46,8 @@ class Contender:
             "draft": draft_model,
             "hybrid": lambda: Hybrid(PromptLookup(), draft_model()),
         }[self.mode]()
-        ctl = Controller(k_max=self.k_max, k_min=self.k_max if self.fixed else 0, adaptive=not self.fixed)
+        ctl = Controller(k_max=self.k_max, k_min=self.k_max if self.fixed else 0, adaptive=not self.fixed,
+                         costs=costs)
         return Generation(target, drafter, controller=ctl, max_tokens=max_tokens)
 
 
@@ -59,7 +61,7 @@ class Contender:
 
 
 def default_contenders(with_draft: bool, pruned_vocab: int = 0) -> list[Contender]:
-    out = [Contender("plain", "none"), Contender("lookup", "lookup", 16)]
+    out = [Contender("plain", "none"), Contender("lookup", "lookup", 32)]
     out += [Contender(f"lookup k={k}", "lookup", k, True) for k in (4, 8)]
     if with_draft:
         out += [Contender("draft", "draft", 8), Contender("hybrid", "hybrid", 16)]
@@ -125,12 +127,13 @@ def speedups(results: Sequence[Result], baseline: str = "plain") -> None:
 def run(target, drafts: dict, prompts: Sequence[list[int]], contenders: Sequence[Contender], max_tokens: int,
         on_done: Callable[[str, int], None] = lambda name, i: None) -> list[Result]:
     """Decode every prompt with every contender (interleaved prompt by prompt, so slow drift of the machine
-    hits all alike)."""
+    hits all alike). The contenders share one table of the target's batch costs, as the turns of a chat do."""
     results = {c.name: Result(c.name) for c in contenders}
+    costs = Costs()
     for i, prompt in enumerate(prompts):
         for c in contenders:
             st = Stats(mode=c.mode)
-            g = c.generation(target, drafts, max_tokens)
+            g = c.generation(target, drafts, max_tokens, costs)
             tokens = [t for step in speculative_generate(g, prompt, st) for t in step.tokens]
             results[c.name].add(st, tokens)
             on_done(c.name, i)

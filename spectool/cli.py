@@ -58,7 +58,7 @@ TopP = Annotated[float, typer.Option("--top-p", min=0.0, max=1.0, help="Top-p sa
 MinP = Annotated[float, typer.Option("--min-p", min=0.0, max=1.0, help="Min-p sampling; 0 = off.")]
 Seed = Annotated[Optional[int], typer.Option("--seed", help="Random seed for sampling (reproducible runs).")]
 DraftMax = Annotated[
-    Optional[int], typer.Option("--draft-max", min=0, max=64, help="Most draft tokens per step (default: the pair's, else 16).")
+    Optional[int], typer.Option("--draft-max", min=0, max=64, help="Most draft tokens per step (default: the pair's, else 32).")
 ]
 Pair_ = Annotated[Optional[str], typer.Option("--pair", "-p", help="A target/draft pair from models.toml.")]
 DraftVocab = Annotated[int, typer.Option(
@@ -170,18 +170,6 @@ def read_prompt(prompt: str | None) -> str:
     return "\n".join(parts)
 
 
-def write_json_atomic(path: Path, obj) -> None:
-    """Write JSON to a temporary file beside `path`, then rename: readers see the old file or the new one."""
-    path = Path(path)
-    text = json.dumps(obj, indent=2) + "\n"
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def build_drafter(spec: Spec, draft_model, p_min: float, notices: list[str], ids=None, n_target: int = 0):
     """The drafter for a mode; falls back to prompt lookup when a draft model is missing (unless demanded)."""
     from spectool.drafters import DraftModel, Hybrid, PromptLookup
@@ -270,12 +258,50 @@ def open_generation(o: dict, notices: list[str]):
             notices.append(f"{target.architecture} cannot roll back its cache: plain decoding")
             drafter, mode = None, "none"
         sampling = Sampling(o["temp"], o["top_k"], o["top_p"], o["min_p"])
-        controller = Controller(
-            k_max=k_max, k_min=o["draft_min"], adaptive=o["draft_min"] != k_max,
-            timed=not (o["seed"] is not None and not sampling.greedy),  # seeded sampling must reproduce
-        )
+        timed = not (o["seed"] is not None and not sampling.greedy)  # seeded sampling must reproduce
+        costs_file = _costs_file(target, draft_model, o) if timed and drafter is not None else None
+        controller = Controller(k_max=k_max, k_min=o["draft_min"], adaptive=o["draft_min"] != k_max, timed=timed,
+                                costs=_load_costs(costs_file))
         gen = Generation(target, drafter, sampling, controller, max_tokens=o["max_tokens"], seed=o["seed"])
-        yield gen, mode, str(m.target_ref), (str(m.draft_ref) if draft_model is not None else None)
+        try:
+            yield gen, mode, str(m.target_ref), (str(m.draft_ref) if draft_model is not None else None)
+        finally:
+            if costs_file is not None:
+                _save_costs(costs_file, controller.costs)
+
+
+def _costs_file(target, draft, o: dict) -> Path:
+    """Where this machine's measured batch costs for this target (and draft) and these settings are kept, so that
+    the next run starts from them (see controller.Costs)."""
+    import platform
+
+    from spectool.cache import cache_dir, file_tag
+    from spectool.engine import backend_info
+
+    tag = file_tag(target.path, draft.path if draft is not None else "", o["threads"], o["gpu_layers"],
+                   o["gpu_layers_draft"], o["ctx_size"], backend_info(), platform.machine(), os.cpu_count())
+    return cache_dir("costs") / f"{Path(target.path).stem}-{tag}.json"
+
+
+def _load_costs(path: Path | None):
+    from spectool.controller import Costs
+
+    if path is None or not path.exists():
+        return None
+    try:
+        return Costs.from_json(json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None  # a damaged cache file: measure afresh
+
+
+def _save_costs(path: Path, costs) -> None:
+    from spectool.cache import write_json_atomic
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, costs.to_json())
+    except OSError:
+        pass  # a cache that cannot be written costs only speed
 
 
 def _pruned(stack, draft_model, o: dict, notices: list[str]):
@@ -310,7 +336,7 @@ def resolve_models(o: dict):
         pair = reg.get(name)
         target = pair.target
     draft = registry.parse_ref(o["model_draft"]) if o.get("model_draft") else (pair.draft if pair else None)
-    return target, draft, (pair.draft_max if pair else 16)
+    return target, draft, (pair.draft_max if pair else 32)
 
 
 def _confirm(question: str) -> bool:
@@ -406,6 +432,8 @@ def _run(o: dict) -> None:
     from spectool.speculative import generate_text
     from spectool.stats import Stats
     from spectool.ui import Display
+
+    from spectool.cache import write_json_atomic
 
     text = read_prompt(o["prompt"])
     notices: list[str] = []

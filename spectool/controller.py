@@ -6,6 +6,11 @@ controller picks the k in [k_min, k_max] with the best E(k) / cost; k = 0 is pla
 acceptance are learnt online (separately for each drafter key, e.g. "draft" or "lookup:3"), and a key held at
 k = 0 is re-probed with a short draft now and then so that its estimate can recover.
 
+Costs belong to the model and the machine, not to one generation: a `Costs` table can be shared by every
+controller that drives the same target (the turns of a chat, the prompts of a benchmark), so that batch sizes
+measured once keep their price. llama.cpp's CPU kernels make some sizes much cheaper than their neighbours
+(Gemma 3 270M Q4_K_M: 7 tokens 60 ms, 8 tokens 43 ms), which only measurement finds.
+
 Measured timings make the choice of k, and so the use of random numbers, vary from run to run. For seeded
 sampling that must reproduce exactly, `timed=False` keeps the cost model at its priors: k then depends only on
 the tokens seen.
@@ -24,40 +29,32 @@ class _Acceptance:
 
 
 @dataclass
-class Controller:
-    k_max: int = 8
-    k_min: int = 0
-    adaptive: bool = True
-    decay: float = 0.97  # weight kept by older acceptance observations at each update
-    # prior acceptance by key until measured: longer prompt-lookup matches are more often right
-    priors: dict[str, float] = field(
-        default_factory=lambda: {"lookup:1": 0.3, "lookup:2": 0.5, "lookup:3": 0.6, "lookup:4": 0.75,
-                                 "lookup:8": 0.9, "draft": 0.6}
-    )
-    prior_accept: float = 0.5  # for other keys
-    # keys whose quality is unknown until tried (a user's draft model): draft this many times first
-    explore: dict[str, int] = field(default_factory=lambda: {"draft": 2})
-    explore_k: int = 4
-    optimism: float = 0.3
-    prior_weight: float = 2.0
-    probe_every: int = 32
+class Costs:
+    """What verifying a batch and drafting a token cost, learnt as running averages (seconds)."""
+
     jump_prior: float = 0.8  # extra cost of a batch of 2 over 1 token, relative to one token, until measured
     slope_prior: float = 0.2  # extra cost of each further batched token, relative to one token, until measured
-    draft_cost_prior: float = 0.15  # a draft-model token relative to one target decode, until measured
     timed: bool = True
-    _verify: dict[int, float] = field(default_factory=dict)  # batch size -> EMA seconds
-    _draft: dict[str, float] = field(default_factory=dict)  # key -> EMA seconds per drafted token
-    _acc: dict[str, _Acceptance] = field(default_factory=dict)
+    verify: dict[int, float] = field(default_factory=dict)  # batch size -> seconds
+    draft: dict[str, float] = field(default_factory=dict)  # drafter key -> seconds per drafted token
     _warm: set = field(default_factory=set)
 
-    # -- what the loop tells us ----------------------------------------------------------------------------
+    def to_json(self) -> dict:
+        return {"verify": {str(b): c for b, c in sorted(self.verify.items())}, "draft": dict(self.draft)}
+
+    @classmethod
+    def from_json(cls, obj: dict) -> Costs:
+        """Costs saved by an earlier run. Each size's first new sample is still dropped as a warm-up."""
+        return cls(verify={int(b): float(c) for b, c in obj.get("verify", {}).items() if float(c) > 0},
+                   draft={str(k): float(c) for k, c in obj.get("draft", {}).items() if float(c) >= 0})
+
     def observe_verify(self, batch_size: int, seconds: float) -> None:
         if self.timed:
-            self._ema(self._verify, batch_size, seconds)
+            self._ema(self.verify, batch_size, seconds)
 
     def observe_draft(self, key: str, n_drafted: int, seconds: float) -> None:
         if self.timed and n_drafted > 0:
-            self._ema(self._draft, key, seconds / n_drafted)
+            self._ema(self.draft, key, seconds / n_drafted)
 
     def _ema(self, table: dict, key, sample: float) -> None:
         """Running average of a cost. The first sample of each key is a warm-up (llama.cpp builds and
@@ -67,6 +64,82 @@ class Controller:
             return
         old = table.get(key)
         table[key] = sample if old is None else 0.8 * old + 0.2 * min(sample, 4 * old)
+
+    def verify_cost(self, batch_size: int) -> float:
+        """Seconds to verify a batch. Measured sizes answer for themselves; others are read off a piecewise line
+        through the measured sizes (between two, the straight line; past the largest, their least-squares slope).
+        Batches of two or more are priced apart from a single token, because llama.cpp's CPU backend switches
+        matmul kernels there (Gemma 3 270M: 1 token 10-13 ms, 2 tokens 21-23 ms): until measured, a batch of 2
+        costs `jump_prior` more than one token and each further token `slope_prior` more, both relative to one
+        token (or less, when a measured longer batch says so). Interpolating, rather than fitting one line
+        through every size, keeps short batches cheap when only long ones were measured, so they get tried."""
+        if batch_size in self.verify:
+            return self.verify[batch_size]
+        measured = sorted((b, c) for b, c in self.verify.items() if b >= 2)
+        one = self.verify.get(1)
+        if one is None:  # one token's cost, inferred from a batch through the priors (1.0 before anything)
+            one = measured[0][1] / (1 + self.jump_prior + self.slope_prior * (measured[0][0] - 2)) if measured else 1.0
+        if batch_size == 1:
+            return one
+        if len(measured) >= 2:  # the least-squares slope of the measured sizes >= 2
+            n = len(measured)
+            mx = sum(b for b, _ in measured) / n
+            my = sum(c for _, c in measured) / n
+            sxx = sum((b - mx) ** 2 for b, _ in measured)
+            slope = max(0.0, sum((b - mx) * (c - my) for b, c in measured) / sxx)
+        else:
+            slope = self.slope_prior * one
+        if not measured or measured[0][0] > 2:  # size 2 from the priors: the cheaper of the jump over one token
+            anchor = one * (1 + self.jump_prior)  # and the step down from the smallest measured size
+            if measured:
+                anchor = min(anchor, measured[0][1] - self.slope_prior * one * (measured[0][0] - 2))
+            measured.insert(0, (2, max(anchor, one)))
+        for (b0, c0), (b1, c1) in zip(measured, measured[1:]):
+            if b0 <= batch_size < b1:
+                return c0 + (c1 - c0) * (batch_size - b0) / (b1 - b0)
+        b_last, c_last = measured[-1]
+        return max(c_last + slope * (batch_size - b_last), 1e-9)
+
+
+@dataclass
+class Controller:
+    k_max: int = 8
+    k_min: int = 0
+    adaptive: bool = True
+    decay: float = 0.97  # weight kept by older acceptance observations at each update
+    # prior acceptance by key, and its weight in observations. Prompt lookup's keys (see PromptLookup.key):
+    # the acceptance of a first drafted token measured on Gemma 3 270M over 35 code and grounded-chat prompts
+    # (longer matches whose followers always agreed are right far more often), weighted as 8 observations. A
+    # draft model's is a guess that its own first observations soon replace.
+    priors: dict[str, tuple[float, float]] = field(
+        default_factory=lambda: {"lookup:1": (0.55, 8.0), "lookup:2": (0.75, 8.0), "lookup:3": (0.8, 8.0),
+                                 "lookup:4": (0.9, 8.0), "lookup:8": (0.97, 8.0), "lookup:1?": (0.3, 8.0),
+                                 "lookup:2?": (0.2, 8.0), "lookup:3?": (0.25, 8.0), "lookup:4?": (0.35, 8.0),
+                                 "lookup:8?": (0.3, 8.0), "draft": (0.6, 2.0)}
+    )
+    prior_other: tuple[float, float] = (0.5, 2.0)  # for other keys
+    # keys whose quality is unknown until tried (a user's draft model): draft this many times first
+    explore: dict[str, int] = field(default_factory=lambda: {"draft": 2})
+    explore_k: int = 4
+    optimism: float = 0.1
+    probe_every: int = 32
+    draft_cost_prior: float = 0.15  # a draft-model token relative to one target decode, until measured
+    timed: bool = True  # False: costs stay at their priors (see the module docstring)
+    costs: Costs | None = None  # shared with other controllers of the same target; None: a table of our own
+    _acc: dict[str, _Acceptance] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.costs is None:
+            self.costs = Costs()
+        if not self.timed:
+            self.costs = Costs(self.costs.jump_prior, self.costs.slope_prior, timed=False)
+
+    # -- what the loop tells us ----------------------------------------------------------------------------
+    def observe_verify(self, batch_size: int, seconds: float) -> None:
+        self.costs.observe_verify(batch_size, seconds)
+
+    def observe_draft(self, key: str, n_drafted: int, seconds: float) -> None:
+        self.costs.observe_draft(key, n_drafted, seconds)
 
     def observe_accept(self, key: str, drafted: int, accepted: int) -> None:
         a = self._stats(key)
@@ -85,37 +158,14 @@ class Controller:
         """Estimated acceptance at each draft position; a position seldom tried borrows the one before it.
         `optimism` adds an upper-confidence bonus that shrinks as a position is tried (exploration)."""
         a = self._stats(key)
-        w, prior, out = self.prior_weight, self.priors.get(key, self.prior_accept), []
+        (prior, w), out = self.priors.get(key, self.prior_other), []
         for h, t in zip(a.hits, a.tries):
             prior = (h + w * prior) / (t + w)
             out.append(min(1.0, prior + optimism / (t + w) ** 0.5))
         return out
 
     def verify_cost(self, batch_size: int) -> float:
-        """Seconds to verify a batch. Measured sizes answer for themselves. Batches of two or more are modelled
-        apart from single tokens, because llama.cpp's CPU backend switches matmul kernels there (measured on
-        Gemma 3 270M: 1 token 10-13 ms, 2 tokens 21-23 ms, 8 tokens 39-40 ms): a line through the sizes >= 2
-        seen, else the priors (`jump_prior` for the second token, `slope_prior` for each further one, both
-        relative to one token)."""
-        if batch_size in self._verify:
-            return self._verify[batch_size]
-        one = self._verify.get(1)
-        multi = sorted((b, c) for b, c in self._verify.items() if b >= 2)
-        if one is None:  # one token's cost, inferred from a batch through the priors (1.0 before anything)
-            one = multi[0][1] / (1 + self.jump_prior + self.slope_prior * (multi[0][0] - 2)) if multi else 1.0
-        if batch_size == 1:
-            return one
-        if len(multi) >= 2:  # least-squares line through the measured sizes >= 2
-            n = len(multi)
-            mx = sum(b for b, _ in multi) / n
-            my = sum(c for _, c in multi) / n
-            sxx = sum((b - mx) ** 2 for b, _ in multi)
-            slope = max(0.0, sum((b - mx) * (c - my) for b, c in multi) / sxx)
-            return max(my + slope * (batch_size - mx), 1e-9)
-        if multi:
-            b0, c0 = multi[0]
-            return c0 + self.slope_prior * one * (batch_size - b0)
-        return one * (1 + self.jump_prior + self.slope_prior * (batch_size - 2))
+        return self.costs.verify_cost(batch_size)
 
     def expected_rate(self, key: str, k: int, optimism: float = 0.0) -> float:
         """Expected tokens per second of a step drafting k tokens under `key`."""
@@ -123,7 +173,7 @@ class Controller:
         for a in self.acceptance(key, optimism)[:k]:
             run *= a
             expected += run
-        per_draft = self._draft.get(key)
+        per_draft = self.costs.draft.get(key)
         if per_draft is None:
             per_draft = self.draft_cost_prior * self.verify_cost(1) if key == "draft" else 0.0
         return expected / (self.verify_cost(k + 1) + k * per_draft)

@@ -11,11 +11,12 @@ The output of speculative decoding is unchanged: only which drafts are offered c
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 
 import numpy as np
+
+from spectool.cache import cache_dir, file_tag
 
 KEY_IDS = "spectool.pruned.ids"
 VOCAB_TENSORS = ("token_embd.weight", "output.weight")
@@ -107,12 +108,8 @@ def prune(src: str | os.PathLike, dst: str | os.PathLike, keep: np.ndarray) -> P
 
 
 def cached_path(path: str | os.PathLike, vocab: int) -> Path:
-    """Where the pruned copy of `path` lives (SPECTOOL_CACHE, default ~/.cache/spectool)."""
-    path = Path(path)
-    st = path.stat()
-    tag = hashlib.sha256(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}:{vocab}".encode()).hexdigest()[:16]
-    cache = Path(os.environ.get("SPECTOOL_CACHE", Path.home() / ".cache" / "spectool")) / "pruned"
-    return cache / f"{path.stem}-vocab{vocab}-{tag}.gguf"
+    """Where the pruned copy of `path` lives (see cache.py)."""
+    return cache_dir("pruned") / f"{Path(path).stem}-vocab{vocab}-{file_tag(path, vocab)}.gguf"
 
 
 def pruned_draft(path: str | os.PathLike, vocab: int, **model_options) -> Path:

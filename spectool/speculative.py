@@ -82,7 +82,7 @@ def speculative_generate(g: Generation, prompt: Sequence[int], stats: Stats | No
             # 1. draft
             t0 = time.perf_counter()
             d = EMPTY
-            if drafter is not None and (peek := drafter.peek(x)) is not None:
+            if drafter is not None and (peek := drafter.peek(x, ctl.k_max)) is not None:
                 key, available = peek
                 k = ctl.choose(key, min(available, room, g.max_tokens - n_new - 1))
                 if k > 0:

@@ -1,10 +1,13 @@
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+# what spectool caches (measured costs, pruned drafts) goes to a scratch directory, never the user's
+os.environ.setdefault("SPECTOOL_CACHE", tempfile.mkdtemp(prefix="spectool-test-cache-"))
 
 from tinymodels import write_models  # noqa: E402
 

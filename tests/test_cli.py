@@ -168,3 +168,31 @@ def test_shell_completion_completes_commands_and_options():
     assert set(out.split()) == {"--draft-max", "--draft-min"}
     script = subprocess.run([exe, "--show-completion", "bash"], capture_output=True, text=True)
     assert script.returncode == 0 and "complete" in script.stdout
+
+
+def test_measured_costs_carry_over_to_the_next_run(tiny, tmp_path, monkeypatch):
+    """The batch costs a run measured are kept per target, draft and settings, and the next run starts from them;
+    a damaged file only means measuring afresh."""
+    monkeypatch.setenv("SPECTOOL_CACHE", str(tmp_path))
+    stats = tmp_path / "s.json"
+    args = ["run", "-m", str(tiny["target"]), "-n", "24", "-q", "--stats-json", str(stats),
+            "one two three four five six one two three four five six one two three"]
+    first = run(args)
+    assert first.exit_code == 0, first.output
+    assert json.loads(stats.read_text())["n_drafted"] > 0
+    (path,) = (tmp_path / "costs").glob("*.json")
+    assert json.loads(path.read_text())["verify"]["1"] > 0
+    # a machine on which every batch costs a thousand single steps: the next run must not draft at all
+    path.write_text(json.dumps({"verify": {"1": 0.001, **{str(b): 1.0 for b in range(2, 40)}}, "draft": {}}))
+    dear = run(args)
+    assert dear.exit_code == 0 and dear.stdout == first.stdout
+    assert json.loads(stats.read_text())["n_drafted"] == 0
+    path.write_text("{not json")
+    again = run(args)
+    assert again.exit_code == 0 and again.stdout == first.stdout
+    assert json.loads(stats.read_text())["n_drafted"] > 0
+    assert json.loads(path.read_text())["verify"]  # rewritten whole
+    other = run(["run", "-m", str(tiny["target"]), "-t", "1", "-n", "8", "-q", "Hello"])  # other settings: own file
+    assert other.exit_code == 0 and len(list((tmp_path / "costs").glob("*.json"))) == 2
+    run(["run", "-m", str(tiny["target"]), "--spec", "none", "-n", "8", "-q", "Hello"])  # nothing to learn
+    assert len(list((tmp_path / "costs").glob("*.json"))) == 2

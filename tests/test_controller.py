@@ -1,8 +1,9 @@
 """The adaptive controller with synthetic costs and acceptance."""
 
+import json
 import random
 
-from spectool.controller import Controller
+from spectool.controller import Controller, Costs
 
 
 def drive(ctl, key, accept_p, cost1=0.013, slope=0.55, steps=400, seed=0):
@@ -83,3 +84,47 @@ def test_batches_of_two_or_more_are_modelled_apart_from_one_token():
     assert abs(ctl.verify_cost(17) - (2.0 + 0.2 * 1.0 * 15)) < 1e-9
     ctl.observe_verify(9, 9.0), ctl.observe_verify(9, 3.4)
     assert abs(ctl.verify_cost(16) - (3.4 + 0.2 * 7)) < 1e-9  # the line through sizes 2 and 9
+
+
+def test_short_batches_stay_cheap_when_only_long_ones_were_measured():
+    """Interpolation from the size-2 prior, not a line through the long sizes: otherwise a table holding only
+    sizes 5..33 priced a batch of 2 at 4 single steps and short drafts were never tried again (seen with Gemma
+    Q4_K_M)."""
+    ctl = Controller()
+    for n, c in [(1, 1.0), (6, 4.6), (10, 5.5), (33, 10.0)]:
+        ctl.observe_verify(n, c), ctl.observe_verify(n, c)
+    assert abs(ctl.verify_cost(2) - 1.8) < 1e-9  # the prior anchor
+    assert abs(ctl.verify_cost(4) - (1.8 + (4.6 - 1.8) * 2 / 4)) < 1e-9
+    assert abs(ctl.verify_cost(8) - 5.05) < 1e-9  # between the measured 6 and 10
+    assert ctl.verify_cost(40) > 10.0  # past the largest: their slope
+
+
+def test_a_cheap_batch_size_is_used_once_measured():
+    """llama.cpp's CPU kernels make some sizes cheaper than smaller ones (Gemma Q4_K_M: 7 tokens 60 ms, 8 tokens
+    43 ms); with drafts that are always right the controller must pick the cheap size once it knows it."""
+    ctl = Controller(k_max=7)
+    for n, c in [(1, 1.0), (2, 2.0), (6, 4.6), (7, 5.2), (8, 3.7)]:
+        ctl.observe_verify(n, c), ctl.observe_verify(n, c)
+    for _ in range(30):
+        ctl.observe_accept("lookup:8", 7, 7)
+    assert ctl.choose("lookup:8", 16) == 7  # a batch of 8
+    ctl.costs.verify[8] = 6.0
+    assert ctl.choose("lookup:8", 16) == 6  # once 8 is dear: a batch of 7, 7 tokens for 5.2
+
+
+def test_costs_are_shared_and_survive_a_round_trip():
+    costs = Costs()
+    a, b = Controller(costs=costs), Controller(costs=costs)
+    a.observe_verify(3, 9.0), a.observe_verify(3, 2.5)  # the first sample is a warm-up
+    assert b.verify_cost(3) == 2.5
+    again = Costs.from_json(json.loads(json.dumps(costs.to_json())))
+    assert again.verify == {3: 2.5} and Controller(costs=again).verify_cost(3) == 2.5
+    again.observe_verify(3, 50.0)  # a new process's first sample of a size is still a warm-up
+    assert again.verify[3] == 2.5
+    assert Costs.from_json({"verify": {"2": -1.0}}).verify == {}  # nonsense is dropped
+
+
+def test_untimed_controllers_ignore_shared_costs():
+    costs = Costs(verify={1: 5.0, 2: 6.0})
+    ctl = Controller(costs=costs, timed=False)
+    assert ctl.verify_cost(1) == 1.0 and ctl.verify_cost(2) == 1.8  # priors only: choices depend on tokens alone

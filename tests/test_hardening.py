@@ -15,7 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from spectool.cli import UserError, app, read_prompt, write_json_atomic
+from spectool.cache import write_json_atomic
+from spectool.cli import UserError, app, read_prompt
 
 runner = CliRunner()
 

@@ -58,5 +58,13 @@ def test_prefers_the_most_frequent_follower():
 
 
 def test_longest_match_wins_and_reports_its_size():
-    tokens, n = PromptLookup(1, 3).lookup([7, 8, 9, 1, 1, 8, 5, 7, 8], 2)
-    assert tokens == [9, 1] and n == 2
+    tokens, key = PromptLookup(1, 3).lookup([7, 8, 9, 1, 1, 8, 5, 7, 8], 2)
+    assert tokens == [9, 1] and key == "lookup:2"
+
+
+def test_the_key_says_whether_the_followers_agreed():
+    # "8" was followed by 9 and by 5, but "7 8" only by 9: a unanimous 2-gram
+    assert PromptLookup(1, 3).peek([7, 8, 9, 1, 1, 8, 5, 7, 8], 2) == ("lookup:2", 2)
+    # "1" was followed by 2 and by 3: the longest match is a contested 1-gram
+    assert PromptLookup(1, 3).peek([1, 2, 1, 3, 4, 1], 1) == ("lookup:1?", 1)
+    assert PromptLookup(1, 1).peek([5, 6, 7], 4) is None

@@ -1,0 +1,33 @@
+"""Files spectool writes: what it derives from a model file (in SPECTOOL_CACHE, default ~/.cache/spectool),
+always replaced whole."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+
+def cache_dir(kind: str) -> Path:
+    return Path(os.environ.get("SPECTOOL_CACHE", Path.home() / ".cache" / "spectool")) / kind
+
+
+def file_tag(path: str | os.PathLike, *extra: object) -> str:
+    """A short name for this version of the file (path, size, mtime) and whatever else the result depends on."""
+    path = Path(path)
+    st = path.stat()
+    key = ":".join(str(x) for x in (path.resolve(), st.st_size, st.st_mtime_ns, *extra))
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def write_json_atomic(path: str | os.PathLike, obj) -> None:
+    """Write JSON to a temporary file beside `path`, then rename: readers see the old file or the new one."""
+    path = Path(path)
+    text = json.dumps(obj, indent=2) + "\n"
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
