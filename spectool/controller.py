@@ -34,6 +34,7 @@ class Costs:
 
     jump_prior: float = 0.8  # extra cost of a batch of 2 over 1 token, relative to one token, until measured
     slope_prior: float = 0.2  # extra cost of each further batched token, relative to one token, until measured
+    unmeasured: float = 0.9  # sizes not yet measured are priced this much below their estimate, so they get tried
     timed: bool = True
     verify: dict[int, float] = field(default_factory=dict)  # batch size -> seconds
     draft: dict[str, float] = field(default_factory=dict)  # drafter key -> seconds per drafted token
@@ -72,9 +73,13 @@ class Costs:
         matmul kernels there (Gemma 3 270M: 1 token 10-13 ms, 2 tokens 21-23 ms): until measured, a batch of 2
         costs `jump_prior` more than one token and each further token `slope_prior` more, both relative to one
         token (or less, when a measured longer batch says so). Interpolating, rather than fitting one line
-        through every size, keeps short batches cheap when only long ones were measured, so they get tried."""
+        through every size, keeps short batches cheap when only long ones were measured, so they get tried.
+        Estimates are discounted by `unmeasured` (optimism that makes the controller measure a size)."""
         if batch_size in self.verify:
             return self.verify[batch_size]
+        return self.unmeasured * self._estimate(batch_size)
+
+    def _estimate(self, batch_size: int) -> float:
         measured = sorted((b, c) for b, c in self.verify.items() if b >= 2)
         one = self.verify.get(1)
         if one is None:  # one token's cost, inferred from a batch through the priors (1.0 before anything)
@@ -132,7 +137,7 @@ class Controller:
         if self.costs is None:
             self.costs = Costs()
         if not self.timed:
-            self.costs = Costs(self.costs.jump_prior, self.costs.slope_prior, timed=False)
+            self.costs = Costs(self.costs.jump_prior, self.costs.slope_prior, 1.0, timed=False)
 
     # -- what the loop tells us ----------------------------------------------------------------------------
     def observe_verify(self, batch_size: int, seconds: float) -> None:

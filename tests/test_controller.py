@@ -65,7 +65,7 @@ def test_recovers_after_a_bad_stretch():
 
 
 def test_verify_cost_model_fits_a_line():
-    ctl = Controller()
+    ctl = Controller(costs=Costs(unmeasured=1.0))  # estimates without the discount
     for n, c in [(1, 1.0), (3, 2.0), (5, 3.0)]:
         ctl.observe_verify(n, 50.0)  # a warm-up outlier: dropped
         ctl.observe_verify(n, c)
@@ -77,7 +77,7 @@ def test_verify_cost_model_fits_a_line():
 def test_batches_of_two_or_more_are_modelled_apart_from_one_token():
     """llama.cpp on a CPU: a batch of 2 costs about 2 single steps, each further token much less. A line through
     sizes 1 and 2 would price a batch of 17 at 17 steps and forbid long drafts."""
-    ctl = Controller()
+    ctl = Controller(costs=Costs(unmeasured=1.0))  # estimates without the discount
     assert ctl.verify_cost(1) == 1.0 and abs(ctl.verify_cost(2) - 1.8) < 1e-9  # priors
     ctl.observe_verify(1, 9.0), ctl.observe_verify(1, 1.0)  # warm-up dropped
     ctl.observe_verify(2, 9.0), ctl.observe_verify(2, 2.0)
@@ -90,7 +90,7 @@ def test_short_batches_stay_cheap_when_only_long_ones_were_measured():
     """Interpolation from the size-2 prior, not a line through the long sizes: otherwise a table holding only
     sizes 5..33 priced a batch of 2 at 4 single steps and short drafts were never tried again (seen with Gemma
     Q4_K_M)."""
-    ctl = Controller()
+    ctl = Controller(costs=Costs(unmeasured=1.0))  # estimates without the discount
     for n, c in [(1, 1.0), (6, 4.6), (10, 5.5), (33, 10.0)]:
         ctl.observe_verify(n, c), ctl.observe_verify(n, c)
     assert abs(ctl.verify_cost(2) - 1.8) < 1e-9  # the prior anchor
@@ -102,7 +102,7 @@ def test_short_batches_stay_cheap_when_only_long_ones_were_measured():
 def test_a_cheap_batch_size_is_used_once_measured():
     """llama.cpp's CPU kernels make some sizes cheaper than smaller ones (Gemma Q4_K_M: 7 tokens 60 ms, 8 tokens
     43 ms); with drafts that are always right the controller must pick the cheap size once it knows it."""
-    ctl = Controller(k_max=7)
+    ctl = Controller(k_max=7, costs=Costs(unmeasured=1.0))
     for n, c in [(1, 1.0), (2, 2.0), (6, 4.6), (7, 5.2), (8, 3.7)]:
         ctl.observe_verify(n, c), ctl.observe_verify(n, c)
     for _ in range(30):
@@ -128,3 +128,10 @@ def test_untimed_controllers_ignore_shared_costs():
     costs = Costs(verify={1: 5.0, 2: 6.0})
     ctl = Controller(costs=costs, timed=False)
     assert ctl.verify_cost(1) == 1.0 and ctl.verify_cost(2) == 1.8  # priors only: choices depend on tokens alone
+
+
+def test_unmeasured_sizes_are_priced_a_little_low_so_they_get_measured():
+    ctl = Controller(k_max=8)
+    for n, c in [(1, 1.0), (2, 2.0), (9, 4.0)]:
+        ctl.observe_verify(n, c), ctl.observe_verify(n, c)
+    assert ctl.verify_cost(9) == 4.0 and abs(ctl.verify_cost(5) - 0.9 * (2.0 + 2.0 * 3 / 7)) < 1e-9
