@@ -60,19 +60,20 @@ def llama_cpp_prompt_lookup(model: Path, texts: list[str], plain_texts: list[str
     try:
         for text, plain in zip(texts, plain_texts):
             llm.reset()
-            pieces, t_first = [], None
+            pieces, t_first, n_tokens = [], None, 0
             try:
                 for chunk in llm.create_completion(text, max_tokens=max_tokens, temperature=0.0, stream=True):
                     if t_first is None:
                         t_first = time.perf_counter()
                     pieces.append(chunk["choices"][0]["text"])
+                    n_tokens += chunk["choices"][0]["finish_reason"] is None  # the last chunk only says why
             except Exception as e:  # noqa: BLE001 - it does crash on some long prompts: count, go on
                 r.failed += 1
                 print(f"  llama-cpp-python lookup failed: {type(e).__name__}: {str(e)[:100]}", flush=True)
                 continue
             elapsed = time.perf_counter() - t_first if t_first else 0.0
             r.prompts += 1
-            r.tokens += max(0, len(pieces) - 1)
+            r.tokens += max(0, n_tokens - 1)  # timed from the first token's arrival: the tokens after it
             r.seconds += elapsed
             r.identical += "".join(pieces) == plain
     finally:

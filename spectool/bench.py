@@ -35,7 +35,7 @@ class Contender:
 
     def generation(self, target, drafts: dict, max_tokens: int, costs: Costs | None = None) -> Generation:
         """`drafts` maps a draft vocabulary size (0: the full draft) to (Model, kept ids or None); `costs` is
-        the target's measured batch costs, shared by all generations on it."""
+        the table of measured batch costs to start from and add to."""
         def draft_model():
             model, ids = drafts[self.draft_vocab]
             return DraftModel(model, ids=ids, n_target=target.n_vocab)
@@ -127,13 +127,14 @@ def speedups(results: Sequence[Result], baseline: str = "plain") -> None:
 def run(target, drafts: dict, prompts: Sequence[list[int]], contenders: Sequence[Contender], max_tokens: int,
         on_done: Callable[[str, int], None] = lambda name, i: None) -> list[Result]:
     """Decode every prompt with every contender (interleaved prompt by prompt, so slow drift of the machine
-    hits all alike). The contenders share one table of the target's batch costs, as the turns of a chat do."""
+    hits all alike). Each contender keeps its table of measured batch costs from one prompt to the next, as
+    `spectool run` does between runs (see controller.Costs)."""
     results = {c.name: Result(c.name) for c in contenders}
-    costs = Costs()
+    costs = {c.name: Costs() for c in contenders}
     for i, prompt in enumerate(prompts):
         for c in contenders:
             st = Stats(mode=c.mode)
-            g = c.generation(target, drafts, max_tokens, costs)
+            g = c.generation(target, drafts, max_tokens, costs[c.name])
             tokens = [t for step in speculative_generate(g, prompt, st) for t in step.tokens]
             results[c.name].add(st, tokens)
             on_done(c.name, i)

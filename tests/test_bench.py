@@ -103,3 +103,24 @@ def test_spectool_bench_smoke(tiny, tmp_path, monkeypatch):
 def test_spectool_bench_refuses_a_foreign_draft(tiny):
     r = CliRunner().invoke(app, ["bench", "-m", str(tiny["target"]), "-md", str(tiny["foreign"]), "-n", "4"])
     assert r.exit_code == 1 and "does not match" in r.stderr
+
+
+def test_lookup_bound_replays_policies_and_the_oracle_bounds_them():
+    """benchmarks/lookup_bound.py: replayed step costs, no model. The oracle drafts from the same lookup knowing
+    what will be accepted, so nothing that drafts from it can be cheaper."""
+    import random
+
+    import lookup_bound as L
+    from spectool.controller import Costs
+
+    cost = [0.0, 1.0] + [1.6 + 0.15 * (b - 2) for b in range(2, 40)]
+    rng = random.Random(3)
+    src = [rng.randrange(50) for _ in range(120)]
+    y = src[:40] + [rng.randrange(50, 60) for _ in range(5)] + src[45:90]  # a copy with one edit
+    p = src + [99]
+    assert L.accepted([1, 2, 3], [0, 1, 2, 4], 1) == 2 and L.accepted([], [1], 0) == 0
+    theirs, ours, best = L.theirs(p, y, cost), L.ours(p, y, cost, 32, Costs()), L.oracle(p, y, cost, 32)
+    assert best <= ours and best <= theirs < len(y) * cost[1]
+    assert ours < 0.5 * len(y) * cost[1]  # a copy: far fewer steps than tokens
+    novel = [100 + i for i in range(30)]  # nothing to look up: every policy pays one step a token
+    assert L.oracle(p, novel, cost, 32) == len(novel) * cost[1] == L.ours(p, novel, cost, 32, Costs())
