@@ -7,6 +7,7 @@ probability rows q when it samples (None means deterministic: q is one-hot on ea
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
@@ -21,6 +22,7 @@ class Draft:
     tokens: list[int]
     q: list[np.ndarray] | None
     source: str  # "lookup" | "draft"
+    catch_up_seconds: float = 0.0  # time a drafter spent catching up on tokens it missed while idle
 
 
 EMPTY = Draft([], None, "none")
@@ -75,7 +77,10 @@ class DraftModel:
         k = min(k, room)
         if k <= 0:
             return EMPTY
-        m.sync(self._map(history))
+        t0 = time.perf_counter()
+        # usually 1-2 new tokens (the target's own, after the accepted drafts); many after steps without drafts
+        caught_up = m.sync(self._map(history))
+        catch_up = time.perf_counter() - t0 if caught_up > 2 else 0.0
         tokens: list[int] = []  # in the draft's own ids
         qs: list[np.ndarray] = []
         for i in range(k):
@@ -96,7 +101,7 @@ class DraftModel:
         if self.ids is not None:  # back to the target's ids; q spread over the target's vocabulary
             tokens = self.ids[tokens].tolist()
             qs = [self._widen(q) for q in qs]
-        return Draft(tokens, None if sampling.greedy else qs, "draft")
+        return Draft(tokens, None if sampling.greedy else qs, "draft", catch_up)
 
     def _widen(self, q: np.ndarray) -> np.ndarray:
         out = np.zeros(len(self.to_draft))

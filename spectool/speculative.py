@@ -103,7 +103,7 @@ def speculative_generate(g: Generation, prompt: Sequence[int], stats: Stats | No
             t2 = time.perf_counter()
             ctl.observe_verify(len(d.tokens) + 1, t2 - t1)
             if d.tokens:
-                ctl.observe_draft(key, len(d.tokens), t1 - t0)
+                ctl.observe_draft(key, len(d.tokens), t1 - t0 - d.catch_up_seconds)  # catching up is not per token
                 ctl.observe_accept(key, len(d.tokens), n_acc)
             # 3. emit, stopping at end-of-generation or the token budget
             new = [*d.tokens[:n_acc], t]

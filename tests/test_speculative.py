@@ -254,3 +254,18 @@ def test_stats_json_schema(target, draft):
     assert sum(j["accepted_per_position"]) == j["n_accepted"]
     assert j["accepted_per_position"] == sorted(j["accepted_per_position"], reverse=True)
     assert j["mean_accepted_length"] == pytest.approx(60 / j["n_steps"], abs=1e-5)
+
+
+def test_a_draft_models_catch_up_is_not_charged_to_its_draft_length(target, draft):
+    """After steps without drafts the draft model must decode the tokens it missed. That is not a cost of each
+    drafted token: counted as one, a probe after an idle stretch looked dear and kept the draft idle."""
+    rng = np.random.default_rng(0)
+    dm = DraftModel(draft)
+    history = target.tokenize("The quick brown fox jumps over the lazy dog")
+    dm.prefill(history)
+    first = dm.propose(history, 3, Sampling(), rng)
+    assert first.tokens and first.catch_up_seconds == 0.0  # in step: nothing to catch up
+    history += first.tokens + target.tokenize(" and then it ran far away into the woods")
+    later = dm.propose(history, 3, Sampling(), rng)
+    assert later.catch_up_seconds > 0.0
+    assert draft.tokens == history + later.tokens[:-1]  # and it did catch up
