@@ -67,25 +67,23 @@ class Costs:
         table[key] = sample if old is None else 0.8 * old + 0.2 * min(sample, 4 * old)
 
     def verify_cost(self, batch_size: int) -> float:
-        """Seconds to verify a batch. Measured sizes answer for themselves; others are read off a piecewise line
-        through the measured sizes (between two, the straight line; past the largest, their least-squares slope).
-        Batches of two or more are priced apart from a single token, because llama.cpp's CPU backend switches
-        matmul kernels there (Gemma 3 270M: 1 token 10-13 ms, 2 tokens 21-23 ms): until measured, a batch of 2
-        costs `jump_prior` more than one token and each further token `slope_prior` more, both relative to one
-        token (or less, when a measured longer batch says so). Interpolating, rather than fitting one line
-        through every size, keeps short batches cheap when only long ones were measured, so they get tried.
-        Estimates are discounted by `unmeasured` (optimism that makes the controller measure a size)."""
-        if batch_size in self.verify:
-            return self.verify[batch_size]
-        return self.unmeasured * self._estimate(batch_size)
+        return self.verify_costs(batch_size)[batch_size]
 
-    def _estimate(self, batch_size: int) -> float:
+    def verify_costs(self, largest: int) -> list[float]:
+        """Seconds to verify a batch of each size up to `largest` (index = size; index 0 unused).
+
+        Measured sizes answer for themselves; others are read off a piecewise line through the measured sizes
+        (between two, the straight line; past the largest, their least-squares slope). Batches of two or more
+        are priced apart from a single token, because llama.cpp's CPU backend switches matmul kernels there
+        (Gemma 3 270M: 1 token 10-13 ms, 2 tokens 21-23 ms): until measured, a batch of 2 costs `jump_prior`
+        more than one token and each further token `slope_prior` more, both relative to one token (or less,
+        when a measured longer batch says so). Interpolating, rather than fitting one line through every size,
+        keeps short batches cheap when only long ones were measured, so they get tried. Estimates are
+        discounted by `unmeasured` (optimism that makes the controller measure a size)."""
         measured = sorted((b, c) for b, c in self.verify.items() if b >= 2)
         one = self.verify.get(1)
         if one is None:  # one token's cost, inferred from a batch through the priors (1.0 before anything)
             one = measured[0][1] / (1 + self.jump_prior + self.slope_prior * (measured[0][0] - 2)) if measured else 1.0
-        if batch_size == 1:
-            return one
         if len(measured) >= 2:  # the least-squares slope of the measured sizes >= 2
             n = len(measured)
             mx = sum(b for b, _ in measured) / n
@@ -99,11 +97,16 @@ class Costs:
             if measured:
                 anchor = min(anchor, measured[0][1] - self.slope_prior * one * (measured[0][0] - 2))
             measured.insert(0, (2, max(anchor, one)))
-        for (b0, c0), (b1, c1) in zip(measured, measured[1:]):
-            if b0 <= batch_size < b1:
-                return c0 + (c1 - c0) * (batch_size - b0) / (b1 - b0)
-        b_last, c_last = measured[-1]
-        return max(c_last + slope * (batch_size - b_last), 1e-9)
+        out, i = [0.0, one], 0
+        for b in range(2, largest + 1):
+            while i + 1 < len(measured) and measured[i + 1][0] <= b:
+                i += 1
+            (b0, c0), nxt = measured[i], measured[i + 1] if i + 1 < len(measured) else None
+            if nxt is not None:  # between two measured sizes
+                out.append(c0 + (nxt[1] - c0) * (b - b0) / (nxt[0] - b0))
+            else:
+                out.append(max(c0 + slope * (b - b0), 1e-9))
+        return [c if b in self.verify else self.unmeasured * c for b, c in enumerate(out)]
 
 
 @dataclass
@@ -172,16 +175,18 @@ class Controller:
     def verify_cost(self, batch_size: int) -> float:
         return self.costs.verify_cost(batch_size)
 
-    def expected_rate(self, key: str, k: int, optimism: float = 0.0) -> float:
-        """Expected tokens per second of a step drafting k tokens under `key`."""
-        expected, run = 1.0, 1.0
-        for a in self.acceptance(key, optimism)[:k]:
+    def expected_rates(self, key: str, largest: int, optimism: float = 0.0) -> list[float]:
+        """Expected tokens per second of a step drafting k tokens under `key`, for k = 0..largest."""
+        per_draft = self.costs.draft.get(key)
+        costs = self.costs.verify_costs(largest + 1)
+        if per_draft is None:
+            per_draft = self.draft_cost_prior * costs[1] if key == "draft" else 0.0
+        out, expected, run = [1.0 / costs[1]], 1.0, 1.0
+        for k, a in enumerate(self.acceptance(key, optimism)[:largest], 1):
             run *= a
             expected += run
-        per_draft = self.costs.draft.get(key)
-        if per_draft is None:
-            per_draft = self.draft_cost_prior * self.verify_cost(1) if key == "draft" else 0.0
-        return expected / (self.verify_cost(k + 1) + k * per_draft)
+            out.append(expected / (costs[k + 1] + k * per_draft))
+        return out
 
     # -- the decision --------------------------------------------------------------------------------------
     def choose(self, key: str, available: int) -> int:
@@ -191,7 +196,8 @@ class Controller:
         a = self._stats(key)
         if a.tries[0] < self.explore.get(key, 0):
             return max(self.k_min, min(hi, self.explore_k))
-        best = max(range(self.k_min, hi + 1), key=lambda k: self.expected_rate(key, k, self.optimism))
+        rates = self.expected_rates(key, hi, self.optimism)
+        best = max(range(self.k_min, hi + 1), key=rates.__getitem__)
         if best == 0:
             a.zero_streak += 1
             if a.zero_streak >= self.probe_every:  # re-probe: a short draft keeps the estimate honest
