@@ -10,7 +10,7 @@ from pathlib import Path
 
 
 def cache_dir(kind: str) -> Path:
-    return Path(os.environ.get("SPECTOOL_CACHE", Path.home() / ".cache" / "spectool")) / kind
+    return Path(os.environ.get("SPECTOOL_CACHE") or Path.home() / ".cache" / "spectool") / kind
 
 
 def file_tag(path: str | os.PathLike, *extra: object) -> str:

@@ -259,7 +259,10 @@ def open_generation(o: dict, notices: list[str]):
             drafter, mode = None, "none"
         sampling = Sampling(o["temp"], o["top_k"], o["top_p"], o["min_p"])
         timed = not (o["seed"] is not None and not sampling.greedy)  # seeded sampling must reproduce
-        costs_file = _costs_file(target, draft_model, o) if timed and drafter is not None else None
+        try:
+            costs_file = _costs_file(target, draft_model, o) if timed and drafter is not None else None
+        except (OSError, RuntimeError):  # no usable home or cache directory: measure from scratch, keep nothing
+            costs_file = None
         controller = Controller(k_max=k_max, k_min=o["draft_min"], adaptive=o["draft_min"] != k_max, timed=timed,
                                 costs=_load_costs(costs_file))
         gen = Generation(target, drafter, sampling, controller, max_tokens=o["max_tokens"], seed=o["seed"])

@@ -196,3 +196,10 @@ def test_measured_costs_carry_over_to_the_next_run(tiny, tmp_path, monkeypatch):
     assert other.exit_code == 0 and len(list((tmp_path / "costs").glob("*.json"))) == 2
     run(["run", "-m", str(tiny["target"]), "--spec", "none", "-n", "8", "-q", "Hello"])  # nothing to learn
     assert len(list((tmp_path / "costs").glob("*.json"))) == 2
+
+
+def test_an_empty_cache_variable_means_the_default(monkeypatch):
+    from spectool.cache import cache_dir
+
+    monkeypatch.setenv("SPECTOOL_CACHE", "")
+    assert cache_dir("costs") == Path.home() / ".cache" / "spectool" / "costs"  # not ./costs
