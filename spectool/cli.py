@@ -432,11 +432,10 @@ def fit_prompt(tokens: list[int], n_ctx: int, max_tokens: int, truncate: bool, b
 
 
 def _run(o: dict) -> None:
+    from spectool.cache import write_json_atomic
     from spectool.speculative import generate_text
     from spectool.stats import Stats
     from spectool.ui import Display
-
-    from spectool.cache import write_json_atomic
 
     text = read_prompt(o["prompt"])
     notices: list[str] = []

@@ -140,7 +140,7 @@ class Controller:
         if self.costs is None:
             self.costs = Costs()
         if not self.timed:
-            self.costs = Costs(self.costs.jump_prior, self.costs.slope_prior, 1.0, timed=False)
+            self.costs = Costs(self.costs.jump_prior, self.costs.slope_prior, unmeasured=1.0, timed=False)
 
     # -- what the loop tells us ----------------------------------------------------------------------------
     def observe_verify(self, batch_size: int, seconds: float) -> None:

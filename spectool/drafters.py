@@ -1,8 +1,9 @@
 """Drafters propose the next few tokens; the target verifies them.
 
-Protocol: `peek(history)` says cheaply whether and from where a draft would come: None, or (key, most tokens
-it can offer), the key naming what the controller keeps statistics under; `propose(history, k, sampling, rng)` returns up to k tokens, with the drafter's
-probability rows q when it samples (None means deterministic: q is one-hot on each drafted token).
+Protocol: `peek(history, k_max)` says cheaply whether and from where a draft of up to k_max tokens would come:
+None, or (key, most tokens it can offer), the key naming what the controller keeps statistics under;
+`propose(history, k, sampling, rng)` returns up to k tokens, with the drafter's probability rows q when it
+samples (None means deterministic: q is one-hot on each drafted token).
 """
 
 from __future__ import annotations
