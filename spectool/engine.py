@@ -92,6 +92,17 @@ def backend_info() -> dict:
     }
 
 
+def avoid_amx() -> bool:
+    """Whether to keep llama.cpp off its AMX kernels. On an Intel Sapphire Rapids VM (AMX_INT8 in llama.cpp's
+    system info) the AMX matmul of llama-cpp-python 0.3.36 dies with SIGILL at its first `tilezero` on Gemma 3 270M
+    Q4_K_M, on every run, while a plain C program's AMX tiles work on the same machine. AMX weights live in
+    llama.cpp's "extra" buffer types, so a model loaded without them (`use_extra_bufts = False`, which also skips
+    the repacked CPU layouts) never reaches that code. SPECTOOL_AMX=1 lets llama.cpp use AMX again."""
+    if os.environ.get("SPECTOOL_AMX") == "1":
+        return False
+    return "AMX_INT8 = 1" in _lib().llama_print_system_info().decode("utf-8", errors="replace")
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Files
 
@@ -150,6 +161,8 @@ class Model:
         self._model = self._ctx = self._batch = None
         mparams = lib.llama_model_default_params()
         mparams.n_gpu_layers = n_gpu_layers
+        if avoid_amx():
+            mparams.use_extra_bufts = False
         _RECENT_LOG.clear()
         model = lib.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not model:
