@@ -52,10 +52,18 @@ Model_ = Annotated[
 Draft_ = Annotated[Optional[str], typer.Option("--model-draft", "-md", help="Draft model: a .gguf path or hf:... reference.")]
 Spec_ = Annotated[Spec, typer.Option("--spec", help="auto: hybrid with a draft model, lookup without one.")]
 MaxTokens = Annotated[int, typer.Option("--max-tokens", "-n", min=1, help="Most tokens to generate.")]
-Temp = Annotated[float, typer.Option("--temp", min=0.0, help="Temperature; 0 = greedy.")]
 TopK = Annotated[int, typer.Option("--top-k", min=0, help="Top-k sampling; 0 = off.")]
 TopP = Annotated[float, typer.Option("--top-p", min=0.0, max=1.0, help="Top-p sampling in (0, 1]; 1 = off.")]
 MinP = Annotated[float, typer.Option("--min-p", min=0.0, max=1.0, help="Min-p sampling; 0 = off.")]
+RepeatPenalty = Annotated[float, typer.Option(
+    "--repeat-penalty", min=0.0, help="Penalise tokens seen in the last --repeat-last-n tokens (llama.cpp's rule: "
+    "logits above 0 divided by it, below 0 multiplied); 1 = off.")]
+RepeatLastN = Annotated[int, typer.Option(
+    "--repeat-last-n", min=-1, help="How many recent tokens the penalties look at; 0 = off, -1 = the whole context.")]
+PresencePenalty = Annotated[float, typer.Option(
+    "--presence-penalty", help="Subtract this from the logit of every token seen in the window; 0 = off.")]
+FrequencyPenalty = Annotated[float, typer.Option(
+    "--frequency-penalty", help="Subtract this times its count in the window from a token's logit; 0 = off.")]
 Seed = Annotated[Optional[int], typer.Option("--seed", help="Random seed for sampling (reproducible runs).")]
 DraftMax = Annotated[
     Optional[int], typer.Option("--draft-max", min=0, max=64, help="Most draft tokens per step (default: the pair's, else 32).")
@@ -257,7 +265,8 @@ def open_generation(o: dict, notices: list[str]):
         if not target.can_rollback and drafter is not None:
             notices.append(f"{target.architecture} cannot roll back its cache: plain decoding")
             drafter, mode = None, "none"
-        sampling = Sampling(o["temp"], o["top_k"], o["top_p"], o["min_p"])
+        sampling = Sampling(o["temp"], o["top_k"], o["top_p"], o["min_p"], o["repeat_penalty"], o["repeat_last_n"],
+                            o["presence_penalty"], o["frequency_penalty"])
         timed = not (o["seed"] is not None and not sampling.greedy)  # seeded sampling must reproduce
         try:
             costs_file = _costs_file(target, draft_model, o) if timed and drafter is not None else None
@@ -390,10 +399,16 @@ def run(
     model_draft: Draft_ = None,
     spec: Spec_ = Spec.auto,
     max_tokens: MaxTokens = 256,
-    temp: Temp = 0.0,
+    temp: Annotated[float, typer.Option(
+        "--temp", min=0.0, help="Temperature; 0 (the default for run) = greedy, reproducible. The chain is "
+        "llama.cpp's: penalties, top-k, top-p, min-p, then temperature.")] = 0.0,
     top_k: TopK = 40,
     top_p: TopP = 0.95,
     min_p: MinP = 0.05,
+    repeat_penalty: RepeatPenalty = 1.0,
+    repeat_last_n: RepeatLastN = 64,
+    presence_penalty: PresencePenalty = 0.0,
+    frequency_penalty: FrequencyPenalty = 0.0,
     seed: Seed = None,
     draft_max: DraftMax = None,
     draft_min: DraftMin = 0,
@@ -411,7 +426,8 @@ def run(
     quiet: Quiet = False,
     debug: Debug = False,
 ) -> None:
-    """Generate text once: stream it to stdout, live statistics to stderr."""
+    """Generate text once: stream it to stdout, live statistics to stderr. Greedy unless --temp is given, so that
+    pipes and code edits reproduce."""
     with cli_errors(debug):
         _run(dict(locals()))
 
@@ -648,10 +664,16 @@ def chat(
     spec: Spec_ = Spec.auto,
     system: Annotated[Optional[str], typer.Option("--system", help="System prompt.")] = None,
     max_tokens: MaxTokens = 512,
-    temp: Temp = 0.0,
+    temp: Annotated[float, typer.Option(
+        "--temp", min=0.0, help="Temperature; chat samples by default with llama.cpp's (and ollama's) settings: "
+        "0.8, top-k 40, top-p 0.95, min-p 0.05. 0 = greedy.")] = 0.8,
     top_k: TopK = 40,
     top_p: TopP = 0.95,
     min_p: MinP = 0.05,
+    repeat_penalty: RepeatPenalty = 1.0,
+    repeat_last_n: RepeatLastN = 64,
+    presence_penalty: PresencePenalty = 0.0,
+    frequency_penalty: FrequencyPenalty = 0.0,
     seed: Seed = None,
     draft_max: DraftMax = None,
     draft_min: DraftMin = 0,
@@ -666,7 +688,8 @@ def chat(
     quiet: Quiet = False,
     debug: Debug = False,
 ) -> None:
-    """Chat in the terminal, with the model's chat template and the conversation kept in the KV cache."""
+    """Chat in the terminal, with the model's chat template and the conversation kept in the KV cache. Samples
+    with llama.cpp's defaults (--temp 0.8, --top-k 40, --top-p 0.95, --min-p 0.05); --temp 0 for greedy."""
     with cli_errors(debug):
         _chat(dict(locals()))
 

@@ -126,6 +126,10 @@ class Controller:
                                  "lookup:8?": (0.3, 8.0), "draft": (0.6, 2.0)}
     )
     prior_other: tuple[float, float] = (0.5, 2.0)  # for other keys
+    # a sampled run's keys carry its temperature ("lookup:3@T0.8"): what greedy runs learnt does not carry over.
+    # Their prior is the greedy one scaled by this, with the weight of 2 observations, so that their own
+    # observations soon replace it
+    sampled_prior: tuple[float, float] = (0.8, 2.0)
     # keys whose quality is unknown until tried (a user's draft model): draft this many times first
     explore: dict[str, int] = field(default_factory=lambda: {"draft": 2})
     explore_k: int = 4
@@ -166,11 +170,17 @@ class Controller:
         """Estimated acceptance at each draft position; a position seldom tried borrows the one before it.
         `optimism` adds an upper-confidence bonus that shrinks as a position is tried (exploration)."""
         a = self._stats(key)
-        (prior, w), out = self.priors.get(key, self.prior_other), []
+        (prior, w), out = self.prior(key), []
         for h, t in zip(a.hits, a.tries):
             prior = (h + w * prior) / (t + w)
             out.append(min(1.0, prior + optimism / (t + w) ** 0.5))
         return out
+
+    def prior(self, key: str) -> tuple[float, float]:
+        """(prior acceptance, its weight in observations) of a key."""
+        base, sampled, _ = key.partition("@")
+        prior, w = self.priors.get(base, self.prior_other)
+        return (prior * self.sampled_prior[0], min(w, self.sampled_prior[1])) if sampled else (prior, w)
 
     def verify_cost(self, batch_size: int) -> float:
         return self.costs.verify_cost(batch_size)
@@ -180,7 +190,7 @@ class Controller:
         per_draft = self.costs.draft.get(key)
         costs = self.costs.verify_costs(largest + 1)
         if per_draft is None:
-            per_draft = self.draft_cost_prior * costs[1] if key == "draft" else 0.0
+            per_draft = self.draft_cost_prior * costs[1] if key.partition("@")[0] == "draft" else 0.0
         out, expected, run = [1.0 / costs[1]], 1.0, 1.0
         for k, a in enumerate(self.acceptance(key, optimism)[:largest], 1):
             run *= a
@@ -194,7 +204,7 @@ class Controller:
         if not self.adaptive or hi <= self.k_min:
             return max(0, hi)
         a = self._stats(key)
-        if a.tries[0] < self.explore.get(key, 0):
+        if a.tries[0] < self.explore.get(key.partition("@")[0], 0):
             return max(self.k_min, min(hi, self.explore_k))
         rates = self.expected_rates(key, hi, self.optimism)
         best = max(range(self.k_min, hi + 1), key=rates.__getitem__)

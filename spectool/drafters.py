@@ -15,13 +15,13 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from spectool.engine import Model
-from spectool.verify import Sampling, probs, sample, top_probability
+from spectool.verify import Dist, Sampling, distribution, greedy_token, top_probability
 
 
 @dataclass
 class Draft:
     tokens: list[int]
-    q: list[np.ndarray] | None
+    q: list[Dist] | None  # the drafter's rows, on the target's vocabulary
     source: str  # "lookup" | "draft"
     catch_up_seconds: float = 0.0  # time a drafter spent catching up on tokens it missed while idle
 
@@ -37,31 +37,53 @@ class Drafter(Protocol):
     def propose(self, history: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator) -> Draft: ...
 
 
-class DraftModel:
-    """A small model with its own KV cache, kept in step with the accepted tokens by `Model.sync`.
+@dataclass
+class VocabMap:
+    """Token ids between a draft's vocabulary and the target's, for drafts whose vocabulary is not the target's
+    id for id: a pruned draft (see prune.py: its token i is the target's ids[i]) or a draft with a few tokens more
+    or fewer (llama.cpp accepts sizes within 128). Draft tokens the target lacks are never proposed; target tokens
+    the draft lacks reach it as its token 0 (a special token in both)."""
 
-    `ids` is for a draft with a pruned vocabulary (see prune.py): its token i is the target's ids[i]; the
-    target's other tokens reach it as its token 0 (a special token), and it proposes only tokens it has."""
+    to_target: np.ndarray  # draft id -> target id, -1 where the target has no such token
+    to_draft: np.ndarray  # target id -> draft id (0 where the draft has no such token)
+    banned: np.ndarray  # draft ids the target lacks
+
+    @classmethod
+    def between(cls, n_draft: int, n_target: int, ids: np.ndarray | None = None) -> VocabMap | None:
+        """The map for a draft of `n_draft` tokens (`ids`: a pruned draft's kept target ids), or None when the
+        two vocabularies are the same id for id."""
+        if ids is None and n_draft == n_target:
+            return None
+        to_target = np.arange(n_draft, dtype=np.int64) if ids is None else np.asarray(ids, np.int64).copy()
+        to_target[to_target >= n_target] = -1
+        ok = np.flatnonzero(to_target >= 0)
+        to_draft = np.zeros(n_target, np.int64)
+        to_draft[to_target[ok]] = ok
+        return cls(to_target, to_draft, np.flatnonzero(to_target < 0))
+
+
+class DraftModel:
+    """A small model with its own KV cache, kept in step with the accepted tokens by `Model.sync`. Its rows go
+    through the same sampler chain as the target's, penalties included, so q is the distribution each draft was
+    drawn from, on the target's vocabulary (see VocabMap for drafts with another one)."""
 
     def __init__(self, model: Model, p_min: float = 0.0, ids: np.ndarray | None = None, n_target: int = 0):
         self.model = model
         self.p_min = p_min
-        self.ids = ids
-        if ids is not None:  # prune.py keeps ids 0-4, so the draft's token 0 is the target's token 0
-            self.to_draft = np.zeros(max(n_target, int(ids.max()) + 1), dtype=np.int64)
-            self.to_draft[ids] = np.arange(len(ids))
+        self.n_target = n_target or model.n_vocab
+        self.map = VocabMap.between(model.n_vocab, self.n_target, ids)
         self._seen: list[int] = []  # history in target ids ...
         self._mapped: list[int] = []  # ... and in draft ids
 
     def _map(self, history: Sequence[int]) -> list[int]:
-        if self.ids is None:
+        if self.map is None:
             return list(history)
         n = len(self._seen)
         if n > len(history) or self._seen != list(history[:n]):
             self._seen, self._mapped, n = [], [], 0
         new = list(history[n:])
         self._seen += new
-        self._mapped += self.to_draft[new].tolist() if new else []
+        self._mapped += self.map.to_draft[new].tolist() if new else []
         return list(self._mapped)
 
     def prefill(self, history: Sequence[int]) -> None:
@@ -80,34 +102,37 @@ class DraftModel:
             return EMPTY
         t0 = time.perf_counter()
         # usually 1-2 new tokens (the target's own, after the accepted drafts); many after steps without drafts
-        caught_up = m.sync(self._map(history))
+        mapped = self._map(history)
+        caught_up = m.sync(mapped)
         catch_up = time.perf_counter() - t0 if caught_up > 2 else 0.0
+        banned = self.map.banned if self.map is not None and len(self.map.banned) else None
+        recent = mapped[-sampling.window:] if sampling.window else []
         tokens: list[int] = []  # in the draft's own ids
-        qs: list[np.ndarray] = []
+        qs: list[Dist] = []
         for i in range(k):
             logits = m.logits(-1)
             if sampling.greedy:
                 if self.p_min > 0 and top_probability(logits) < self.p_min:
                     break
-                t = int(np.argmax(logits))
+                t = greedy_token(logits, sampling, recent + tokens, banned)
             else:
-                q = probs(logits, sampling)
-                if self.p_min > 0 and q.max() < self.p_min:  # decided before the draw: keeps sampling exact
+                q = distribution(logits, sampling, recent + tokens, banned)
+                if self.p_min > 0 and q.p.max() < self.p_min:  # decided before the draw: keeps sampling exact
                     break
-                t = sample(q, rng)
+                t = q.sample(rng)
                 qs.append(q)
             tokens.append(t)
             if i < k - 1:
                 m.eval([t])
-        if self.ids is not None:  # back to the target's ids; q spread over the target's vocabulary
-            tokens = self.ids[tokens].tolist()
-            qs = [self._widen(q) for q in qs]
+        if self.map is not None:  # back to the target's ids
+            tokens = self.map.to_target[tokens].tolist()
+            qs = [self._on_target(q) for q in qs]
         return Draft(tokens, None if sampling.greedy else qs, "draft", catch_up)
 
-    def _widen(self, q: np.ndarray) -> np.ndarray:
-        out = np.zeros(len(self.to_draft))
-        out[self.ids] = q
-        return out
+    def _on_target(self, q: Dist) -> Dist:
+        ids = self.map.to_target[q.ids]
+        order = np.argsort(ids)
+        return Dist(ids[order], q.p[order], self.n_target)
 
 
 class PromptLookup:

@@ -41,7 +41,7 @@ def read_ids(path: str | os.PathLike) -> np.ndarray | None:
 
 def token_ranking(model, tokens_per_prompt: int = 160, seed: int = 0) -> np.ndarray:
     """Average next-token probability of every token, over text the model samples itself from varied starts."""
-    from spectool.verify import Sampling, probs, sample
+    from spectool.verify import Sampling, distribution
 
     rng = np.random.default_rng(seed)
     s = Sampling(temp=0.9)
@@ -50,9 +50,9 @@ def token_ranking(model, tokens_per_prompt: int = 160, seed: int = 0) -> np.ndar
         model.reset()
         model.eval(model.tokenize(text))
         for _ in range(tokens_per_prompt):
-            p = probs(model.logits(-1), s)
-            total += p
-            t = sample(p, rng)
+            p = distribution(model.logits(-1), s)
+            total[p.ids] += p.p
+            t = p.sample(rng)
             if model.is_eog(t) or len(model.tokens) + 1 >= model.n_ctx:
                 break
             model.eval([t])

@@ -17,7 +17,7 @@ from spectool.controller import Controller
 from spectool.drafters import EMPTY, Drafter, PromptLookup
 from spectool.engine import EngineError, Model
 from spectool.stats import Stats
-from spectool.verify import Sampling, accept_greedy, accept_sampled, probs
+from spectool.verify import Sampling, accept_greedy, accept_sampled, distribution, greedy_token
 
 
 @dataclass
@@ -43,11 +43,18 @@ class Generation:
     controller: Controller = field(default_factory=Controller)
     max_tokens: int = 256
     seed: int | None = None
+    rng: np.random.Generator | None = None  # made from `seed` on first use and kept: a chat's turns go on drawing
+
+    def random(self) -> np.random.Generator:
+        if self.rng is None:
+            self.rng = np.random.default_rng(self.seed)
+        return self.rng
 
 
 def speculative_generate(g: Generation, prompt: Sequence[int], stats: Stats | None = None) -> Iterator[Step]:
     target, ctl, s = g.target, g.controller, g.sampling
-    rng = np.random.default_rng(g.seed)
+    ctl_suffix = "" if s.greedy else f"@T{s.temp:g}"  # acceptance is learnt per temperature (controller.py)
+    rng = g.random()
     drafter = g.drafter
     x = list(prompt)
     if not x:
@@ -83,7 +90,7 @@ def speculative_generate(g: Generation, prompt: Sequence[int], stats: Stats | No
             t0 = time.perf_counter()
             d = EMPTY
             if drafter is not None and (peek := drafter.peek(x, ctl.k_max)) is not None:
-                key, available = peek
+                key, available = peek[0] + ctl_suffix, peek[1]
                 k = ctl.choose(key, min(available, room, g.max_tokens - n_new - 1))
                 if k > 0:
                     try:
@@ -93,12 +100,13 @@ def speculative_generate(g: Generation, prompt: Sequence[int], stats: Stats | No
             t1 = time.perf_counter()
             # 2. verify: one target pass over [x[-1], d_1..d_k]
             target.eval([x[-1], *d.tokens], logits="all")
+            recent = x[-s.window:] if s.window else []  # p_i's penalties see x + d_1..d_i
             if s.greedy:
-                n_acc, t = accept_greedy((int(np.argmax(target.logits(i))) for i in range(len(d.tokens) + 1)),
-                                         d.tokens)
+                n_acc, t = accept_greedy((greedy_token(target.logits(i), s, recent + d.tokens[:i])
+                                          for i in range(len(d.tokens) + 1)), d.tokens)
             else:
-                p = [probs(target.logits(i), s) for i in range(len(d.tokens) + 1)]
-                n_acc, t = accept_sampled(p, d.q, d.tokens, rng)
+                n_acc, t = accept_sampled(lambda i: distribution(target.logits(i), s, recent + d.tokens[:i]),
+                                          d.q, d.tokens, rng)
             target.rollback(len(x) + n_acc)  # keep x and the accepted drafts; t is fed next step
             t2 = time.perf_counter()
             ctl.observe_verify(len(d.tokens) + 1, t2 - t1)

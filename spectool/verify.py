@@ -1,65 +1,199 @@
-"""Sampling transforms and the acceptance rules of speculative decoding.
+"""llama.cpp's sampler chain on the few candidates that survive it, and the acceptance rules of speculative
+decoding.
 
 Notation (Leviathan et al. 2023, Chen et al. 2023): p is the TARGET's distribution, q the DRAFTER's; d_1..d_k are
 the drafted tokens. A draft token is accepted with probability min(1, p(d)/q(d)); at the first rejection the
 token is resampled from max(0, p - q), renormalised; when all k are accepted one bonus token comes from p. The
 output then follows p exactly. At temperature 0 this reduces to: accept while argmax p == d.
+
+The chain is llama.cpp's default (common/common.h, `common_params_sampling::samplers`, and llama-cpp-python's
+`Llama` builds the same): penalties -> top-k -> top-p -> min-p -> temperature -> draw, with the definitions of
+src/llama-sampler.cpp. Every stage after the penalties keeps a prefix of the candidates sorted by logit, so a
+row's distribution lives on a few tokens near its maximum: `distribution` finds them with one threshold pass
+over the vocabulary and does the rest on them (a 262k-token row costs a fraction of a millisecond).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
+
+WHOLE_HISTORY = 1 << 30
 
 
 @dataclass(frozen=True)
 class Sampling:
+    """llama.cpp's sampling flags, with its meanings: top_k 0, top_p 1, min_p 0 and the penalties' neutral values
+    turn a stage off; repeat_last_n is how many recent tokens the penalties look at (-1: the whole history)."""
+
     temp: float = 0.0
-    top_k: int = 0  # 0 = off
-    top_p: float = 1.0  # 1 = off
-    min_p: float = 0.0  # 0 = off
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
     @property
     def greedy(self) -> bool:
         return self.temp <= 0.0
 
+    @property
+    def window(self) -> int:
+        """How many recent tokens the penalties read (0: penalties off, as llama.cpp's `is_disabled`)."""
+        if self.repeat_last_n == 0 or (self.repeat_penalty == 1.0 and self.frequency_penalty == 0.0
+                                       and self.presence_penalty == 0.0):
+            return 0
+        return WHOLE_HISTORY if self.repeat_last_n < 0 else self.repeat_last_n
 
-def probs(logits: np.ndarray, s: Sampling) -> np.ndarray:
-    """The distribution after temperature, top-k, top-p and min-p (in that order), as float64."""
-    z = logits.astype(np.float64) / s.temp
-    n = z.shape[0]
-    if 0 < s.top_k < n:
-        kth = np.partition(z, n - s.top_k)[n - s.top_k]
-        z[z < kth] = -np.inf
-    z -= z.max()
-    p = np.exp(z)
-    p /= p.sum()
+
+@dataclass(frozen=True)
+class Dist:
+    """A sparse distribution over a vocabulary of `n` tokens: token ids[j] has probability p[j] (ids sorted)."""
+
+    ids: np.ndarray
+    p: np.ndarray
+    n: int
+
+    def prob(self, token: int) -> float:
+        j = int(np.searchsorted(self.ids, token))
+        return float(self.p[j]) if j < len(self.ids) and self.ids[j] == token else 0.0
+
+    def sample(self, rng: np.random.Generator) -> int:
+        cdf = np.cumsum(self.p)
+        j = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
+        return int(self.ids[min(j, len(self.ids) - 1)])
+
+    def dense(self) -> np.ndarray:
+        out = np.zeros(self.n)
+        out[self.ids] = self.p
+        return out
+
+    @classmethod
+    def one_hot(cls, token: int, n: int) -> Dist:
+        return cls(np.array([token], np.int64), np.ones(1), n)
+
+
+def penalize(logits: np.ndarray, s: Sampling, recent: Sequence[int], banned: np.ndarray | None = None) -> np.ndarray:
+    """The row after llama.cpp's penalties sampler over the last `s.window` tokens of `recent` (a copy when
+    anything changes; the input is left as it is). `banned` tokens get -inf (a draft's tokens the target lacks)."""
+    window = s.window
+    counts = Counter(recent[-window:]) if window and len(recent) else None
+    if not counts and banned is None:
+        return logits
+    z = np.array(logits, dtype=np.float32)
+    if counts:
+        ids = np.fromiter(counts, np.int64, len(counts))
+        ids_ok = ids[(ids >= 0) & (ids < len(z))]
+        n = np.array([counts[int(i)] for i in ids_ok], np.float32)
+        v = z[ids_ok]
+        v = np.where(v <= 0, v * np.float32(s.repeat_penalty), v / np.float32(s.repeat_penalty))
+        z[ids_ok] = v - n * np.float32(s.frequency_penalty) - np.float32(s.presence_penalty)
+    if banned is not None and len(banned):
+        z[banned] = -np.inf
+    return z
+
+
+def greedy_token(logits: np.ndarray, s: Sampling, recent: Sequence[int] = (), banned=None) -> int:
+    """The chain at temperature 0: the argmax of the penalised row."""
+    return int(np.argmax(penalize(logits, s, recent, banned)))
+
+
+class _Threshold:
+    """How far below a row's maximum the top-k candidates reach, remembered between rows (they look alike)."""
+
+    delta = 8.0
+
+
+def _top(z: np.ndarray, k: int) -> np.ndarray:
+    """The ids of the k largest values of z (all of them for k >= len(z)), from a threshold pass."""
+    n = len(z)
+    if k >= n:
+        return np.arange(n)
+    m = float(z.max())
+    delta = _Threshold.delta
+    while True:
+        c = np.flatnonzero(z >= m - delta)
+        if len(c) >= k:
+            break
+        delta *= 2.0
+    _Threshold.delta = delta if len(c) < 16 * k else max(1.0, delta / 2)
+    return c if len(c) == k else c[np.argpartition(-z[c], k - 1)[:k]]
+
+
+def distribution(logits: np.ndarray, s: Sampling, recent: Sequence[int] = (), banned=None) -> Dist:
+    """The distribution llama.cpp's chain draws from for this row: penalties -> top-k -> top-p -> min-p ->
+    temperature. Arithmetic is float32 where llama.cpp's is, so boundaries fall where they fall there."""
+    z = penalize(logits, s, recent, banned)
+    n, f32 = len(z), np.float32
+    if s.temp <= 0:  # llama.cpp's temperature sampler at 0 keeps the maximum alone
+        return Dist.one_hot(int(np.argmax(z)), n)
+    norm = None  # top-p's softmax normaliser over every token, when top-k has not cut the row
+    if s.top_k > 0:
+        c = _top(z, s.top_k)
+    else:
+        m = f32(z.max())
+        if s.top_p < 1.0:  # llama.cpp's softmax: float32 terms summed in index order (np.cumsum is sequential)
+            norm = np.cumsum(np.exp(z - m))[-1]
+        if s.min_p > 0.0:  # every survivor of min-p is within -log(min_p) of the maximum
+            c = np.flatnonzero(z >= m + f32(np.log(f32(s.min_p))))
+        elif s.top_p < 1.0:  # the survivors of top-p are a head of the row holding top_p of its mass
+            c = _head_with_mass(z, m, norm, s.top_p)
+        else:
+            c = None  # every token
+    if c is None:  # temperature alone: a dense row
+        w = np.exp((z - m) / f32(s.temp))
+        nz = np.flatnonzero(w)
+        return Dist(nz, (w[nz] / w[nz].sum(dtype=np.float64)).astype(np.float64), n)
+    zc = z[c]
     if s.top_p < 1.0:
-        # the smallest set of most likely tokens whose mass reaches top_p; sort only the head when it suffices
-        m = min(n, 4096)
-        head = np.argpartition(-p, m - 1)[:m] if m < n else np.arange(n)
-        order = head[np.argsort(-p[head], kind="stable")]
-        cum = np.cumsum(p[order])
-        if cum[-1] < s.top_p and m < n:
-            order = np.argsort(-p, kind="stable")
-            cum = np.cumsum(p[order])
-        cut = int(np.searchsorted(cum, s.top_p)) + 1
-        keep = np.zeros(n, bool)
-        keep[order[:cut]] = True
-        p[~keep] = 0.0
-    if s.min_p > 0.0:
-        p[p < s.min_p * p.max()] = 0.0
-    return p / p.sum()
+        c, zc = _top_p(c, zc, s.top_p, norm)
+    if s.min_p > 0.0:  # on logits, before temperature, against the best surviving token
+        keep = zc >= zc.max() + f32(np.log(f32(s.min_p)))
+        c, zc = c[keep], zc[keep]
+    t = zc / f32(s.temp)
+    w = np.exp((t - t.max()).astype(np.float64))
+    keep = w > 0  # a banned token (-inf) is no candidate
+    c, w = c[keep], w[keep]
+    order = np.argsort(c)
+    return Dist(c[order].astype(np.int64), (w / w.sum())[order], n)
 
 
-def sample(p: np.ndarray, rng: np.random.Generator) -> int:
-    cdf = np.cumsum(p)
-    return int(min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), len(p) - 1))
+def _head_with_mass(z: np.ndarray, m, norm, top_p: float) -> np.ndarray:
+    """The ids of the tokens within some distance of the maximum m whose softmax mass (normaliser `norm`) reaches
+    top_p with a margin for float32 rounding: a superset of what top-p keeps, found without sorting the row."""
+    delta = 4.0
+    while True:
+        c = np.flatnonzero(z >= m - np.float32(delta))
+        if delta > 40 or np.exp(z[c] - m).sum(dtype=np.float64) / norm >= min(1.0, top_p + 1e-3):
+            return c
+        delta *= 1.5
 
 
-def accept_greedy(target_argmax: Iterable[int], draft: Sequence[int]) -> tuple[int, int]:
+def _top_p(c: np.ndarray, zc: np.ndarray, top_p: float, norm) -> tuple[np.ndarray, np.ndarray]:
+    """The smallest head of the candidates, by logit, whose probability reaches top_p (llama.cpp's top-p with
+    min_keep 0 or 1). The softmax is llama.cpp's, in float32: over the whole row with its normaliser `norm`, or,
+    with `norm` None, over the candidates (top-k ran before), summed in sorted order. Of a long candidate list
+    the best 256 are sorted first, and the rest only when they do not reach top_p, as llama.cpp does."""
+    f32 = np.float32
+    head = 256 if norm is not None and len(c) > 1024 else len(c)
+    while True:
+        part = np.argpartition(-zc, head - 1)[:head] if head < len(c) else np.arange(len(c))
+        part = part[np.argsort(-zc[part], kind="stable")]
+        e = np.exp(zc[part] - zc[part[0]])
+        p = e / (np.cumsum(e)[-1] if norm is None else norm)
+        hit = np.flatnonzero(np.cumsum(p) >= f32(top_p))  # float32, sequential, like llama.cpp's loop
+        if len(hit) or head >= len(c):
+            keep = part[: int(hit[0]) + 1] if len(hit) else part
+            return c[keep], zc[keep]
+        head = len(c)
+
+
+def accept_greedy(target_argmax, draft: Sequence[int]) -> tuple[int, int]:
     """(number of draft tokens accepted, the target's next token) at temperature 0. `target_argmax` may be
     lazy: nothing past the first mismatch is read."""
     for n, t in enumerate(target_argmax):
@@ -68,27 +202,34 @@ def accept_greedy(target_argmax: Iterable[int], draft: Sequence[int]) -> tuple[i
     raise ValueError("need len(draft) + 1 target rows")
 
 
-def accept_sampled(
-    p: Sequence[np.ndarray],
-    q: Sequence[np.ndarray] | None,
-    draft: Sequence[int],
-    rng: np.random.Generator,
-) -> tuple[int, int]:
-    """Rejection sampling. p has len(draft)+1 rows; q has len(draft) rows, or None for a deterministic
-    drafter (prompt lookup), whose q is one-hot on the drafted token."""
+def residual(p: Dist, q: Dist) -> Dist:
+    """max(0, p - q) renormalised, over the union of the two supports."""
+    ids = np.union1d(p.ids, q.ids)
+    r = _on(p, ids) - _on(q, ids)
+    r = np.maximum(r, 0.0)
+    keep = r > 0
+    return Dist(ids[keep], r[keep] / r[keep].sum(), p.n)
+
+
+def _on(d: Dist, ids: np.ndarray) -> np.ndarray:
+    j = np.searchsorted(d.ids, ids)
+    j = np.minimum(j, len(d.ids) - 1)
+    return np.where(d.ids[j] == ids, d.p[j], 0.0)
+
+
+def accept_sampled(p: Callable[[int], Dist], q: Sequence[Dist] | None, draft: Sequence[int],
+                   rng: np.random.Generator) -> tuple[int, int]:
+    """Rejection sampling. p(i) is the target's row after the first i drafts, computed only when reached; q has
+    len(draft) rows, or is None for a deterministic drafter (prompt lookup), whose q is one-hot on each draft."""
     for i, d in enumerate(draft):
-        q_d = 1.0 if q is None else q[i][d]
-        if rng.random() * q_d < p[i][d]:  # accept with probability min(1, p(d)/q(d))
+        p_i = p(i)
+        q_i = Dist.one_hot(d, p_i.n) if q is None else q[i]
+        if q_i.n != p_i.n or not 0 <= d < p_i.n:
+            raise ValueError(f"draft row {i} lives on {q_i.n} tokens (draft token {d}) but the target has {p_i.n}")
+        if rng.random() * q_i.prob(d) < p_i.prob(d):  # accept with probability min(1, p(d)/q(d))
             continue
-        residual = np.maximum(p[i] - (_one_hot(d, len(p[i])) if q is None else q[i]), 0.0)
-        return i, sample(residual / residual.sum(), rng)
-    return len(draft), sample(p[len(draft)], rng)
-
-
-def _one_hot(i: int, n: int) -> np.ndarray:
-    e = np.zeros(n)
-    e[i] = 1.0
-    return e
+        return i, residual(p_i, q_i).sample(rng)
+    return len(draft), p(len(draft)).sample(rng)
 
 
 def top_probability(logits: np.ndarray) -> float:

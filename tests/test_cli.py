@@ -203,3 +203,50 @@ def test_an_empty_cache_variable_means_the_default(monkeypatch):
 
     monkeypatch.setenv("SPECTOOL_CACHE", "")
     assert cache_dir("costs") == Path.home() / ".cache" / "spectool" / "costs"  # not ./costs
+
+
+@pytest.mark.parametrize("variant", ["draft_fewer", "draft_more"])
+def test_a_draft_with_another_vocabulary_size_through_run_and_chat(tiny, tmp_path, variant):
+    """llama.cpp accepts a draft whose vocabulary is within 128 tokens of the target's (Qwen2.5 7B and 0.5B:
+    152064 and 151936); sampling with one used to crash at the first rejection."""
+    stats = tmp_path / "s.json"
+    args = ["-m", str(tiny["target"]), "-md", str(tiny[variant]), "-n", "40", "-q"]
+    plain = run(["run", *args, "--spec", "none", "def greet(name):"])
+    greedy = run(["run", *args, "--spec", "draft", "--stats-json", str(stats), "def greet(name):"])
+    assert greedy.exit_code == 0 and greedy.stdout == plain.stdout
+    assert json.loads(stats.read_text())["n_accepted"] > 0
+    for seed in range(3):
+        sampled = run(["run", *args, "--spec", "draft", "--temp", "0.8", "--seed", str(seed), "--stats-json",
+                       str(stats), "def greet(name):"])
+        assert sampled.exit_code == 0, sampled.output
+        j = json.loads(stats.read_text())
+        assert j["n_drafted"] > j["n_accepted"] > 0 and j["n_generated"] == 40  # rejections happened
+    chat = run(["chat", *args, "--spec", "draft"], input="The quick brown fox\nand the lazy dog\n/exit\n")
+    assert chat.exit_code == 0 and "Traceback" not in chat.output and "error" not in chat.stderr
+    assert "spectool:" not in chat.stderr.split("/exit to leave.")[-1]  # no turn ended with an error
+
+
+def test_chat_samples_by_default_and_run_does_not(tiny):
+    def chat_reply(*extra):
+        r = run(["chat", "-m", str(tiny["target"]), "-n", "30", "-q", *extra], input="The quick brown fox\n/exit\n")
+        assert r.exit_code == 0, r.output
+        return r.stdout
+
+    assert chat_reply("--seed", "1") != chat_reply("--seed", "2")
+    assert chat_reply("--seed", "1", "--temp", "0") == chat_reply("--seed", "2", "--temp", "0")
+    a, b = (run(["run", "-m", str(tiny["target"]), "-n", "30", "-q", "--seed", s, "The quick brown fox"]) for s in "12")
+    assert a.exit_code == 0 and a.stdout == b.stdout
+
+
+def test_penalty_flags_change_the_greedy_text(tiny):
+    """--repeat-penalty and its kin reach the chain (the chain itself is checked against llama.cpp's in
+    test_verify.py); their defaults are llama.cpp's: off."""
+    base = ["run", "-m", str(tiny["target"]), "-n", "60", "-q", "--spec", "lookup", "The quick brown fox"]
+    plain = run(base)
+    assert plain.stdout == run([*base, "--repeat-last-n", "0", "--repeat-penalty", "1.5"]).stdout  # window 0: off
+    penalised = run([*base, "--repeat-penalty", "1.5"])
+    assert penalised.exit_code == 0 and penalised.stdout != plain.stdout
+    assert run([*base, "--presence-penalty", "1.0"]).stdout != plain.stdout
+    assert run([*base, "--frequency-penalty", "1.0"]).stdout != plain.stdout
+    none = run([*base[:-1], "--spec", "none", "--repeat-penalty", "1.5", "The quick brown fox"])
+    assert none.stdout == penalised.stdout  # speculation keeps the penalised greedy text

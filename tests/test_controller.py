@@ -3,6 +3,8 @@
 import json
 import random
 
+import pytest
+
 from spectool.controller import Controller, Costs
 
 
@@ -135,3 +137,25 @@ def test_unmeasured_sizes_are_priced_a_little_low_so_they_get_measured():
     for n, c in [(1, 1.0), (2, 2.0), (9, 4.0)]:
         ctl.observe_verify(n, c), ctl.observe_verify(n, c)
     assert ctl.verify_cost(9) == 4.0 and abs(ctl.verify_cost(5) - 0.9 * (2.0 + 2.0 * 3 / 7)) < 1e-9
+
+
+def test_sampled_runs_learn_acceptance_apart_from_greedy_ones(target):
+    """Acceptance falls when sampling: a sampled run's keys carry its temperature, start from a lower prior of
+    little weight, and do not inherit what greedy runs measured."""
+    from spectool.drafters import PromptLookup
+    from spectool.speculative import Generation, speculative_generate
+    from spectool.verify import Sampling
+
+    c = Controller()
+    greedy, sampled = c.prior("lookup:8"), c.prior("lookup:8@T0.8")
+    assert sampled[0] < greedy[0] and sampled[1] < greedy[1]
+    for _ in range(50):
+        c.observe_accept("lookup:8", 8, 8)
+    assert c.acceptance("lookup:8")[0] > 0.99
+    assert c.acceptance("lookup:8@T0.8")[0] == pytest.approx(sampled[0])
+    prompt = target.tokenize("the dog the fox the dog the fox the dog the fox the dog the")
+    for s, suffix in ((Sampling(), ""), (Sampling(0.7), "@T0.7")):
+        ctl = Controller(k_max=4)
+        list(speculative_generate(Generation(target, PromptLookup(), s, ctl, max_tokens=40, seed=0), prompt))
+        assert ctl._acc and all(k.startswith("lookup:") and k.endswith(suffix) for k in ctl._acc)
+        assert suffix or not any("@" in k for k in ctl._acc)

@@ -10,7 +10,7 @@ from spectool.drafters import DraftModel, Hybrid, PromptLookup
 from spectool.engine import Model
 from spectool.speculative import Generation, generate_text, speculative_generate
 from spectool.stats import Stats
-from spectool.verify import Sampling, probs, sample
+from spectool.verify import Sampling, distribution
 
 PROMPTS = [
     "The quick brown fox",
@@ -113,26 +113,36 @@ def test_failing_draft_model_falls_back_to_lookup(target, draft):
 
 # -- distribution exactness at temperature > 0 ------------------------------------------------------------------
 N_RUNS = 3000
+N_JOINT = 3  # the joint distribution of the first 3 generated tokens ...
+K_DRAFT = 3  # ... with drafts of 3 tokens, so that every draft position is exercised
 SAMPLING = Sampling(temp=1.0)
+PENALISED = Sampling(temp=1.0, repeat_penalty=1.15, repeat_last_n=8, presence_penalty=0.1, frequency_penalty=0.05)
 
 
-def exact_joint(model, prompt, s):
-    """P(first two generated tokens) under the target alone, for pairs with noticeable mass."""
-    model.reset()
-    model.eval(prompt)
-    p0 = probs(model.logits(-1), s)
+def exact_joint(model, prompt, s, n_tokens=N_JOINT, floor=1e-5):
+    """P(first n generated tokens) under the target alone, decoding one token at a time, for sequences with
+    more mass than `floor` (the chain itself is checked against llama.cpp's in test_verify.py)."""
     joint = {}
-    for t1 in np.flatnonzero(p0 > 1e-4):
-        model.sync(prompt + [int(t1)])
-        p1 = probs(model.logits(-1), s)
-        for t2 in np.flatnonzero(p1 > 1e-4):
-            joint[int(t1), int(t2)] = p0[t1] * p1[t2]
+
+    def walk(prefix, mass):
+        if len(prefix) == n_tokens:
+            joint[tuple(prefix)] = mass
+            return
+        history = prompt + prefix
+        model.sync(history)
+        d = distribution(model.logits(-1), s, history[-s.window:] if s.window else [])
+        for t, pt in zip(d.ids.tolist(), d.p.tolist()):
+            if mass * pt > floor:
+                walk(prefix + [t], mass * pt)
+
+    model.reset()
+    walk([], 1.0)
     model.reset()
     return joint
 
 
 def chi2_rejects(counts, joint, n, alpha_z=3.09):
-    """Pearson chi-square of observed pair counts against `joint`; True if it rejects at about 0.1%."""
+    """Pearson chi-square of observed counts against `joint`; True if it rejects at about 0.1%."""
     cells = {c: p for c, p in joint.items() if p * n >= 5}
     other_p = 1.0 - sum(cells.values())
     stat, other_obs = 0.0, n
@@ -147,42 +157,69 @@ def chi2_rejects(counts, joint, n, alpha_z=3.09):
     return stat > crit, stat, crit
 
 
-def sample_pairs(target, make_drafter, prompt, n=N_RUNS):
+def sample_joint(target, make_drafter, prompt, s=SAMPLING, n=N_RUNS, stats=None):
+    """Counts of the first N_JOINT tokens over n seeded runs; the first step drafts K_DRAFT tokens."""
     counts = {}
     for seed in range(n):
-        g = Generation(target, make_drafter(), SAMPLING, Controller(k_max=3, adaptive=False), max_tokens=2,
-                       seed=seed)
-        pair = tuple(tokens_of(g, prompt))
-        counts[pair] = counts.get(pair, 0) + 1
+        g = Generation(target, make_drafter(), s, Controller(k_max=K_DRAFT, adaptive=False),
+                       max_tokens=K_DRAFT + 1, seed=seed)
+        seq = tuple(tokens_of(g, prompt, stats)[:N_JOINT])
+        counts[seq] = counts.get(seq, 0) + 1
     return counts
 
 
 @pytest.fixture(scope="module")
 def lookup_prompt(target):
-    # a prompt whose n-grams recur, so lookup drafts at the first positions
-    return target.tokenize("the dog the fox the dog the fox the dog the fox the dog the")
+    """A prompt that ends inside the loop the target's greedy text falls into: lookup drafts 3 tokens at once,
+    and at temperature 1 the target accepts the first about half the time, all three about 1 time in 6."""
+    prompt = target.tokenize("the dog the fox the dog the fox the dog the fox the dog the")
+    return prompt + tokens_of(Generation(target, None, max_tokens=20), prompt)
 
 
-@pytest.mark.parametrize("kind", ["draft", "lookup"])
-def test_sampled_tokens_follow_the_target_distribution(target, draft, lookup_prompt, kind):
-    prompt = lookup_prompt if kind == "lookup" else target.tokenize("The quick brown fox")
-    joint = exact_joint(target, prompt, SAMPLING)
-    make = (lambda: DraftModel(draft)) if kind == "draft" else PromptLookup
-    rejects, stat, crit = chi2_rejects(sample_pairs(target, make, prompt), joint, N_RUNS)
+def kinds(draft):
+    return {"draft": lambda: DraftModel(draft), "lookup": PromptLookup,
+            "hybrid": lambda: Hybrid(PromptLookup(), DraftModel(draft))}
+
+
+@pytest.mark.parametrize("kind", ["draft", "lookup", "hybrid"])
+@pytest.mark.parametrize("s", [SAMPLING, PENALISED], ids=["plain", "penalties"])
+def test_sampled_tokens_follow_the_target_distribution(target, draft, lookup_prompt, kind, s):
+    prompt = lookup_prompt if kind != "draft" else target.tokenize("The quick brown fox")
+    st = Stats()
+    counts = sample_joint(target, kinds(draft)[kind], prompt, s, stats=st)
+    # every draft position was reached and both verdicts happened at it
+    assert len(st.accepted_per_position) == K_DRAFT and min(st.accepted_per_position) > 0, st.accepted_per_position
+    assert st.n_accepted < st.n_drafted
+    rejects, stat, crit = chi2_rejects(counts, exact_joint(target, prompt, s), N_RUNS)
     assert not rejects, f"chi2 {stat:.1f} > {crit:.1f}"
 
 
-def test_negative_control_accept_always_fails(target, draft, monkeypatch):
-    """The same test must catch a wrong acceptance rule: accept every draft token."""
+def _wrong(kind):
+    """Realistic bugs in the acceptance step, each of which the test above must catch."""
+    import spectool.verify as V
+
+    right = V.accept_sampled
+    return {
+        "accept always": lambda p, q, d, rng: (len(d), p(len(d)).sample(rng)),
+        "q[0] at every position": lambda p, q, d, rng: right(p, q and [q[0]] * len(q), d, rng),
+        "p row off by one": lambda p, q, d, rng: right(lambda i: p(min(i + 1, len(d))), q, d, rng),
+    }.get(kind)
+
+
+@pytest.mark.parametrize("bug,kind", [("accept always", "draft"), ("q[0] at every position", "draft"),
+                                      ("p row off by one", "lookup"), ("resample from p", "lookup")])
+def test_negative_controls_fail(target, draft, lookup_prompt, monkeypatch, bug, kind):
+    """The same test must reject a wrong acceptance rule, at any draft position."""
     import spectool.speculative as spec
+    import spectool.verify as V
 
-    def accept_always(p, q, d, rng):
-        return len(d), sample(p[len(d)], rng)
-
-    monkeypatch.setattr(spec, "accept_sampled", accept_always)
-    prompt = target.tokenize("The quick brown fox")
-    joint = exact_joint(target, prompt, SAMPLING)
-    rejects, stat, crit = chi2_rejects(sample_pairs(target, lambda: DraftModel(draft), prompt), joint, N_RUNS)
+    if bug == "resample from p":
+        monkeypatch.setattr(V, "residual", lambda p, q: p)
+    else:
+        monkeypatch.setattr(spec, "accept_sampled", _wrong(bug))
+    prompt = lookup_prompt if kind == "lookup" else target.tokenize("The quick brown fox")
+    counts = sample_joint(target, kinds(draft)[kind], prompt)
+    rejects, stat, crit = chi2_rejects(counts, exact_joint(target, prompt, SAMPLING), N_RUNS)
     assert rejects, f"chi2 {stat:.1f} <= {crit:.1f}: the test cannot tell a wrong rule"
 
 
@@ -269,3 +306,44 @@ def test_a_draft_models_catch_up_is_not_charged_to_its_draft_length(target, draf
     later = dm.propose(history, 3, Sampling(), rng)
     assert later.catch_up_seconds > 0.0
     assert draft.tokens == history + later.tokens[:-1]  # and it did catch up
+
+
+# -- drafts whose vocabulary is a few tokens smaller or larger than the target's -----------------------------------
+@pytest.fixture(scope="module", params=["draft_fewer", "draft_more"])
+def odd_draft(request, tiny):
+    with Model(tiny[request.param], n_ctx=1024, n_threads=2) as m:
+        yield m
+
+
+def test_a_draft_with_another_vocabulary_size_keeps_greedy_output(target, odd_draft):
+    assert odd_draft.n_vocab != target.n_vocab
+    for text in PROMPTS:
+        prompt = target.tokenize(text)
+        plain = tokens_of(Generation(target, None, max_tokens=60), prompt)
+        st = Stats()
+        g = Generation(target, DraftModel(odd_draft, n_target=target.n_vocab), max_tokens=60,
+                       controller=Controller(k_max=4, adaptive=False))
+        assert tokens_of(g, prompt, st) == plain
+        assert st.n_accepted > 0
+
+
+def test_a_draft_never_proposes_a_token_the_target_lacks(target, odd_draft):
+    """draft-more's extra tokens copy, louder, the output rows of its likeliest tokens: unchecked, it would
+    propose them at most steps (an id the target has no row for)."""
+    rng = np.random.default_rng(0)
+    dm = DraftModel(odd_draft, n_target=target.n_vocab)
+    history = target.tokenize("The quick brown fox")
+    dm.prefill(history)
+    for s in (Sampling(), Sampling(temp=1.5)):
+        for _ in range(40):
+            d = dm.propose(history, 4, s, rng)
+            assert d.tokens and 0 <= min(d.tokens) and max(d.tokens) < target.n_vocab
+            assert all(q.n == target.n_vocab and 0 <= q.ids.min() and q.ids.max() < target.n_vocab for q in d.q or [])
+            history = history + d.tokens[:1]
+
+
+def test_sampled_tokens_with_another_vocabulary_size_follow_the_target(target, odd_draft):
+    prompt = target.tokenize("The quick brown fox")
+    counts = sample_joint(target, lambda: DraftModel(odd_draft, n_target=target.n_vocab), prompt)
+    rejects, stat, crit = chi2_rejects(counts, exact_joint(target, prompt, SAMPLING), N_RUNS)
+    assert not rejects, f"chi2 {stat:.1f} > {crit:.1f}"

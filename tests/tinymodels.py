@@ -176,13 +176,36 @@ def write_models(folder: Path) -> dict[str, Path]:
         for k, v in target.items()
         if not k.startswith("blk.2.")
     }
+    fewer, more = _vocab_variants(draft, vocab)
     foreign_vocab = vocabulary(shuffle_seed=7)
     foreign = _weights(np.random.default_rng(4321), len(foreign_vocab[0]), 2)
     return {
         "target": _write(folder / "target.gguf", target, 3, vocab, "tiny-target"),
         "draft": _write(folder / "draft.gguf", draft, 2, vocab, "tiny-draft"),
         "foreign": _write(folder / "foreign.gguf", foreign, 2, foreign_vocab, "tiny-foreign"),
+        "draft_fewer": _write(folder / "draft-fewer.gguf", fewer[0], 2, fewer[1], "tiny-draft-fewer"),
+        "draft_more": _write(folder / "draft-more.gguf", more[0], 2, more[1], "tiny-draft-more"),
     }
+
+
+N_VOCAB_DIFFERENCE = 5
+
+
+def _vocab_variants(draft: dict[str, np.ndarray], vocab):
+    """The draft with the target's last N_VOCAB_DIFFERENCE tokens missing, and with that many tokens more: sizes
+    that differ as llama.cpp allows (within 128), like Qwen2.5 7B (152064) and 0.5B (151936). The extra tokens'
+    output rows copy, a little louder, those of the tokens the draft proposes most, so that a draft which is
+    not kept from them proposes them often."""
+    n = N_VOCAB_DIFFERENCE
+    tokens, scores, types = vocab
+    fewer = {k: v[:-n] if k in ("token_embd.weight", "output.weight") else v for k, v in draft.items()}
+    loud = np.argsort(-np.linalg.norm(draft["output.weight"], axis=1))[:n]
+    more = dict(draft)
+    more["output.weight"] = np.concatenate([draft["output.weight"], 1.3 * draft["output.weight"][loud]])
+    more["token_embd.weight"] = np.concatenate([draft["token_embd.weight"], draft["token_embd.weight"][loud]])
+    extra = [f"<extra_{i}>" for i in range(n)]
+    return ((fewer, (tokens[:-n], scores[:-n], types[:-n])),
+            (more, (tokens + extra, scores + [-5000.0] * n, types + [1] * n)))
 
 
 def write_split_target(folder: Path) -> list[Path]:
