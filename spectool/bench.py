@@ -1,18 +1,24 @@
 """Plain vs speculative, side by side, on one machine: the engine of `spectool bench` and benchmarks/.
 
-Every contender decodes the same prompts with the same token budget, greedy; decode speed excludes prompt
-processing; each speedup is against plain decoding measured in the same run, on the same prompts.
+Every contender decodes the same prompts with the same token budget and sampling settings (greedy, or llama.cpp's
+sampling defaults); decode speed excludes prompt processing and is timed the way a user sees a stream: from the
+first token out to the last, like llama-cpp-python's own generation (`reference`), which is timed the same way;
+each speedup is against a baseline measured in the same run, on the same prompts.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 from spectool.controller import Controller, Costs
 from spectool.drafters import DraftModel, Hybrid, PromptLookup
 from spectool.speculative import Generation, speculative_generate
 from spectool.stats import Stats
+from spectool.verify import Sampling
+
+LLAMA_CPP_SAMPLING = Sampling(temp=0.8, top_k=40, top_p=0.95, min_p=0.05)  # llama-cli's and ollama's defaults
 
 BUILTIN_PROMPTS = [
     "def bubble_sort(items):\n    n = len(items)\n    for i in range(n):\n        for j in range(n - i - 1):\n"
@@ -33,7 +39,8 @@ class Contender:
     fixed: bool = False
     draft_vocab: int = 0  # > 0: the draft pruned to this many tokens (see prune.py)
 
-    def generation(self, target, drafts: dict, max_tokens: int, costs: Costs | None = None) -> Generation:
+    def generation(self, target, drafts: dict, max_tokens: int, costs: Costs | None = None,
+                   sampling: Sampling = Sampling(), seed: int | None = None) -> Generation:
         """`drafts` maps a draft vocabulary size (0: the full draft) to (Model, kept ids or None); `costs` is
         the table of measured batch costs to start from and add to."""
         def draft_model():
@@ -48,7 +55,7 @@ class Contender:
         }[self.mode]()
         ctl = Controller(k_max=self.k_max, k_min=self.k_max if self.fixed else 0, adaptive=not self.fixed,
                          costs=costs)
-        return Generation(target, drafter, controller=ctl, max_tokens=max_tokens)
+        return Generation(target, drafter, sampling, ctl, max_tokens=max_tokens, seed=seed)
 
 
     @property
@@ -76,7 +83,8 @@ def default_contenders(with_draft: bool, pruned_vocab: int = 0) -> list[Contende
 class Result:
     contender: str
     prompts: int = 0
-    tokens: int = 0
+    generated: int = 0  # every token generated
+    tokens: int = 0  # the tokens timed in `seconds` (those after the first, see the module)
     seconds: float = 0.0
     drafted: int = 0
     accepted: int = 0
@@ -98,10 +106,12 @@ class Result:
     def mean_accepted_length(self) -> float:
         return self.tokens / self.steps if self.steps else 0.0
 
-    def add(self, st: Stats, tokens: list[int]) -> None:
+    def add(self, st: Stats, tokens: list[int], timed_tokens: int, seconds: float) -> None:
+        """One prompt's generation: `timed_tokens` came out in `seconds` (the stream's clock, see the module)."""
         self.prompts += 1
-        self.tokens += st.n_generated
-        self.seconds += st.decode_seconds
+        self.generated += st.n_generated
+        self.tokens += timed_tokens
+        self.seconds += seconds
         self.drafted += st.n_drafted
         self.accepted += st.n_accepted
         self.steps += st.n_steps
@@ -115,32 +125,83 @@ class Result:
         return d
 
 
-def speedups(results: Sequence[Result], baseline: str = "plain") -> None:
-    """Fill `speedup` (tokens/s over the baseline's, same run) and `identical` (outputs equal to the
-    baseline's, prompt by prompt)."""
+def speedups(results: Sequence[Result], baseline: str = "plain", greedy: bool = True) -> None:
+    """Fill `speedup` (tokens/s over the baseline's, same run) and, greedy, `identical` (outputs equal to plain
+    decoding's, prompt by prompt; sampled outputs are not compared: -1)."""
     base = next(r for r in results if r.contender == baseline)
+    plain = next((r for r in results if r.contender == "plain"), base)
     for r in results:
         r.speedup = r.tokens_per_second / base.tokens_per_second if base.tokens_per_second else 0.0
-        r.identical = sum(a == b for a, b in zip(r.outputs, base.outputs))
+        if r.outputs or not greedy:
+            r.identical = sum(a == b for a, b in zip(r.outputs, plain.outputs)) if greedy else -1
+
+
+def timed_generation(g: Generation, prompt: Sequence[int], st: Stats) -> tuple[list[int], int, float]:
+    """(tokens, tokens after the first step, seconds from the first step's tokens to the last's)."""
+    tokens, t_first, n_first = [], None, 0
+    for step in speculative_generate(g, prompt, st):
+        if t_first is None:
+            t_first, n_first = time.perf_counter(), len(step.tokens)
+        tokens += step.tokens
+    return tokens, len(tokens) - n_first, (time.perf_counter() - t_first) if t_first else 0.0
 
 
 def run(target, drafts: dict, prompts: Sequence[list[int]], contenders: Sequence[Contender], max_tokens: int,
-        on_done: Callable[[str, int], None] = lambda name, i: None) -> list[Result]:
+        on_done: Callable[[str, int], None] = lambda name, i: None, sampling: Sampling = Sampling(),
+        baseline: tuple[Result, Iterator] | None = None) -> list[Result]:
     """Decode every prompt with every contender (interleaved prompt by prompt, so slow drift of the machine
-    hits all alike). Each contender keeps its table of measured batch costs from one prompt to the next, as
-    `spectool run` does between runs (see controller.Costs)."""
+    hits all alike), prompt i sampled with seed i. Each contender keeps its table of measured batch costs from
+    one prompt to the next, as `spectool run` does between runs (see controller.Costs). Speedups are over
+    `baseline` when given (see `reference`: it runs its prompt i before the contenders run theirs), else over
+    plain decoding."""
     results = {c.name: Result(c.name) for c in contenders}
     costs = {c.name: Costs() for c in contenders}
     for i, prompt in enumerate(prompts):
+        if baseline is not None:
+            next(baseline[1], None)
         for c in contenders:
             st = Stats(mode=c.mode)
-            g = c.generation(target, drafts, max_tokens, costs[c.name])
-            tokens = [t for step in speculative_generate(g, prompt, st) for t in step.tokens]
-            results[c.name].add(st, tokens)
+            g = c.generation(target, drafts, max_tokens, costs[c.name], sampling, seed=i)
+            results[c.name].add(st, *timed_generation(g, prompt, st))
             on_done(c.name, i)
-    out = list(results.values())
-    speedups(out)
+    out = ([baseline[0]] if baseline is not None else []) + list(results.values())
+    speedups(out, out[0].contender, sampling.greedy)
     return out
+
+
+def reference(name: str, path, texts: Sequence[str], max_tokens: int, sampling: Sampling, threads: int | None,
+              expected: Sequence[str] = (), **options) -> tuple[Result, Iterator[None]]:
+    """llama-cpp-python's own generation as a contender (see engine.reference_completions): its Result, and an
+    iterator that runs one prompt a step and adds it to the Result (`run` interleaves it with its contenders;
+    `drain` runs them all). A prompt it crashes on counts as failed; `identical` counts the outputs equal to
+    `expected` (plain decoding's texts)."""
+    from spectool import engine
+
+    r = Result(name)
+
+    def steps():
+        outs = engine.reference_completions(path, texts, max_tokens, temp=sampling.temp, top_k=sampling.top_k,
+                                            top_p=sampling.top_p, min_p=sampling.min_p, n_threads=threads,
+                                            **options)
+        for i, out in enumerate(outs):
+            if isinstance(out, Exception):
+                r.failed += 1
+                print(f"  {name} failed: {type(out).__name__}: {str(out)[:100]}", flush=True)
+            else:
+                r.prompts += 1
+                r.generated += out[1] + 1
+                r.tokens += out[1]
+                r.seconds += out[2]
+                r.identical += i < len(expected) and out[0] == expected[i]
+            yield
+
+    return r, steps()
+
+
+def drain(baseline: tuple[Result, Iterator[None]]) -> Result:
+    for _ in baseline[1]:
+        pass
+    return baseline[0]
 
 
 def markdown_table(results: Sequence[Result], title: str = "") -> str:
@@ -152,7 +213,8 @@ def markdown_table(results: Sequence[Result], title: str = "") -> str:
     for r in results:
         acc = f"{100 * r.acceptance:.0f}%" if r.drafted else "-"
         steps = f"{r.mean_accepted_length:.2f}" if r.steps else "-"
-        same = f"{r.identical}/{r.prompts + r.failed}" + (f" ({r.failed} crashed)" if r.failed else "")
+        same = "-" if r.identical < 0 else f"{r.identical}/{r.prompts + r.failed}"
+        same += f" ({r.failed} crashed)" if r.failed else ""
         lines.append(f"| {r.contender} | {r.tokens_per_second:.1f} | {r.speedup:.2f}x | {acc} | {steps} | {same} |")
     return "\n".join(lines)
 

@@ -597,10 +597,14 @@ def bench(
     gpu_layers_draft: Ngld = 0,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG chart of the speedups.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    sampled: Annotated[bool, typer.Option(
+        "--sampled/--greedy-only", help="Also measure sampling at temperature 0.8 with llama.cpp's defaults, "
+        "against llama-cpp-python's own plain sampling.")] = True,
     yes: Yes = False,
     debug: Debug = False,
 ) -> None:
-    """Plain vs speculative decoding on this machine, side by side, with your model(s) and prompts."""
+    """Plain vs speculative decoding on this machine, side by side, with your model(s) and prompts: greedy, and
+    sampled (temperature 0.8) against llama-cpp-python's own sampler."""
     with cli_errors(debug):
         _bench(dict(locals()))
 
@@ -629,20 +633,37 @@ def _bench(o: dict) -> None:
             drafts[pruned_vocab] = (stack.enter_context(engine.Model(path, n_ctx=target.n_ctx,
                                                                      n_threads=o["threads"])), prune.read_ids(path))
         contenders = B.default_contenders(with_draft=draft is not None, pruned_vocab=pruned_vocab)
+        adaptive = [c for c in contenders if not c.fixed] if o["sampled"] else []
         tokens = [target.tokenize(t) for t in texts]
         with Progress(console=Console(stderr=True), transient=True) as progress:
-            task = progress.add_task("benchmarking", total=len(tokens) * len(contenders))
-            results = B.run(target, drafts, tokens, contenders, o["max_tokens"],
-                            on_done=lambda name, i: progress.update(task, advance=1, description=f"{name}, prompt {i + 1}"))
+            task = progress.add_task("benchmarking", total=len(tokens) * (len(contenders) + len(adaptive)))
+
+            def done(name, i):
+                progress.update(task, advance=1, description=f"{name}, prompt {i + 1}")
+
+            results = B.run(target, drafts, tokens, contenders, o["max_tokens"], on_done=done)
+            sampled = []
+            if adaptive:
+                progress.update(task, description="llama-cpp-python, sampled")
+                base = B.reference("llama-cpp-python plain", target.path, texts, o["max_tokens"],
+                                   B.LLAMA_CPP_SAMPLING, o["threads"])
+                sampled = B.run(target, drafts, tokens, adaptive, o["max_tokens"], on_done=done,
+                                sampling=B.LLAMA_CPP_SAMPLING, baseline=base)
     if o["plot"]:
-        B.plot({target.path.name: results}, str(o["plot"]))
+        B.plot({"greedy": results, "temperature 0.8": sampled} if sampled else {target.path.name: results},
+               str(o["plot"]))
     if o["as_json"]:
         print(json.dumps({"target": str(target_ref), "draft": str(draft_ref) if draft_ref else None,
                           "prompts": len(texts), "max_tokens": o["max_tokens"],
-                          "results": [r.to_json() for r in results],
+                          "results": [r.to_json() for r in results], "sampled": [r.to_json() for r in sampled],
                           "recommendation": B.recommend(results, contenders)}, indent=2))
         return
-    print(B.markdown_table(results, f"{target.path.name}: {len(texts)} prompts, {o['max_tokens']} tokens each"))
+    print(B.markdown_table(results, f"{target.path.name}, greedy: {len(texts)} prompts, {o['max_tokens']} tokens "
+                                    "each; speedups over plain decoding"))
+    if sampled:
+        print()
+        print(B.markdown_table(sampled, "temperature 0.8, top-k 40, top-p 0.95, min-p 0.05: speedups over "
+                                        "llama-cpp-python's own plain sampling"))
     print()
     print(B.recommend(results, contenders))
 

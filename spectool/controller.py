@@ -127,9 +127,10 @@ class Controller:
     )
     prior_other: tuple[float, float] = (0.5, 2.0)  # for other keys
     # a sampled run's keys carry its temperature ("lookup:3@T0.8"): what greedy runs learnt does not carry over.
-    # Their prior is the greedy one scaled by this, with the weight of 2 observations, so that their own
-    # observations soon replace it
-    sampled_prior: tuple[float, float] = (0.8, 2.0)
+    # Their prior is the greedy one raised to this power, with at most this weight in observations: at temperature
+    # 0.8, first-position acceptance of lookup keys over 13 ShareGPT / HumanEval prompts (Gemma 3 270M) was close
+    # to the square of the greedy one (lookup:1 0.27-0.56, lookup:1? 0.11-0.34, lookup:2 0.50-0.86, lookup:8 0.97+)
+    sampled_prior: tuple[float, float] = (2.0, 4.0)
     # keys whose quality is unknown until tried (a user's draft model): draft this many times first
     explore: dict[str, int] = field(default_factory=lambda: {"draft": 2})
     explore_k: int = 4
@@ -180,7 +181,7 @@ class Controller:
         """(prior acceptance, its weight in observations) of a key."""
         base, sampled, _ = key.partition("@")
         prior, w = self.priors.get(base, self.prior_other)
-        return (prior * self.sampled_prior[0], min(w, self.sampled_prior[1])) if sampled else (prior, w)
+        return (prior ** self.sampled_prior[0], min(w, self.sampled_prior[1])) if sampled else (prior, w)
 
     def verify_cost(self, batch_size: int) -> float:
         return self.costs.verify_cost(batch_size)

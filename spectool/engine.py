@@ -13,6 +13,7 @@ import collections
 import ctypes
 import os
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -400,3 +401,46 @@ def quantize(src: str | os.PathLike, dst: str | os.PathLike, ftype: str, *, thre
         raise EngineError(f"quantizing {src.name} to {ftype} failed: {_last_log_error()}")
     os.replace(tmp, dst)
     return dst
+
+
+def reference_completions(path: str | os.PathLike, texts: Sequence[str], max_tokens: int, *, temp: float = 0.0,
+                          top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05, seed: int = 0,
+                          n_threads: int | None = None, n_ctx: int = 4096, draft_model=None):
+    """llama-cpp-python's own high-level generation (`Llama.create_completion`, its sampler chain in C++), the
+    baseline benchmarks compare against. Yields (text, tokens after the first, seconds from the first streamed
+    token to the last) per prompt, or the exception a prompt raised. The model is loaded with the same buffer
+    types as `Model` (see avoid_amx)."""
+    from llama_cpp import llama as high  # noqa: PLC0415
+
+    lib, default_params = _lib(), high.llama_cpp.llama_model_default_params
+
+    def params():
+        p = default_params()
+        p.use_extra_bufts = not avoid_amx()
+        return p
+
+    high.llama_cpp.llama_model_default_params = params
+    try:
+        n_threads = n_threads or max(1, os.cpu_count() or 1)
+        llm = high.Llama(str(path), n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads, seed=seed,
+                         verbose=False, draft_model=draft_model)
+    finally:
+        high.llama_cpp.llama_model_default_params = default_params
+    lib.llama_log_set(_STATE["callback"], ctypes.c_void_p(0))  # Llama(verbose=False) took the log over
+    try:
+        for i, text in enumerate(texts):
+            llm.reset()
+            pieces, t_first, n = [], None, 0
+            try:
+                for chunk in llm.create_completion(text, max_tokens=max_tokens, temperature=temp, top_k=top_k,
+                                                   top_p=top_p, min_p=min_p, repeat_penalty=1.0, seed=seed + i,
+                                                   stream=True):
+                    t_first = t_first or time.perf_counter()
+                    pieces.append(chunk["choices"][0]["text"])
+                    n += chunk["choices"][0]["finish_reason"] is None  # the last chunk only says why
+            except Exception as e:  # noqa: BLE001 - llama-cpp-python's lookup does crash on some long prompts
+                yield e
+                continue
+            yield "".join(pieces), max(0, n - 1), (time.perf_counter() - t_first) if t_first else 0.0
+    finally:
+        llm.close() if hasattr(llm, "close") else None
