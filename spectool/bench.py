@@ -104,7 +104,7 @@ class Result:
 
     @property
     def mean_accepted_length(self) -> float:
-        return self.tokens / self.steps if self.steps else 0.0
+        return self.generated / self.steps if self.steps else 0.0
 
     def add(self, st: Stats, tokens: list[int], timed_tokens: int, seconds: float) -> None:
         """One prompt's generation: `timed_tokens` came out in `seconds` (the stream's clock, see the module)."""

@@ -42,7 +42,7 @@ def test_humaneval_prompts_contain_the_function_and_a_request():
 
 def test_speedup_and_identical_arithmetic():
     plain = Result("plain", prompts=2, tokens=200, seconds=4.0, outputs=[[1, 2], [3, 4]])
-    fast = Result("lookup", prompts=2, tokens=200, seconds=2.0, drafted=100, accepted=75, steps=50,
+    fast = Result("lookup", prompts=2, generated=200, tokens=200, seconds=2.0, drafted=100, accepted=75, steps=50,
                   outputs=[[1, 2], [3, 5]])
     bench.speedups([plain, fast])
     assert plain.speedup == 1.0 and fast.speedup == 2.0
@@ -51,9 +51,9 @@ def test_speedup_and_identical_arithmetic():
 
 
 def test_markdown_table_and_recommendation():
-    rs = [Result("plain", prompts=2, tokens=100, seconds=2.0, steps=100, speedup=1.0, identical=2),
-          Result("lookup k=8", prompts=2, tokens=100, seconds=1.0, drafted=80, accepted=60, steps=20, identical=2,
-                 speedup=2.0)]
+    rs = [Result("plain", prompts=2, generated=100, tokens=100, seconds=2.0, steps=100, speedup=1.0, identical=2),
+          Result("lookup k=8", prompts=2, generated=100, tokens=100, seconds=1.0, drafted=80, accepted=60, steps=20,
+                 identical=2, speedup=2.0)]
     table = bench.markdown_table(rs, "set")
     assert table.splitlines()[0] == "**set**"
     assert "| lookup k=8 | 100.0 | 2.00x | 75% | 5.00 | 2/2 |" in table
