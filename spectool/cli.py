@@ -49,7 +49,8 @@ class UserError(Exception):
 Model_ = Annotated[
     Optional[str], typer.Option("--model", "-m", help="Target model: a .gguf path, hf:OWNER/REPO/FILE[@REV] or a pair name.")
 ]
-Draft_ = Annotated[Optional[str], typer.Option("--model-draft", "-md", help="Draft model: a .gguf path or hf:... reference.")]
+Draft_ = Annotated[Optional[str], typer.Option("--model-draft", "-md", "--spec-draft-model",
+                                                help="Draft model: a .gguf path or hf:... reference.")]
 Spec_ = Annotated[Spec, typer.Option("--spec", help="auto: hybrid with a draft model, lookup without one.")]
 MaxTokens = Annotated[int, typer.Option("--max-tokens", "-n", min=1, help="Most tokens to generate.")]
 TopK = Annotated[int, typer.Option("--top-k", min=0, help="Top-k sampling; 0 = off.")]
@@ -66,7 +67,8 @@ FrequencyPenalty = Annotated[float, typer.Option(
     "--frequency-penalty", help="Subtract this times its count in the window from a token's logit; 0 = off.")]
 Seed = Annotated[Optional[int], typer.Option("--seed", help="Random seed for sampling (reproducible runs).")]
 DraftMax = Annotated[
-    Optional[int], typer.Option("--draft-max", min=0, max=64, help="Most draft tokens per step (default: the pair's, else 32).")
+    Optional[int], typer.Option("--draft-max", "--spec-draft-n-max", min=0, max=64,
+                                help="Most draft tokens per step (default: the pair's, else 32).")
 ]
 Pair_ = Annotated[Optional[str], typer.Option("--pair", "-p", help="A target/draft pair from models.toml.")]
 DraftVocab = Annotated[int, typer.Option(
@@ -74,10 +76,12 @@ DraftVocab = Annotated[int, typer.Option(
     "a faster draft when its vocabulary is large. 0 = off.")]
 Yes = Annotated[bool, typer.Option("--yes", "-y", help="Download without asking.")]
 DraftMin = Annotated[
-    int, typer.Option("--draft-min", min=0, max=64, help="Fewest draft tokens per step; = --draft-max: fixed length.")
+    int, typer.Option("--draft-min", "--spec-draft-n-min", min=0, max=64,
+                      help="Fewest draft tokens per step; = --draft-max: fixed length.")
 ]
 DraftPMin = Annotated[
-    float, typer.Option("--draft-p-min", min=0.0, max=1.0, help="Stop drafting below this draft probability.")
+    float, typer.Option("--draft-p-min", "--spec-draft-p-min", min=0.0, max=1.0,
+                        help="Stop drafting below this draft probability.")
 ]
 Ctx = Annotated[int, typer.Option("--ctx-size", "-c", min=0, help="Context size in tokens (0 = the model's).")]
 Threads = Annotated[Optional[int], typer.Option("--threads", "-t", min=1, help="CPU threads.")]
@@ -142,6 +146,9 @@ def cli_errors(debug: bool):
     except KeyboardInterrupt as e:
         print("spectool: interrupted", file=sys.stderr)
         raise typer.Exit(143 if isinstance(e, Terminated) else 130) from None
+    except BrokenPipeError:  # the reader went away (`| head`): stop at once and say nothing, as cat does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
+        raise typer.Exit(141) from None
     except Exception as e:  # noqa: BLE001 - mapped to one line by the error table
         _fail(e, debug)
 

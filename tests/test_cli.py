@@ -250,3 +250,33 @@ def test_penalty_flags_change_the_greedy_text(tiny):
     assert run([*base, "--frequency-penalty", "1.0"]).stdout != plain.stdout
     none = run([*base[:-1], "--spec", "none", "--repeat-penalty", "1.5", "The quick brown fox"])
     assert none.stdout == penalised.stdout  # speculation keeps the penalised greedy text
+
+
+def test_a_reader_that_closes_early_ends_the_run_quietly(tiny):
+    """`spectool run ... | head -c 20`: a real pipe whose reader goes away mid-generation."""
+    p = subprocess.Popen([sys.executable, "-m", "spectool", "run", "-m", str(tiny["target"]), "-n", "1500", "-q",
+                          "The quick brown fox"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert len(p.stdout.read(20)) == 20  # generation is under way
+    p.stdout.close()
+    err = p.stderr.read()
+    assert p.wait(timeout=60) == 141, err  # as cat: 128 + SIGPIPE
+    assert err == b""
+    shell = subprocess.run(["bash", "-c", f"set -o pipefail; {sys.executable} -m spectool run -m {tiny['target']} "
+                            "-n 1500 -q 'The quick brown fox' | head -c 5; echo \" $?\""],
+                           capture_output=True, text=True, timeout=60)
+    assert shell.stdout.endswith(" 141\n") and shell.stderr == ""
+
+
+def test_llama_cpp_2026_flag_names_are_aliases(tiny, tmp_path):
+    """llama.cpp renamed its speculative flags (PRs #22397, #22964); a user's command line carries over."""
+    stats = tmp_path / "s.json"
+    old = run(["run", "-m", str(tiny["target"]), "-md", str(tiny["draft"]), "--spec", "draft", "--draft-max", "3",
+               "--draft-min", "3", "-n", "30", "-q", "--stats-json", str(stats), "def greet(name):"])
+    j_old = json.loads(stats.read_text())
+    new = run(["run", "-m", str(tiny["target"]), "--spec-draft-model", str(tiny["draft"]), "--spec", "draft",
+               "--spec-draft-n-max", "3", "--spec-draft-n-min", "3", "--spec-draft-p-min", "0.0", "-n", "30", "-q",
+               "--stats-json", str(stats), "def greet(name):"])
+    assert new.exit_code == 0, new.output
+    j_new = json.loads(stats.read_text())
+    assert new.stdout == old.stdout and j_new["mode"] == "draft"
+    assert j_new["n_drafted"] == j_old["n_drafted"] and 0 < len(j_new["accepted_per_position"]) <= 3
