@@ -91,25 +91,45 @@ class Chat:
         add_bos = not (self.bos and text.startswith(self.bos))
         return m.tokenize(text, add_special=add_bos, parse_special=True), text
 
-    def send(self, user: str, interrupted: Callable[[], bool] = lambda: False) -> Iterator[tuple[str, Step]]:
-        """Stream the reply to `user`. The turn is kept, also when interrupted, with the text produced."""
-        prompt, rendered = self._prompt(user)
+    def _fit(self, user: str) -> tuple[list[int], str, int]:
+        """The prompt for `user` after dropping the oldest turns, as ollama does (never the system prompt), until
+        it leaves room for a reply: (tokens, rendered text, turns dropped). An error only when the new message
+        alone (with the system prompt) cannot fit."""
         n_ctx = self.gen.target.n_ctx
-        if len(prompt) >= n_ctx:
-            raise EngineError(f"the conversation has {len(prompt)} tokens but the context holds {n_ctx}: "
-                              "/reset to start over, or raise -c/--ctx-size")
+        room = min(self.gen.max_tokens, n_ctx // 4)
+        first = 1 if self.messages and self.messages[0]["role"] == "system" else 0
+        dropped = 0
+        while True:
+            prompt, rendered = self._prompt(user)
+            if len(prompt) + room <= n_ctx or (len(self.messages) <= first and len(prompt) < n_ctx):
+                return prompt, rendered, dropped
+            if len(self.messages) <= first:
+                raise EngineError(f"the message has {len(prompt)} tokens with the chat template but the context "
+                                  f"holds {n_ctx}: shorten it, or raise -c/--ctx-size")
+            end = first + 1  # the oldest turn: a user message and what answered it
+            while end < len(self.messages) and self.messages[end]["role"] != "user":
+                end += 1
+            del self.messages[first:end]
+            self.tokens, self.anchor = [], ""  # re-rendered: the KV cache keeps the common prefix (Model.sync)
+            dropped += 1
+
+    def send(self, user: str, interrupted: Callable[[], bool] = lambda: False) -> Iterator[tuple[str, Step]]:
+        """Stream the reply to `user`. The turn is kept, also when interrupted, with the text produced. When the
+        conversation outgrows the context, its oldest turns are dropped, and the first step says so."""
+        prompt, rendered, dropped = self._fit(user)
+        notice = (f"the conversation outgrew the context ({self.gen.target.n_ctx} tokens): dropped the "
+                  f"{dropped} oldest turn{'s' if dropped > 1 else ''}") if dropped else None
         stats = Stats(mode=self.mode, target=str(self.gen.target.path))
         self.turns.append(stats)
         reply: list[str] = []
         generated: list[int] = []
         try:
-            for text, step in generate_text(self.gen, prompt, self.stop, stats):
+            for text, step in generate_text(self.gen, prompt, self.stop, stats, interrupted):
                 reply.append(text)
                 generated += step.tokens
+                if notice:
+                    step.notice, notice = "; ".join(filter(None, (notice, step.notice))), None
                 yield text, step
-                if interrupted():
-                    stats.finish_reason = "interrupted"
-                    break
         finally:
             out = "".join(reply)
             self.messages += [{"role": "user", "content": user}, {"role": "assistant", "content": out}]

@@ -471,14 +471,11 @@ def _run(o: dict) -> None:
         display = Display(stats, quiet=o["quiet"], color_drafts=o["color_drafts"])
         with SigintFlag() as interrupted, display:
             try:
-                for piece, step in generate_text(gen, tokens, o["stop"] or (), stats):
+                for piece, step in generate_text(gen, tokens, o["stop"] or (), stats, interrupted):
                     if step.notice:
                         display.notice(step.notice)
                     display.text(piece[: step.draft_chars], step.source)
                     display.text(piece[step.draft_chars :])
-                    if interrupted():
-                        stats.finish_reason = "interrupted"
-                        break
             except KeyboardInterrupt:  # a second Ctrl-C
                 stats.finish_reason = "interrupted"
         if o["stats_json"]:
@@ -575,7 +572,20 @@ def models(
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title="spectool pairs", caption="* the default pair.  spectool pull NAME;  spectool run --pair NAME")
+    console = Console()
+    caption = "* the default pair.  spectool pull NAME;  spectool run --pair NAME"
+    if console.width < 120:  # too narrow for a table of file names: each pair is a block of short lines
+        width = max(len(r["name"]) for r in rows) + 2
+        for r in rows:
+            name = r["name"] + (" *" if r["default"] else "")
+            console.print(f"{name:<{width}} {r['size_gb']:>5.1f} GB  {r['status']:<10}  "
+                          f"{r['disk_bytes'] / 1e9:.2f} GB on disk", style="bold", markup=False, highlight=False)
+            for label, value in (("target", r["target"].split("/")[-1]), ("draft", r["draft"].split("/")[-1]),
+                                 ("licence", r["license"])):
+                console.print(f"  {label:<8}{value}", markup=False, highlight=False, soft_wrap=True)
+        console.print(caption, style="dim")
+        return
+    t = Table(title="spectool pairs", caption=caption)
     for col in ("pair", "target / draft", "size", "licence", "status", "on disk"):
         t.add_column(col, no_wrap=col in ("pair", "status"))
     for r in rows:
@@ -583,7 +593,7 @@ def models(
         files = [ref.split("/")[-1] for ref in (r["target"], r["draft"])]
         t.add_row(name, "\n".join(files), f"{r['size_gb']:.1f} GB", r["license"], r["status"],
                   f"{r['disk_bytes'] / 1e9:.2f} GB")
-    Console().print(t)
+    console.print(t)
 
 
 # -- bench -------------------------------------------------------------------------------------------------------
@@ -774,6 +784,8 @@ def _chat(o: dict) -> None:
             with SigintFlag() as interrupted, display:
                 try:
                     for piece, step in session.send(line, interrupted):
+                        if step.notice:
+                            display.notice(step.notice)
                         display.text(piece[: step.draft_chars], step.source)
                         display.text(piece[step.draft_chars :])
                 except KeyboardInterrupt:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -173,24 +173,42 @@ class TextStream:
         return out
 
 
-def generate_text(g: Generation, prompt: Sequence[int], stop: Sequence[str] = (), stats: Stats | None = None):
+def generate_text(g: Generation, prompt: Sequence[int], stop: Sequence[str] = (), stats: Stats | None = None,
+                  interrupted: Callable[[], bool] = lambda: False):
     """Yield (text, step) pairs; text is what became final at that step, and its first `step.draft_chars`
-    characters came from accepted drafts. Stops at stop strings too."""
+    characters came from accepted drafts. Stops at stop strings too (the tokens past one are dropped from the step
+    and from `stats`), and when `interrupted()` turns true between steps, after a last piece with the text that
+    was held back while a stop string might still match."""
     stream = TextStream(g.target, stop)
     gen = speculative_generate(g, prompt, stats)
     try:
         for step in gen:
-            drafted = stream.feed(step.tokens[: step.accepted])
-            own = "" if stream.stopped else stream.feed(step.tokens[step.accepted :])
-            if stream.stopped:
-                step.finish_reason = "stop"
-                if stats is not None:
-                    stats.finish_reason = "stop"
-            elif step.finish_reason:
-                own += stream.flush()
+            drafted, own = "", ""
+            for i, tok in enumerate(step.tokens):
+                piece = stream.feed([tok])
+                if i < step.accepted:
+                    drafted += piece
+                else:
+                    own += piece
+                if stream.stopped:
+                    if stats is not None:
+                        stats.n_generated -= len(step.tokens) - i - 1
+                        stats.finish_reason = "stop"
+                    step.tokens, step.finish_reason = step.tokens[: i + 1], "stop"
+                    break
+            else:
+                if step.finish_reason:
+                    own += stream.flush()
             step.draft_chars = len(drafted)
             yield drafted + own, step
             if stream.stopped:
+                return
+            if interrupted():
+                if stats is not None:
+                    stats.finish_reason = "interrupted"
+                held = stream.flush()
+                if held:
+                    yield held, Step([], 0, 0, "none", 0.0, 0.0, finish_reason="interrupted")
                 return
     finally:
         gen.close()

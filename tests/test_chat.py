@@ -51,7 +51,7 @@ def test_second_turn_prefills_only_its_new_tokens(target):
     # the previous prompt and reply stay in the cache: only the last reply token and the new turn are decoded
     assert s2.n_prefilled == n_new
     assert s2.n_prompt_tokens > 3 * s2.n_prefilled
-    assert second is not None and chat.messages[-1]["content"] == second
+    assert second and chat.messages[-1]["content"] == second and chat.messages[-2]["content"] == "and the lazy dog"
 
 
 def test_reset_and_system(target):
@@ -152,3 +152,59 @@ def test_a_seeded_chat_does_not_replay_its_random_stream(target):
     first = replies(3)
     assert first == replies(3)  # a seeded session reproduces ...
     assert len(set(first)) == 3  # ... but the same conversation, asked again, draws anew
+
+
+def test_a_long_chat_drops_its_oldest_turns_and_keeps_the_system_prompt(tiny):
+    from spectool.engine import EngineError, Model
+
+    with Model(tiny["target"], n_ctx=256) as m:  # llama.cpp's smallest context
+        chat = Chat(Generation(m, PromptLookup(), max_tokens=40), system="be brief")
+        line = "The quick brown fox jumps over the lazy dog and runs into the woods"
+        notices = []
+        for i in range(8):
+            steps = list(chat.send(f"{i}: {line}"))
+            notices += [s.notice for _, s in steps if s.notice]
+            assert chat.turns[-1].finish_reason in ("length", "stop")
+        assert notices and all("dropped the" in n and "256 tokens" in n for n in notices)
+        assert chat.messages[0] == {"role": "system", "content": "be brief"}
+        assert chat.messages[-2]["content"] == f"7: {line}" and len(chat.messages) < 1 + 2 * 8
+        assert chat.turns[-1].n_prompt_tokens + 40 <= 256
+        with pytest.raises(EngineError, match="shorten it"):
+            list(chat.send(line * 30))  # one message that cannot fit alone
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+def test_a_chat_that_outgrows_the_context_goes_on_in_a_real_terminal(tiny, tmp_path):
+    sock = str(tmp_path / "tmux.sock")
+    done = tmp_path / "exit_code"
+    cmd = (f"{sys.executable} -m spectool chat -m {tiny['target']} -c 256 -n 40 --temp 0 --system 'be brief'; "
+           f"echo $? > {done}")
+    tmux = ["tmux", "-S", sock]
+    subprocess.run([*tmux, "new-session", "-d", "-x", "150", "-y", "50", cmd], check=True, env=os.environ)
+
+    def screen():
+        return subprocess.run([*tmux, "capture-pane", "-p", "-S", "-500"], capture_output=True, text=True).stdout
+
+    def wait_for(text, count=1, timeout=40):
+        end = time.time() + timeout
+        while time.time() < end:
+            if screen().count(text) >= count:
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"{text!r} x{count} never appeared:\n{screen()}")
+
+    try:
+        wait_for("/help for commands")
+        for i in range(1, 7):
+            subprocess.run([*tmux, "send-keys", f"{i}: The quick brown fox jumps over the lazy dog", "Enter"],
+                           check=True)
+            wait_for("tok/s", i)
+        wait_for("dropped the")
+        assert "error" not in screen().lower()
+        subprocess.run([*tmux, "send-keys", "/exit", "Enter"], check=True)
+        end = time.time() + 20
+        while not done.exists() and time.time() < end:
+            time.sleep(0.1)
+        assert done.read_text().strip() == "0"
+    finally:
+        subprocess.run([*tmux, "kill-server"], capture_output=True)

@@ -57,7 +57,12 @@ def test_batch_logits_equal_sequential(tiny):
         for t in tokens:
             b.eval([t])
             seq.append(b.logits(-1).copy())
-        np.testing.assert_allclose(batch, np.stack(seq), rtol=1e-4, atol=1e-4)
+        # llama.cpp promises no batch invariance; measured on this F32 model, max difference over the rows: 5e-5
+        # (AVX-512, Intel Sapphire Rapids) and 8e-4 (AVX2 only, reported in issue 13). A tolerance of 5e-3 sits
+        # above both and far below what a wrong batch index (a neighbouring row: 18) or a stale cache entry after
+        # a wrong rollback (2.0) makes
+        np.testing.assert_allclose(batch, np.stack(seq), rtol=0, atol=5e-3)
+        assert np.abs(batch[1:] - np.stack(seq)[:-1]).max() > 1.0  # the rows themselves are far apart
 
 
 def test_rollback_then_decode_equals_fresh(tiny):

@@ -159,6 +159,17 @@ def test_models_table_and_json(hub):
     assert table.returncode == 0 and "tiny *" in table.stdout and "downloaded" in table.stdout
 
 
+@pytest.mark.parametrize("columns", [80, 200])
+def test_models_shows_names_and_files_in_full_at_any_width(hub, columns):
+    """At 80 columns a table cut every model name to `qwen2.5-…`: narrow terminals get a block per pair."""
+    r = spectool(hub, "models", env=dict(hub.env, COLUMNS=str(columns)))
+    assert r.returncode == 0 and "…" not in r.stdout
+    assert max(len(line) for line in r.stdout.splitlines()) <= columns
+    for row in json.loads(spectool(hub, "models", "--json").stdout):
+        assert row["name"] in r.stdout and row["license"] in r.stdout
+        assert all(ref.split("/")[-1] in r.stdout for ref in (row["target"], row["draft"]))
+
+
 # -- models.toml -------------------------------------------------------------------------------------------------
 def test_shipped_models_toml_schema():
     text = (ROOT / "models.toml").read_text()

@@ -43,7 +43,7 @@ def test_greedy_output_equals_plain(target, draft, text, n, adaptive):
         st = Stats()
         g = Generation(target, make(), max_tokens=n, controller=Controller(k_max=5, adaptive=adaptive))
         assert tokens_of(g, prompt, st) == plain, name
-        if not adaptive and n >= 64:
+        if n >= 64:  # the adaptive controller drafts too (else this would compare plain with plain)
             assert st.n_drafted > 0 and st.n_accepted > 0, name
 
 
@@ -347,3 +347,32 @@ def test_sampled_tokens_with_another_vocabulary_size_follow_the_target(target, o
     counts = sample_joint(target, lambda: DraftModel(odd_draft, n_target=target.n_vocab), prompt)
     rejects, stat, crit = chi2_rejects(counts, exact_joint(target, prompt, SAMPLING), N_RUNS)
     assert not rejects, f"chi2 {stat:.1f} > {crit:.1f}"
+
+
+def test_a_stop_string_ends_the_count_of_generated_tokens(target):
+    """Tokens of a step that come after its stop string are neither output nor counted."""
+    prompt = target.tokenize("The quick brown fox")
+    plain = tokens_of(Generation(target, None, max_tokens=80), prompt)
+    full = target.detokenize(plain)
+    stop = full[40:44]
+    first = full.index(stop)
+    j = next(j for j in range(1, len(plain) + 1) if stop in target.detokenize(plain[:j]))
+    st = Stats()
+    g = Generation(target, PromptLookup(), max_tokens=80, controller=Controller(k_max=16, adaptive=False))
+    steps = list(generate_text(g, prompt, stop=[stop], stats=st))
+    assert "".join(t for t, _ in steps) == full[:first]
+    assert st.n_generated == sum(len(s.tokens) for _, s in steps) == j and st.finish_reason == "stop"
+
+
+def test_an_interruption_keeps_the_text_held_back_for_a_stop_string(target):
+    """While a stop string might still match, its start is held back; Ctrl-C must not lose that text."""
+    prompt = target.tokenize("The quick brown fox")
+    plain = tokens_of(Generation(target, None, max_tokens=60), prompt)
+    full = target.detokenize(plain)
+    never = full[5:] + "\x07"  # matches from character 5 on, never completes: everything after is held back
+    steps = iter(range(10))
+    g = Generation(target, None, max_tokens=60)
+    out = list(generate_text(g, prompt, stop=[never], interrupted=lambda: next(steps) >= 9))
+    text = "".join(t for t, _ in out)
+    assert out[-1][1].finish_reason == "interrupted" and len(out) == 11
+    assert text == target.detokenize(plain[:10]) and len(text) > 5
