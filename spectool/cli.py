@@ -221,18 +221,24 @@ def load_models(o: dict, stack: contextlib.ExitStack, refs: tuple, want_draft: b
     from spectool import engine, hub
     from spectool.compat import vocab_differences
 
+    from spectool.ui import WaitBar
+
     engine.set_verbose(o["debug"])
     hub.VERBOSE["on"] = o["debug"]
     target_ref, draft_ref, _ = refs
     ask = _confirm if sys.stdin.isatty() else None
-    target = stack.enter_context(engine.Model(hub.ensure(target_ref, yes=o["yes"], ask=ask), n_ctx=o["ctx_size"],
-                                              n_threads=o["threads"], n_gpu_layers=o["gpu_layers"]))
+    path = hub.ensure(target_ref, yes=o["yes"], ask=ask)
+    with WaitBar(f"loading {Path(path).name}", unit="") as bar:
+        target = stack.enter_context(engine.Model(path, n_ctx=o["ctx_size"], n_threads=o["threads"],
+                                                  n_gpu_layers=o["gpu_layers"], progress=bar.fraction))
     out = Loaded(target, None, target_ref, draft_ref)
     if draft_ref is None or not want_draft:
         return out
     try:
-        draft = stack.enter_context(engine.Model(hub.ensure(draft_ref, yes=o["yes"], ask=ask), n_ctx=target.n_ctx,
-                                                 n_threads=o["threads"], n_gpu_layers=o["gpu_layers_draft"]))
+        path = hub.ensure(draft_ref, yes=o["yes"], ask=ask)
+        with WaitBar(f"loading {Path(path).name}", unit="") as bar:
+            draft = stack.enter_context(engine.Model(path, n_ctx=target.n_ctx, n_threads=o["threads"],
+                                                     n_gpu_layers=o["gpu_layers_draft"], progress=bar.fraction))
     except (engine.EngineError, hub.HubError) as e:
         out.draft_error, out.draft_notice = e, f"draft model not loaded ({e})"
         return out
@@ -330,7 +336,10 @@ def _pruned(stack, draft_model, o: dict, notices: list[str]):
     if not prune.cached_path(draft_model.path, o["draft_vocab"]).exists():
         print(f"spectool: preparing a {o['draft_vocab']}-token copy of the draft (once; it is cached)",
               file=sys.stderr)
-    path = prune.pruned_draft(draft_model.path, o["draft_vocab"], n_threads=o["threads"])
+    from spectool.ui import WaitBar
+
+    with WaitBar("preparing the draft", unit="texts") as bar:
+        path = prune.pruned_draft(draft_model.path, o["draft_vocab"], progress=bar.update, n_threads=o["threads"])
     pruned = stack.enter_context(engine.Model(path, n_ctx=draft_model.n_ctx, n_threads=o["threads"],
                                               n_gpu_layers=o["gpu_layers_draft"]))
     draft_model.close()
@@ -469,6 +478,7 @@ def _run(o: dict) -> None:
         tokens = fit_prompt(gen.target.tokenize(text, add_special=True, parse_special=True), gen.target.n_ctx,
                             o["max_tokens"], o["truncate"], gen.target.vocab_info().bos)
         display = Display(stats, quiet=o["quiet"], color_drafts=o["color_drafts"])
+        gen.on_prefill = display.prefill
         with SigintFlag() as interrupted, display:
             try:
                 for piece, step in generate_text(gen, tokens, o["stop"] or (), stats, interrupted):
@@ -736,7 +746,7 @@ def _chat(o: dict) -> None:
     from spectool.chat import Chat
     from spectool.engine import EngineError
     from spectool.stats import Stats
-    from spectool.ui import Display, stats_table, summary_line
+    from spectool.ui import Display, WaitBar, stats_table, summary_line
 
     try:
         import readline  # noqa: F401 - line editing and history for input()
@@ -781,7 +791,9 @@ def _chat(o: dict) -> None:
                     print(f"spectool: unknown command {cmd} (/help lists them)", file=sys.stderr)
                 continue
             display = Display(Stats(), quiet=True, color_drafts=o["color_drafts"], live=False)
-            with SigintFlag() as interrupted, display:
+            bar = WaitBar("prompt")  # a long pasted message takes a while
+            session.gen.on_prefill = bar.update
+            with SigintFlag() as interrupted, display, bar:
                 try:
                     for piece, step in session.send(line, interrupted):
                         if step.notice:

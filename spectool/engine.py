@@ -16,7 +16,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -156,7 +156,9 @@ class Model:
         n_gpu_layers: int = 0,
         n_batch: int = 512,
         flash_attn: bool | None = None,
+        progress: Callable[[float], None] | None = None,
     ):
+        """`progress(fraction)` hears how far loading the weights has come (llama.cpp's progress_callback)."""
         self.path = check_gguf_file(path)
         lib = self.lib = _lib()
         self._model = self._ctx = self._batch = None
@@ -164,8 +166,24 @@ class Model:
         mparams.n_gpu_layers = n_gpu_layers
         if avoid_amx():
             mparams.use_extra_bufts = False
+        interrupted = []
+        if progress is not None:
+            def on_progress(fraction: float, _user_data) -> bool:
+                try:
+                    progress(fraction)
+                    return True
+                except KeyboardInterrupt:  # cannot cross llama.cpp's frames: stop loading, raise below
+                    interrupted.append(True)
+                    return False
+
+            callback = lib.llama_progress_callback(on_progress)
+            mparams.progress_callback = callback
         _RECENT_LOG.clear()
         model = lib.llama_model_load_from_file(str(self.path).encode(), mparams)
+        if interrupted:
+            if model:
+                lib.llama_model_free(model)
+            raise KeyboardInterrupt
         if not model:
             why = _last_log_error()
             raise ModelLoadError(
@@ -293,11 +311,12 @@ class Model:
         )
 
     # -- decoding ------------------------------------------------------------------------------------------
-    def eval(self, tokens: Sequence[int], *, logits: str = "last") -> None:
+    def eval(self, tokens: Sequence[int], *, logits: str = "last",
+             progress: Callable[[int, int], None] | None = None) -> None:
         """Append `tokens` to the sequence. `logits`: "last" (only the final token), "all", or "none".
 
-        Long inputs are decoded in chunks of n_batch; logits of the final chunk are then available through
-        `logits(i)`, i indexing the final chunk's requested outputs."""
+        Long inputs are decoded in chunks of n_batch, and `progress(done, total)` hears of each; logits of the
+        final chunk are then available through `logits(i)`, i indexing the final chunk's requested outputs."""
         if not tokens:
             return
         if len(self.tokens) + len(tokens) > self.n_ctx:
@@ -322,6 +341,8 @@ class Model:
             self.tokens.extend(chunk)
             if final:
                 self._n_out = {"all": len(chunk), "last": 1}.get(logits, 0)
+            if progress is not None:
+                progress(start + len(chunk), len(tokens))
 
     def logits(self, i: int = -1) -> np.ndarray:
         """Zero-copy float32 view of the logits of output `i` of the last decoded chunk (valid until the next
@@ -350,7 +371,8 @@ class Model:
         self.tokens.clear()
         self._n_out = 0
 
-    def sync(self, history: Sequence[int], *, logits: str = "last") -> int:
+    def sync(self, history: Sequence[int], *, logits: str = "last",
+             progress: Callable[[int, int], None] | None = None) -> int:
         """Make the cache hold `history` exactly, reusing the longest common prefix; returns how many tokens
         were decoded. Unless `logits` is "none", the final token is decoded again so its logits are there."""
         limit = min(len(self.tokens), len(history) - (logits != "none"))
@@ -363,7 +385,7 @@ class Model:
         if not self.rollback(common):
             self.reset()
             common = 0
-        self.eval(history[common:], logits=logits)
+        self.eval(history[common:], logits=logits, progress=progress)
         return len(history) - common
 
 

@@ -39,14 +39,17 @@ def read_ids(path: str | os.PathLike) -> np.ndarray | None:
     return None if field is None else np.array(field.contents(), dtype=np.int64)
 
 
-def token_ranking(model, tokens_per_prompt: int = 160, seed: int = 0) -> np.ndarray:
-    """Average next-token probability of every token, over text the model samples itself from varied starts."""
+def token_ranking(model, tokens_per_prompt: int = 160, seed: int = 0, progress=None) -> np.ndarray:
+    """Average next-token probability of every token, over text the model samples itself from varied starts;
+    `progress(done, total)` hears of each start."""
     from spectool.verify import Sampling, distribution
 
     rng = np.random.default_rng(seed)
     s = Sampling(temp=0.9)
     total = np.zeros(model.n_vocab)
-    for text in CALIBRATION:
+    for i, text in enumerate(CALIBRATION):
+        if progress is not None:
+            progress(i, len(CALIBRATION))
         model.reset()
         model.eval(model.tokenize(text))
         for _ in range(tokens_per_prompt):
@@ -112,8 +115,9 @@ def cached_path(path: str | os.PathLike, vocab: int) -> Path:
     return cache_dir("pruned") / f"{Path(path).stem}-vocab{vocab}-{file_tag(path, vocab)}.gguf"
 
 
-def pruned_draft(path: str | os.PathLike, vocab: int, **model_options) -> Path:
-    """A pruned copy of the draft at `path` keeping `vocab` tokens, made once and cached."""
+def pruned_draft(path: str | os.PathLike, vocab: int, progress=None, **model_options) -> Path:
+    """A pruned copy of the draft at `path` keeping `vocab` tokens, made once and cached; `progress(done, total)`
+    hears how the ranking of its tokens goes."""
     from spectool.engine import Model
 
     out = cached_path(path, vocab)
@@ -121,7 +125,7 @@ def pruned_draft(path: str | os.PathLike, vocab: int, **model_options) -> Path:
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     with Model(path, n_ctx=2048, **model_options) as m:
-        ranking = token_ranking(m)
+        ranking = token_ranking(m, progress=progress)
         info = m.vocab_info()
         always = {i for i in range(m.n_vocab) if m.is_eog(i)}  # end-of-generation tokens stay proposable
     always |= {i for i, t in enumerate(info.texts) if t.startswith(b"<0x") and len(t) == 6}  # byte fallback

@@ -44,6 +44,7 @@ class Generation:
     max_tokens: int = 256
     seed: int | None = None
     rng: np.random.Generator | None = None  # made from `seed` on first use and kept: a chat's turns go on drawing
+    on_prefill: Callable[[int, int], None] | None = None  # hears (done, total) while the prompt is processed
 
     def random(self) -> np.random.Generator:
         if self.rng is None:
@@ -63,7 +64,7 @@ def speculative_generate(g: Generation, prompt: Sequence[int], stats: Stats | No
         raise EngineError(f"the prompt has {len(x)} tokens but the context holds only {target.n_ctx}")
     t0 = time.perf_counter()
     if len(x) > 1:
-        n_prefilled = target.sync(x[:-1], logits="none")
+        n_prefilled = target.sync(x[:-1], logits="none", progress=g.on_prefill)
     else:
         target.reset()
         n_prefilled = 0

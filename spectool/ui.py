@@ -17,6 +17,7 @@ from typing import IO
 
 from rich.console import Console, Group
 from rich.live import Live
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TaskProgressColumn, TextColumn
 from rich.table import Table
 from rich.text import Text
 
@@ -77,6 +78,7 @@ class Display:
         self.render_seconds = 0.0
         self.partial = ""  # the unfinished line, shown in the live panel when stdout shares its terminal
         self.share_terminal = False
+        self.prompt_bar: Progress | None = None  # prompt processing, shown in the live panel while it lasts
 
     def __enter__(self) -> "Display":
         if self.live_on:
@@ -107,6 +109,8 @@ class Display:
         t = time.perf_counter()
         parts = [Text.from_ansi(self.partial)] if self.partial else []
         parts += [Text("── spectool ──", style="bold magenta"), stats_table(self.stats, t - self.t0)]
+        if self.prompt_bar is not None:
+            parts.append(self.prompt_bar)
         self.render_seconds += time.perf_counter() - t
         return Group(*parts)
 
@@ -123,6 +127,18 @@ class Display:
         if self.live is not None and self.share_terminal:
             self.partial = (self.partial + piece).rsplit("\n", 1)[-1]
 
+    def prefill(self, done: int, total: int) -> None:
+        """Prompt processing has reached `done` of `total` tokens: a bar with the rate in the live panel."""
+        if self.live is None:
+            return
+        if self.prompt_bar is None:
+            self.prompt_bar = Progress(TextColumn("prompt"), BarColumn(), MofNCompleteColumn(), TextColumn("tokens"),
+                                       _Rate("tokens"))
+            self.prompt_bar.add_task("prompt", total=total)
+        self.prompt_bar.update(self.prompt_bar.task_ids[0], completed=done, total=total)
+        if done >= total:
+            self.prompt_bar = None
+
     def notice(self, message: str) -> None:
         self.err_console.print(f"spectool: {message}", markup=False, highlight=False)
 
@@ -133,3 +149,57 @@ class Display:
             self.err_console.print(stats_table(self.stats))
         else:
             print(summary_line(self.stats), file=self.err_console.file)
+
+
+class WaitBar:
+    """A progress bar on stderr for a wait that can be long: processing a long prompt, loading large weights,
+    preparing a pruned draft. It appears only when stderr is a terminal and the wait has lasted `delay` seconds,
+    and it leaves nothing behind. `update(done, total)` counts `unit`s (with their rate); `fraction(f)` takes a
+    share of 1 (llama.cpp's loading progress)."""
+
+    def __init__(self, description: str, unit: str = "tokens", delay: float = 1.0, console: Console | None = None):
+        self.description, self.unit, self.delay = description, unit, delay
+        self.console = console or Console(stderr=True)
+        self.t0 = time.perf_counter()
+        self.progress = None
+        self.task = None
+
+    def update(self, done: float, total: float) -> None:
+        if not self.console.is_terminal or done >= total and self.progress is None:
+            return
+        if self.progress is None:
+            if time.perf_counter() - self.t0 < self.delay:
+                return
+            counted = [MofNCompleteColumn(), TextColumn(self.unit), _Rate(self.unit)] if self.unit else []
+            self.progress = Progress(TextColumn(self.description), BarColumn(), TaskProgressColumn(), *counted,
+                                     console=self.console, transient=True)
+            self.progress.start()
+            self.task = self.progress.add_task(self.description, total=total)
+        self.progress.update(self.task, completed=done, total=total)
+        if done >= total:
+            self.close()
+
+    def fraction(self, f: float) -> None:
+        self.update(f, 1.0)
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+
+    def __enter__(self) -> "WaitBar":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class _Rate(ProgressColumn):
+    """The task's speed, in units a second."""
+
+    def __init__(self, unit: str):
+        super().__init__()
+        self.unit = unit
+
+    def render(self, task) -> Text:
+        return Text(f"{task.speed:.0f} {self.unit}/s" if task.speed else "", style="progress.data.speed")

@@ -208,3 +208,30 @@ def test_a_chat_that_outgrows_the_context_goes_on_in_a_real_terminal(tiny, tmp_p
         assert done.read_text().strip() == "0"
     finally:
         subprocess.run([*tmux, "kill-server"], capture_output=True)
+
+
+@pytest.mark.realmodel
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+def test_a_long_prompt_shows_its_progress_in_a_real_terminal(gemma_q4, tmp_path):
+    """`cat big.md | spectool run "Summarize:"` spends seconds in prompt processing: a bar says how far it is."""
+    from pathlib import Path
+
+    big = tmp_path / "big.md"
+    big.write_text((Path(__file__).resolve().parents[1] / "README.md").read_text()[:6000])
+    sock, done = str(tmp_path / "tmux.sock"), tmp_path / "exit_code"
+    cmd = f"cat {big} | {sys.executable} -m spectool run -m {gemma_q4} -t 2 -n 4 'Summarize:' > /dev/null; echo $? > {done}"
+    tmux = ["tmux", "-S", sock]
+    subprocess.run([*tmux, "new-session", "-d", "-x", "150", "-y", "40", cmd], check=True, env=os.environ)
+    seen = ""
+    try:
+        end = time.time() + 120
+        while not done.exists() and time.time() < end:
+            seen += subprocess.run([*tmux, "capture-pane", "-p"], capture_output=True, text=True).stdout
+            time.sleep(0.2)
+        assert done.read_text().strip() == "0"
+        bar = [line for line in seen.splitlines() if line.lstrip().startswith("prompt") and "tokens/s" in line]
+        assert bar, seen[-2000:]
+        done_tokens, total = bar[-1].split("tokens")[0].split()[-1].split("/")
+        assert 0 < int(done_tokens) <= int(total) and int(total) > 1000
+    finally:
+        subprocess.run([*tmux, "kill-server"], capture_output=True)

@@ -175,3 +175,22 @@ def test_quantize_writes_atomically(tmp_path, tiny):
         quantize(tiny["target"], tmp_path / "bad.gguf", "NOT_A_TYPE")
     assert not (tmp_path / "bad.gguf").exists()
     shutil.rmtree(tmp_path)
+
+
+def test_progress_of_loading_and_of_a_long_prompt(tiny):
+    fractions, chunks = [], []
+    with Model(tiny["target"], n_ctx=1024, n_batch=32, progress=fractions.append) as m:
+        assert fractions and fractions == sorted(fractions) and fractions[-1] == 1.0  # llama.cpp's own callback
+        tokens = m.tokenize(" ".join(["the fox runs into the woods"] * 30))[:100]
+        m.eval(tokens, progress=lambda done, total: chunks.append((done, total)))
+        assert chunks == [(32, 100), (64, 100), (96, 100), (100, 100)]
+
+
+def test_ctrl_c_while_loading_stops_the_load_cleanly(tiny):
+    def interrupt(fraction):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        Model(tiny["target"], n_ctx=256, progress=interrupt)
+    with Model(tiny["target"], n_ctx=256) as m:  # and the next load works
+        assert m.n_vocab > 0

