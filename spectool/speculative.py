@@ -70,6 +70,7 @@ def speculative_generate(g: Generation, prompt: Sequence[int], stats: Stats | No
         n_prefilled = 0
     notice = None
     if drafter is not None:
+        _calibrate(target, x, ctl)
         try:
             drafter.prefill(x)  # the draft model's prompt is prompt processing, not drafting
         except EngineError as e:
@@ -135,6 +136,26 @@ def speculative_generate(g: Generation, prompt: Sequence[int], stats: Stats | No
                 return
     finally:
         target.rollback(len(x) - 1)  # whatever happened, the cache holds x[:-1] and nothing drafted
+
+
+CALIBRATION_SIZES = (1, 2, 4, 8)
+
+
+def _calibrate(target: Model, x: list[int], ctl: Controller) -> None:
+    """A cost table that has measured no batch yet (a first run on this machine, with these settings) learns what
+    batches cost before the first step, instead of trusting priors that may not fit this CPU or GPU: batches of
+    1, 2, 4 and 8 tokens after the prompt, each twice (the first of a size is a warm-up), then rolled back. The
+    cache holds x[:-1] before and after. A few target steps, once; part of prompt processing."""
+    if not ctl.costs.timed or any(b >= 2 for b in ctl.costs.verify):
+        return
+    for b in CALIBRATION_SIZES:
+        if b > ctl.k_max + 1 or len(x) - 1 + b > target.n_ctx:
+            break
+        for _ in range(2):
+            t0 = time.perf_counter()
+            target.eval([x[-1]] * b, logits="all")
+            ctl.observe_verify(b, time.perf_counter() - t0)
+            target.rollback(len(x) - 1)
 
 
 def _fallback(x: list[int], error: Exception) -> tuple[Drafter, str]:

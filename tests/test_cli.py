@@ -168,7 +168,8 @@ def test_shell_completion_completes_commands_and_options():
     env |= {"COMP_WORDS": "spectool run --draft-m", "COMP_CWORD": "2"}
     out = subprocess.run([exe], env=env, capture_output=True, text=True).stdout
     assert set(out.split()) == {"--draft-max", "--draft-min"}
-    script = subprocess.run([exe, "--show-completion", "bash"], capture_output=True, text=True)
+    # Typer finds the shell among the process's ancestors: give it a bash one, also when pytest was orphaned
+    script = subprocess.run(["bash", "-c", f"'{exe}' --show-completion bash; true"], capture_output=True, text=True)
     assert script.returncode == 0 and "complete" in script.stdout
 
 

@@ -376,3 +376,34 @@ def test_an_interruption_keeps_the_text_held_back_for_a_stop_string(target):
     text = "".join(t for t, _ in out)
     assert out[-1][1].finish_reason == "interrupted" and len(out) == 11
     assert text == target.detokenize(plain[:10]) and len(text) > 5
+
+
+def test_a_fresh_cost_table_measures_batches_before_the_first_step(target):
+    """A first run does not trust priors that may not fit the machine: it measures batches of 1, 2, 4 and 8
+    tokens first, leaves the cache as it was, and an already measured table is not measured again."""
+    from spectool.controller import Costs
+
+    prompt = target.tokenize("The quick brown fox")
+    plain = tokens_of(Generation(target, None, max_tokens=30), prompt)
+    costs = Costs()
+    g = Generation(target, PromptLookup(), max_tokens=1, controller=Controller(k_max=8, costs=costs))
+    assert tokens_of(g, prompt) == plain[:1]
+    assert {1, 2, 4, 8} <= set(costs.verify) and all(c > 0 for c in costs.verify.values())
+    assert target.tokens == prompt  # the calibration batches were rolled back
+    assert tokens_of(Generation(target, PromptLookup(), max_tokens=30, controller=Controller(k_max=8, costs=costs)),
+                     prompt) == plain
+
+    class NeverDrafts:
+        def prefill(self, history):
+            pass
+
+        def peek(self, history, k_max):
+            return None
+
+    before = dict(costs.verify)
+    tokens_of(Generation(target, NeverDrafts(), max_tokens=3, controller=Controller(k_max=8, costs=costs)), prompt)
+    assert {b: c for b, c in costs.verify.items() if b > 1} == {b: c for b, c in before.items() if b > 1}
+    seeded = Costs()
+    list(speculative_generate(Generation(target, PromptLookup(), Sampling(0.8), Controller(timed=False, costs=seeded),
+                                         max_tokens=5, seed=1), prompt))
+    assert not seeded.verify  # seeded sampling keeps its priors, so that it reproduces
