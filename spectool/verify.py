@@ -145,10 +145,11 @@ def distribution(logits: np.ndarray, s: Sampling, recent: Sequence[int] = (), ba
             c = _head_with_mass(z, m, norm, s.top_p)
         else:
             c = None  # every token
-    if c is None:  # temperature alone: a dense row
+    if c is None:  # temperature alone: a dense row, in float32 until the normalisation
         w = np.exp((z - m) / f32(s.temp))
-        nz = np.flatnonzero(w)
-        return Dist(nz, (w[nz] / w[nz].sum(dtype=np.float64)).astype(np.float64), n)
+        ids = np.arange(n) if w.all() else np.flatnonzero(w)  # -inf (a banned token) has weight 0
+        w = w if len(ids) == n else w[ids]
+        return Dist(ids, w / w.sum(dtype=np.float64), n)
     zc = z[c]
     if s.top_p < 1.0:
         c, zc = _top_p(c, zc, s.top_p, norm)
