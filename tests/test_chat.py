@@ -72,46 +72,58 @@ def test_chat_with_cli_runner(tiny):
     assert "unknown command /bogus" in r.stderr
 
 
-@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
-def test_chat_in_a_real_terminal(tiny, tmp_path):
-    sock = str(tmp_path / "tmux.sock")
-    done = tmp_path / "exit_code"
-    cmd = f"{sys.executable} -m spectool chat -m {tiny['target']} -md {tiny['draft']} -n 12; echo $? > {done}"
-    tmux = ["tmux", "-S", sock]
-    subprocess.run([*tmux, "new-session", "-d", "-x", "120", "-y", "40", cmd], check=True, env=os.environ)
+class Pane:
+    """A real terminal: `cmd` runs in a tmux pane of its own; its exit status is kept in a file."""
 
-    def screen():
-        return subprocess.run([*tmux, "capture-pane", "-p"], capture_output=True, text=True).stdout
+    def __init__(self, tmp_path, cmd: str, width: int = 150, height: int = 50):
+        self.tmux, self.done = ["tmux", "-S", str(tmp_path / "tmux.sock")], tmp_path / "exit_code"
+        subprocess.run([*self.tmux, "new-session", "-d", "-x", str(width), "-y", str(height),
+                        f"{cmd}; echo $? > {self.done}"], check=True, env=os.environ)
 
-    def wait_for(text, count=1, timeout=30):
+    def screen(self) -> str:
+        return subprocess.run([*self.tmux, "capture-pane", "-p", "-S", "-500"], capture_output=True, text=True).stdout
+
+    def wait_for(self, text: str, count: int = 1, timeout: float = 40) -> None:
         end = time.time() + timeout
         while time.time() < end:
-            if screen().count(text) >= count:
+            if self.screen().count(text) >= count:
                 return
             time.sleep(0.1)
-        raise AssertionError(f"{text!r} x{count} never appeared:\n{screen()}")
+        raise AssertionError(f"{text!r} x{count} never appeared:\n{self.screen()}")
 
-    def send(line):
-        subprocess.run([*tmux, "send-keys", line, "Enter"], check=True)
+    def send(self, line: str) -> None:
+        subprocess.run([*self.tmux, "send-keys", line, "Enter"], check=True)
 
-    try:
-        wait_for("/help for commands")
-        send("The quick brown fox")
-        wait_for("tok/s", 1)
-        send("and the lazy dog")
-        wait_for("tok/s", 2)
-        send("/stats")
-        wait_for("prefilled")
-        wait_for("session: 2 replies")
-        send("/reset")
-        wait_for("conversation cleared")
-        send("/exit")
-        end = time.time() + 20
-        while not done.exists() and time.time() < end:
+    def exit_code(self, timeout: float = 20, while_waiting=lambda: None) -> str:
+        end = time.time() + timeout
+        while not self.done.exists() and time.time() < end:
+            while_waiting()
             time.sleep(0.1)
-        assert done.read_text().strip() == "0"
-    finally:
-        subprocess.run([*tmux, "kill-server"], capture_output=True)
+        return self.done.read_text().strip()
+
+    def __enter__(self) -> "Pane":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        subprocess.run([*self.tmux, "kill-server"], capture_output=True)
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+def test_chat_in_a_real_terminal(tiny, tmp_path):
+    cmd = f"{sys.executable} -m spectool chat -m {tiny['target']} -md {tiny['draft']} -n 12"
+    with Pane(tmp_path, cmd, 120, 40) as pane:
+        pane.wait_for("/help for commands")
+        pane.send("The quick brown fox")
+        pane.wait_for("tok/s", 1)
+        pane.send("and the lazy dog")
+        pane.wait_for("tok/s", 2)
+        pane.send("/stats")
+        pane.wait_for("prefilled")
+        pane.wait_for("session: 2 replies")
+        pane.send("/reset")
+        pane.wait_for("conversation cleared")
+        pane.send("/exit")
+        assert pane.exit_code() == "0"
 
 
 @pytest.mark.realmodel
@@ -175,39 +187,16 @@ def test_a_long_chat_drops_its_oldest_turns_and_keeps_the_system_prompt(tiny):
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 def test_a_chat_that_outgrows_the_context_goes_on_in_a_real_terminal(tiny, tmp_path):
-    sock = str(tmp_path / "tmux.sock")
-    done = tmp_path / "exit_code"
-    cmd = (f"{sys.executable} -m spectool chat -m {tiny['target']} -c 256 -n 40 --temp 0 --system 'be brief'; "
-           f"echo $? > {done}")
-    tmux = ["tmux", "-S", sock]
-    subprocess.run([*tmux, "new-session", "-d", "-x", "150", "-y", "50", cmd], check=True, env=os.environ)
-
-    def screen():
-        return subprocess.run([*tmux, "capture-pane", "-p", "-S", "-500"], capture_output=True, text=True).stdout
-
-    def wait_for(text, count=1, timeout=40):
-        end = time.time() + timeout
-        while time.time() < end:
-            if screen().count(text) >= count:
-                return
-            time.sleep(0.1)
-        raise AssertionError(f"{text!r} x{count} never appeared:\n{screen()}")
-
-    try:
-        wait_for("/help for commands")
+    cmd = f"{sys.executable} -m spectool chat -m {tiny['target']} -c 256 -n 40 --temp 0 --system 'be brief'"
+    with Pane(tmp_path, cmd) as pane:
+        pane.wait_for("/help for commands")
         for i in range(1, 7):
-            subprocess.run([*tmux, "send-keys", f"{i}: The quick brown fox jumps over the lazy dog", "Enter"],
-                           check=True)
-            wait_for("tok/s", i)
-        wait_for("dropped the")
-        assert "error" not in screen().lower()
-        subprocess.run([*tmux, "send-keys", "/exit", "Enter"], check=True)
-        end = time.time() + 20
-        while not done.exists() and time.time() < end:
-            time.sleep(0.1)
-        assert done.read_text().strip() == "0"
-    finally:
-        subprocess.run([*tmux, "kill-server"], capture_output=True)
+            pane.send(f"{i}: The quick brown fox jumps over the lazy dog")
+            pane.wait_for("tok/s", i)
+        pane.wait_for("dropped the")
+        assert "error" not in pane.screen().lower()
+        pane.send("/exit")
+        assert pane.exit_code() == "0"
 
 
 @pytest.mark.realmodel
@@ -218,20 +207,11 @@ def test_a_long_prompt_shows_its_progress_in_a_real_terminal(gemma_q4, tmp_path)
 
     big = tmp_path / "big.md"
     big.write_text((Path(__file__).resolve().parents[1] / "README.md").read_text()[:6000])
-    sock, done = str(tmp_path / "tmux.sock"), tmp_path / "exit_code"
-    cmd = f"cat {big} | {sys.executable} -m spectool run -m {gemma_q4} -t 2 -n 4 'Summarize:' > /dev/null; echo $? > {done}"
-    tmux = ["tmux", "-S", sock]
-    subprocess.run([*tmux, "new-session", "-d", "-x", "150", "-y", "40", cmd], check=True, env=os.environ)
-    seen = ""
-    try:
-        end = time.time() + 120
-        while not done.exists() and time.time() < end:
-            seen += subprocess.run([*tmux, "capture-pane", "-p"], capture_output=True, text=True).stdout
-            time.sleep(0.2)
-        assert done.read_text().strip() == "0"
-        bar = [line for line in seen.splitlines() if line.lstrip().startswith("prompt") and "tokens/s" in line]
-        assert bar, seen[-2000:]
-        done_tokens, total = bar[-1].split("tokens")[0].split()[-1].split("/")
-        assert 0 < int(done_tokens) <= int(total) and int(total) > 1000
-    finally:
-        subprocess.run([*tmux, "kill-server"], capture_output=True)
+    cmd = f"cat {big} | {sys.executable} -m spectool run -m {gemma_q4} -t 2 -n 4 'Summarize:' > /dev/null"
+    seen = []
+    with Pane(tmp_path, cmd, 150, 40) as pane:
+        assert pane.exit_code(120, while_waiting=lambda: seen.append(pane.screen())) == "0"
+    bar = [line for s in seen for line in s.splitlines() if line.lstrip().startswith("prompt") and "tokens/s" in line]
+    assert bar, seen[-1] if seen else "no screen"
+    done_tokens, total = bar[-1].split("tokens")[0].split()[-1].split("/")
+    assert 0 < int(done_tokens) <= int(total) and int(total) > 1000
