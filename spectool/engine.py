@@ -101,7 +101,7 @@ def avoid_amx() -> bool:
     the repacked CPU layouts) never reaches that code. SPECTOOL_AMX=1 lets llama.cpp use AMX again."""
     if os.environ.get("SPECTOOL_AMX") == "1":
         return False
-    return "AMX_INT8 = 1" in _lib().llama_print_system_info().decode("utf-8", errors="replace")
+    return "AMX_INT8 = 1" in backend_info()["system_info"]
 
 
 # --------------------------------------------------------------------------------------------------------------

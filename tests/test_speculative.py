@@ -176,17 +176,12 @@ def lookup_prompt(target):
     return prompt + tokens_of(Generation(target, None, max_tokens=20), prompt)
 
 
-def kinds(draft):
-    return {"draft": lambda: DraftModel(draft), "lookup": PromptLookup,
-            "hybrid": lambda: Hybrid(PromptLookup(), DraftModel(draft))}
-
-
 @pytest.mark.parametrize("kind", ["draft", "lookup", "hybrid"])
 @pytest.mark.parametrize("s", [SAMPLING, PENALISED], ids=["plain", "penalties"])
 def test_sampled_tokens_follow_the_target_distribution(target, draft, lookup_prompt, kind, s):
     prompt = lookup_prompt if kind != "draft" else target.tokenize("The quick brown fox")
     st = Stats()
-    counts = sample_joint(target, kinds(draft)[kind], prompt, s, stats=st)
+    counts = sample_joint(target, drafters(draft)[kind], prompt, s, stats=st)
     # every draft position was reached and both verdicts happened at it
     assert len(st.accepted_per_position) == K_DRAFT and min(st.accepted_per_position) > 0, st.accepted_per_position
     assert st.n_accepted < st.n_drafted
@@ -218,7 +213,7 @@ def test_negative_controls_fail(target, draft, lookup_prompt, monkeypatch, bug, 
     else:
         monkeypatch.setattr(spec, "accept_sampled", _wrong(bug))
     prompt = lookup_prompt if kind == "lookup" else target.tokenize("The quick brown fox")
-    counts = sample_joint(target, kinds(draft)[kind], prompt)
+    counts = sample_joint(target, drafters(draft)[kind], prompt)
     rejects, stat, crit = chi2_rejects(counts, exact_joint(target, prompt, SAMPLING), N_RUNS)
     assert rejects, f"chi2 {stat:.1f} <= {crit:.1f}: the test cannot tell a wrong rule"
 
