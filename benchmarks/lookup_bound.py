@@ -74,15 +74,14 @@ def ours(p, y, cost, k_max: int, costs: Costs) -> float:
     lookup, ctl, total, j = PromptLookup(), Controller(k_max=k_max, costs=costs), 0.0, 0
     while j < len(y):
         h, draft = p + y[:j], []
-        peek = lookup.peek(h, k_max)
-        if peek:
-            k = ctl.choose(peek[0], min(peek[1], len(y) - j - 1))
-            draft = lookup.propose(h, k, None, None).tokens if k else []
+        keys = lookup.peek(h, k_max)[: len(y) - j - 1]
+        k = ctl.choose(keys) if keys else 0
+        draft = lookup.propose(h, k, None, None).tokens if k else []
         m = accepted(draft, y, j)
         total += cost[len(draft) + 1]
         ctl.observe_verify(len(draft) + 1, cost[len(draft) + 1])
         if draft:
-            ctl.observe_accept(peek[0], len(draft), m)
+            ctl.observe_accept(keys, len(draft), m)
         j += m + 1
     return total
 

@@ -1,10 +1,12 @@
 """Chooses the draft length k of each step from what this machine charges and how often drafts are accepted.
 
-With a_i the estimated chance that draft position i is accepted given that 1..i-1 were, a step with k drafts
-yields on average E(k) = 1 + sum_{i<=k} prod_{j<=i} a_j tokens and costs verify(k+1) + k * draft_cost. The
-controller picks the k in [k_min, k_max] with the best E(k) / cost; k = 0 is plain decoding. Costs and
-acceptance are learnt online (separately for each drafter key, e.g. "draft" or "lookup:3"), and a key held at
-k = 0 is re-probed with a short draft now and then so that its estimate can recover.
+A drafter offers tokens with a key each, naming the evidence behind that token ("draft"; for prompt lookup the
+match it came from, see PromptLookup.keys). With a_i the estimated chance that token i is accepted given that
+1..i-1 were (learnt online per key), a step with k drafts yields on average E(k) = 1 + sum_{i<=k} prod_{j<=i} a_j
+tokens and costs verify(k+1) plus drafting. The controller picks the k in [k_min, k_max] with the best
+E(k) / cost; k = 0 is plain decoding. A draft therefore stops at the token whose evidence is too weak for what the
+next batched token costs, and runs long where every token's evidence holds. A key held at k = 0 is re-probed
+with a short draft now and then so that its estimate can recover.
 
 Costs belong to the model and the machine, not to one generation: a `Costs` table can be shared by every
 controller that drives the same target (the turns of a chat, the prompts of a benchmark), so that batch sizes
@@ -19,12 +21,13 @@ the tokens seen.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 
 @dataclass
 class _Acceptance:
-    tries: list[float]
-    hits: list[float]
+    tries: float = 0.0  # decayed counts of the tokens drafted under a key that were verified ...
+    hits: float = 0.0  # ... and accepted
     zero_streak: int = 0
 
 
@@ -114,17 +117,17 @@ class Controller:
     k_max: int = 8
     k_min: int = 0
     adaptive: bool = True
-    decay: float = 0.97  # weight kept by older acceptance observations at each update
-    # prior acceptance by key, and its weight in observations. Prompt lookup's keys (see PromptLookup.key):
-    # the acceptance of a first drafted token measured on Gemma 3 270M over 35 code and grounded-chat prompts
-    # (longer matches whose followers always agreed are right far more often), weighted as 8 observations. A
-    # draft model's is a guess that its own first observations soon replace.
-    priors: dict[str, tuple[float, float]] = field(
-        default_factory=lambda: {"lookup:1": (0.55, 8.0), "lookup:2": (0.75, 8.0), "lookup:3": (0.8, 8.0),
-                                 "lookup:4": (0.9, 8.0), "lookup:8": (0.97, 8.0), "lookup:1?": (0.3, 8.0),
-                                 "lookup:2?": (0.2, 8.0), "lookup:3?": (0.25, 8.0), "lookup:4?": (0.35, 8.0),
-                                 "lookup:8?": (0.3, 8.0), "draft": (0.6, 2.0)}
-    )
+    decay: float = 0.99  # weight kept by older acceptance observations at each update
+    # prior acceptance by key, and its weight in observations. Prompt lookup's keys (see PromptLookup.key): the
+    # acceptance of a drafted token, given the tokens before it were accepted, by its own evidence, measured on
+    # Gemma 3 270M F16 over 24 HumanEval / ShareGPT prompts (benchmarks' prompts 9-16 of each set: the benchmark's
+    # 8 held out), pooled and rounded: longer matches, and followers that agreed, are right far more often. A draft
+    # model's is a guess that its own first observations soon replace.
+    priors: dict[str, tuple[float, float]] = field(default_factory=lambda: {
+        **{f"lookup:{n}": (a, 8.0) for n, a in ((1, 0.4), (2, 0.7), (3, 0.8), (4, 0.9), (8, 0.97))},
+        **{f"lookup:{n}~": (a, 8.0) for n, a in ((1, 0.6), (2, 0.4), (3, 0.5), (4, 0.7), (8, 0.5))},
+        **{f"lookup:{n}?": (a, 8.0) for n, a in ((1, 0.15), (2, 0.25), (3, 0.25), (4, 0.3), (8, 0.2))},
+        "draft": (0.6, 2.0)})
     prior_other: tuple[float, float] = (0.5, 2.0)  # for other keys
     # a sampled run's keys carry its temperature ("lookup:3@T0.8"): what greedy runs learnt does not carry over.
     # Their prior is the greedy one raised to this power, with at most this weight in observations: at temperature
@@ -134,7 +137,7 @@ class Controller:
     # keys whose quality is unknown until tried (a user's draft model): draft this many times first
     explore: dict[str, int] = field(default_factory=lambda: {"draft": 2})
     explore_k: int = 4
-    optimism: float = 0.1
+    optimism: float = 0.0  # an upper-confidence bonus on acceptance (it compounds over a draft: off)
     probe_every: int = 32
     draft_cost_prior: float = 0.15  # a draft-model token relative to one target decode, until measured
     timed: bool = True  # False: costs stay at their priors (see the module docstring)
@@ -151,64 +154,90 @@ class Controller:
     def observe_verify(self, batch_size: int, seconds: float) -> None:
         self.costs.observe_verify(batch_size, seconds)
 
-    def observe_draft(self, key: str, n_drafted: int, seconds: float) -> None:
-        self.costs.observe_draft(key, n_drafted, seconds)
+    def observe_draft(self, keys: Sequence[str], seconds: float) -> None:
+        """Drafting the tokens under `keys` took `seconds`, charged to the source of the last: a hybrid draft's
+        lookup tokens cost next to nothing beside its draft-model tokens."""
+        sources = [self.source(k) for k in keys]
+        self.costs.observe_draft(sources[-1], sources.count(sources[-1]), seconds)
 
-    def observe_accept(self, key: str, drafted: int, accepted: int) -> None:
-        a = self._stats(key)
-        for i in range(min(drafted, accepted + 1)):  # position i was tried: all before it were accepted
-            a.tries[i] = a.tries[i] * self.decay + 1.0
-            a.hits[i] = a.hits[i] * self.decay + (1.0 if i < accepted else 0.0)
+    def observe_accept(self, keys: Sequence[str], drafted: int, accepted: int) -> None:
+        """A step drafted `drafted` tokens, under keys[i] each, and the first `accepted` were accepted."""
+        for i in range(min(drafted, accepted + 1)):  # token i was tried: all before it were accepted
+            a = self._stats(keys[i])
+            a.tries = a.tries * self.decay + 1.0
+            a.hits = a.hits * self.decay + (1.0 if i < accepted else 0.0)
 
     # -- estimates -----------------------------------------------------------------------------------------
     def _stats(self, key: str) -> _Acceptance:
         a = self._acc.get(key)
         if a is None:
-            a = self._acc[key] = _Acceptance([0.0] * self.k_max, [0.0] * self.k_max)
+            a = self._acc[key] = _Acceptance()
         return a
 
-    def acceptance(self, key: str, optimism: float = 0.0) -> list[float]:
-        """Estimated acceptance at each draft position; a position seldom tried borrows the one before it.
-        `optimism` adds an upper-confidence bonus that shrinks as a position is tried (exploration)."""
+    def acceptance(self, key: str, optimism: float = 0.0) -> float:
+        """Estimated chance that a token drafted under `key` is accepted, given that the tokens before it were.
+        `optimism` adds an upper-confidence bonus that shrinks as the key is tried (exploration)."""
         a = self._stats(key)
-        (prior, w), out = self.prior(key), []
-        for h, t in zip(a.hits, a.tries):
-            prior = (h + w * prior) / (t + w)
-            out.append(min(1.0, prior + optimism / (t + w) ** 0.5))
-        return out
+        prior, w = self.prior(key)
+        return min(1.0, (a.hits + w * prior) / (a.tries + w) + optimism / (a.tries + w) ** 0.5)
 
     def prior(self, key: str) -> tuple[float, float]:
-        """(prior acceptance, its weight in observations) of a key."""
-        base, sampled, _ = key.partition("@")
-        prior, w = self.priors.get(base, self.prior_other)
-        return (prior ** self.sampled_prior[0], min(w, self.sampled_prior[1])) if sampled else (prior, w)
+        """(prior acceptance, its weight in observations) of a key. A continuation's ("lookup:2+3", see
+        PromptLookup.keys) is what the controller now estimates for the token before it in its stretch."""
+        base, at, temp = key.partition("@")
+        anchor, plus, pos = base.partition("+")
+        prior, w = self.priors.get(anchor, self.prior_other)
+        w = min(w, self.sampled_prior[1]) if at else w
+        if plus:
+            return self.acceptance(anchor + (f"+{int(pos) - 1}" if int(pos) > 1 else "") + at + temp), w
+        return (prior ** self.sampled_prior[0] if at else prior), w
 
     def verify_cost(self, batch_size: int) -> float:
         return self.costs.verify_cost(batch_size)
 
-    def expected_rates(self, key: str, largest: int, optimism: float = 0.0) -> list[float]:
-        """Expected tokens per second of a step drafting k tokens under `key`, for k = 0..largest."""
-        per_draft = self.costs.draft.get(key)
-        costs = self.costs.verify_costs(largest + 1)
-        if per_draft is None:
-            per_draft = self.draft_cost_prior * costs[1] if key.partition("@")[0] == "draft" else 0.0
-        out, expected, run = [1.0 / costs[1]], 1.0, 1.0
-        for k, a in enumerate(self.acceptance(key, optimism)[:largest], 1):
-            run *= a
+    def outlook(self, keys: Sequence[str], optimism: float = 0.0) -> list[tuple[float, float]]:
+        """(expected tokens, expected seconds) of a step drafting the first k of the tokens under `keys`, for
+        k = 0..len(keys): each token is accepted, given that those before it were, with its key's estimated
+        acceptance; a step costs its verification and its drafting."""
+        costs = self.costs.verify_costs(len(keys) + 1)
+        estimates: dict[str, float] = {}
+        out, expected, run, drafting = [(1.0, costs[1])], 1.0, 1.0, 0.0
+        for k, key in enumerate(keys, 1):
+            if key not in estimates:
+                estimates[key] = self.acceptance(key, optimism)
+            run *= estimates[key]
             expected += run
-            out.append(expected / (costs[k + 1] + k * per_draft))
+            drafting += self.draft_cost(key, costs[1])
+            out.append((expected, costs[k + 1] + drafting))
         return out
 
+    def draft_cost(self, key: str, one: float) -> float:
+        """Seconds to draft one token under `key`: measured per source, else a guess (`draft_cost_prior` target
+        steps a draft-model token, nothing for a lookup)."""
+        source = self.source(key)
+        cost = self.costs.draft.get(source)
+        if cost is None:
+            cost = self.draft_cost_prior * one if source.partition("@")[0] == "draft" else 0.0
+        return cost
+
+    @staticmethod
+    def source(key: str) -> str:
+        """The drafter a key belongs to, with its temperature: "lookup:3?@T0.8" -> "lookup@T0.8"."""
+        base, at, temp = key.partition("@")
+        return base.partition(":")[0] + at + temp
+
     # -- the decision --------------------------------------------------------------------------------------
-    def choose(self, key: str, available: int) -> int:
-        hi = min(self.k_max, available)
+    def choose(self, keys: Sequence[str]) -> int:
+        """How many of the tokens on offer to draft; keys[i] is the key of token i (PromptLookup.key)."""
+        hi = min(self.k_max, len(keys))
         if not self.adaptive or hi <= self.k_min:
             return max(0, hi)
-        a = self._stats(key)
-        if a.tries[0] < self.explore.get(key.partition("@")[0], 0):
+        keys = keys[:hi]
+        a = self._stats(keys[0])
+        if a.tries < self.explore.get(keys[0].partition("@")[0], 0):
             return max(self.k_min, min(hi, self.explore_k))
-        rates = self.expected_rates(key, hi, self.optimism)
-        best = max(range(self.k_min, hi + 1), key=rates.__getitem__)
+        outlook = self.outlook(keys, self.optimism)
+        best = max(range(self.k_min, hi + 1), key=lambda k: outlook[k][0] / outlook[k][1])
         if best == 0:
             a.zero_streak += 1
             if a.zero_streak >= self.probe_every:  # re-probe: a short draft keeps the estimate honest

@@ -1,16 +1,17 @@
 """Drafters propose the next few tokens; the target verifies them.
 
-Protocol: `peek(history, k_max)` says cheaply whether and from where a draft of up to k_max tokens would come:
-None, or (key, most tokens it can offer), the key naming what the controller keeps statistics under;
-`propose(history, k, sampling, rng)` returns up to k tokens, with the drafter's probability rows q when it
-samples (None means deterministic: q is one-hot on each drafted token).
+Protocol: `peek(history, k_max)` says cheaply what a draft of up to k_max tokens would offer: one key per token
+on offer (none: nothing to offer), each naming the evidence the controller keeps acceptance statistics under
+("draft", or for prompt lookup the match behind that token, see PromptLookup.key); the controller then picks how
+many to draft. `propose(history, k, sampling, rng)` returns up to k tokens, with the drafter's probability rows q
+when it samples (None, or None for a token, means deterministic: q is one-hot on that token).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -21,18 +22,21 @@ from spectool.verify import Dist, Sampling, distribution, greedy_token, top_prob
 @dataclass
 class Draft:
     tokens: list[int]
-    q: list[Dist] | None  # the drafter's rows, on the target's vocabulary
-    source: str  # "lookup" | "draft"
+    q: list[Dist | None] | None  # the drafter's rows, on the target's vocabulary (None: one-hot)
+    source: str  # "lookup" | "draft" | "hybrid" (lookup, then the draft model)
     catch_up_seconds: float = 0.0  # time a drafter spent catching up on tokens it missed while idle
 
 
 EMPTY = Draft([], None, "none")
 
 
+Estimate = Callable[[str], float]  # key -> the controller's estimated acceptance of a token drafted under it
+
+
 class Drafter(Protocol):
     def prefill(self, history: Sequence[int]) -> None: ...
 
-    def peek(self, history: Sequence[int], k_max: int) -> tuple[str, int] | None: ...
+    def peek(self, history: Sequence[int], k_max: int, estimate: Estimate | None = None) -> list[str]: ...
 
     def propose(self, history: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator) -> Draft: ...
 
@@ -90,9 +94,8 @@ class DraftModel:
         h = self._map(history)
         self.model.sync(h[:-1], logits="none") if len(h) > 1 else self.model.reset()
 
-    def peek(self, history: Sequence[int], k_max: int = 16) -> tuple[str, int] | None:
-        room = self.model.n_ctx - len(history)
-        return ("draft", room) if room > 0 else None
+    def peek(self, history: Sequence[int], k_max: int = 16, estimate: Estimate | None = None) -> list[str]:
+        return ["draft"] * max(0, min(k_max, self.model.n_ctx - len(history)))
 
     def propose(self, history: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator) -> Draft:
         m = self.model
@@ -145,6 +148,7 @@ class PromptLookup:
     """
 
     KEY_BUCKETS = (8, 4, 3, 2, 1)  # match lengths the controller keeps apart: 1, 2, 3, 4-7, 8 and more
+    STRETCH_MAX = 16  # continuations further along a stretch share one key
 
     def __init__(self, n_min: int = 1, n_max: int = 12):
         if not 1 <= n_min <= n_max:
@@ -172,42 +176,66 @@ class PromptLookup:
                     c[0] += 1
                     c[1] = j
 
-    def _next(self, seq: list[int]) -> tuple[int, int, bool] | None:
-        """(token, n-gram size, whether every follower seen agreed) the index predicts after `seq`, or None."""
+    def _next(self, seq: list[int]) -> tuple[int, int, int, int] | None:
+        """(token, n-gram size, its count, the count of every follower) the index predicts after `seq`, or None."""
         for n in range(min(self.n_max, len(seq)), self.n_min - 1, -1):
             f = self.follow[n].get(tuple(seq[-n:]))
             if f:
-                return max(f.items(), key=lambda kv: kv[1])[0], n, len(f) == 1
+                t, (c, _) = max(f.items(), key=lambda kv: kv[1])
+                return t, n, c, sum(v[0] for v in f.values()) if len(f) > 1 else c
         return None
 
-    def lookup(self, history: Sequence[int], k: int) -> tuple[list[int], str | None]:
-        """Up to k tokens predicted after `history`, and the controller key of the first (None: no match)."""
+    def evidence(self, history: Sequence[int], k: int) -> list[tuple[int, int, int, int]]:
+        """Up to k predicted tokens after `history`, each with its evidence: (token, n, count, total)."""
         self._index(history)
         seq = list(history[-self.n_max :])
-        out: list[int] = []
-        key = None
+        out = []
         for _ in range(k):
             nxt = self._next(seq)
             if nxt is None:
                 break
-            out.append(nxt[0])
+            out.append(nxt)
             seq.append(nxt[0])
-            key = key or self.key(nxt[1], nxt[2])
-        return out, key
+        return out
+
+    def lookup(self, history: Sequence[int], k: int) -> tuple[list[int], list[str]]:
+        """Up to k tokens predicted after `history`, and the controller key of each (see `keys`)."""
+        ev = self.evidence(history, k)
+        return [e[0] for e in ev], self.keys(ev)
+
+    def keys(self, evidence: Sequence[tuple[int, int, int, int]]) -> list[str]:
+        """The controller key of each predicted token. A draft copies a stretch of the history: its first token
+        comes from an n-gram match, and each next one usually from the same match one token longer, which by then
+        includes drafted tokens and so proves nothing new. Such a continuation is keyed by where its stretch began
+        and how far along it is ("lookup:2+3": the third token after a 2-gram start), so the controller learns
+        how stretches wear out. A token whose own evidence breaks the stretch (a shorter match: the copied text
+        went another way before; or followers that disagreed) starts a new one under its own key."""
+        out, anchor, pos, prev_n = [], "", 0, 0
+        for i, (_, n, count, total) in enumerate(evidence):
+            if i and count == total and n == min(prev_n + 1, self.n_max):
+                pos += 1
+                out.append(f"{anchor}+{min(pos, self.STRETCH_MAX)}")
+            else:
+                anchor, pos = self.key(n, count, total), 0
+                out.append(anchor)
+            prev_n = n
+        return out
 
     @classmethod
-    def key(cls, n: int, unanimous: bool) -> str:
-        """"lookup:N" when the N-gram (bucketed) was always followed by the same token, "lookup:N?" when its
-        followers disagreed: measured on Gemma 3 270M, the second kind is accepted 3 times less often."""
-        return f"lookup:{next(b for b in cls.KEY_BUCKETS if n >= b)}" + ("" if unanimous else "?")
+    def key(cls, n: int, count: int, total: int) -> str:
+        """The evidence class of a predicted token: "lookup:N" for an N-gram match (N bucketed) that was always
+        followed by this token, "lookup:N~" when it was followed by others too but mostly by this one, "lookup:N?"
+        when not mostly. See Controller.priors for how often each is accepted."""
+        agreement = "" if count == total else "~" if 2 * count > total else "?"
+        return f"lookup:{next(b for b in cls.KEY_BUCKETS if n >= b)}{agreement}"
 
     def prefill(self, history: Sequence[int]) -> None:
         self._index(history)
 
-    def peek(self, history: Sequence[int], k_max: int = 16) -> tuple[str, int] | None:
-        tokens, key = self.lookup(history, k_max)
+    def peek(self, history: Sequence[int], k_max: int = 16, estimate: Estimate | None = None) -> list[str]:
+        tokens, keys = self.lookup(history, k_max)
         self._peeked = (len(history), tokens)
-        return (key, len(tokens)) if tokens else None
+        return keys
 
     def propose(self, history: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator) -> Draft:
         if self._peeked is not None and self._peeked[0] == len(history) and len(self._peeked[1]) >= k:
@@ -219,22 +247,34 @@ class PromptLookup:
 
 
 class Hybrid:
-    """Prompt lookup first; the draft model where lookup finds nothing."""
+    """Prompt lookup while its evidence holds, the draft model for the rest of the step: lookup's tokens are
+    offered up to the first one whose estimated acceptance falls below the draft model's, and
+    the draft model continues from there (from the start where lookup finds nothing)."""
 
     def __init__(self, lookup: PromptLookup, draft: DraftModel):
         self.lookup, self.draft = lookup, draft
-        self._use_lookup = False
+        self._n_lookup = 0
 
     def prefill(self, history: Sequence[int]) -> None:
         self.lookup.prefill(history)
         self.draft.prefill(history)
 
-    def peek(self, history: Sequence[int], k_max: int = 16) -> tuple[str, int] | None:
-        found = self.lookup.peek(history, k_max)
-        self._use_lookup = found is not None
-        return found or self.draft.peek(history, k_max)
+    def peek(self, history: Sequence[int], k_max: int = 16, estimate: Estimate | None = None) -> list[str]:
+        keys = self.lookup.peek(history, k_max)
+        model = self.draft.peek(history, k_max)
+        j = 0
+        while j < len(keys) and j < len(model) and (estimate is None or estimate(keys[j]) >= estimate(model[j])):
+            j += 1
+        self._n_lookup = j
+        return keys[:j] + model[j:]
 
     def propose(self, history: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator) -> Draft:
-        if self._use_lookup:
-            return self.lookup.propose(history, k, sampling, rng)
-        return self.draft.propose(history, k, sampling, rng)
+        j = min(k, self._n_lookup)
+        head = self.lookup.propose(history, j, sampling, rng) if j else EMPTY
+        if k <= len(head.tokens):
+            return head
+        tail = self.draft.propose([*history, *head.tokens], k - len(head.tokens), sampling, rng)
+        if not head.tokens:
+            return tail
+        q = None if tail.q is None else [None] * len(head.tokens) + tail.q
+        return Draft(head.tokens + tail.tokens, q, "hybrid", tail.catch_up_seconds)

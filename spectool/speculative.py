@@ -91,9 +91,11 @@ def speculative_generate(g: Generation, prompt: Sequence[int], stats: Stats | No
             # 1. draft
             t0 = time.perf_counter()
             d = EMPTY
-            if drafter is not None and (peek := drafter.peek(x, ctl.k_max)) is not None:
-                key, available = peek[0] + ctl_suffix, peek[1]
-                k = ctl.choose(key, min(available, room, g.max_tokens - n_new - 1))
+            keys: list[str] = []
+            if drafter is not None:
+                keys = drafter.peek(x, ctl.k_max, lambda key: ctl.acceptance(key + ctl_suffix))
+                keys = [key + ctl_suffix for key in keys[: max(0, min(room, g.max_tokens - n_new - 1))]]
+                k = ctl.choose(keys) if keys else 0
                 if k > 0:
                     try:
                         d = drafter.propose(x, k, s, rng)
@@ -113,8 +115,8 @@ def speculative_generate(g: Generation, prompt: Sequence[int], stats: Stats | No
             t2 = time.perf_counter()
             ctl.observe_verify(len(d.tokens) + 1, t2 - t1)
             if d.tokens:
-                ctl.observe_draft(key, len(d.tokens), t1 - t0 - d.catch_up_seconds)  # catching up is not per token
-                ctl.observe_accept(key, len(d.tokens), n_acc)
+                ctl.observe_draft(keys[: len(d.tokens)], t1 - t0 - d.catch_up_seconds)  # catching up is not per token
+                ctl.observe_accept(keys, len(d.tokens), n_acc)
             # 3. emit, stopping at end-of-generation or the token budget
             new = [*d.tokens[:n_acc], t]
             finish = None

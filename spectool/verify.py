@@ -218,13 +218,14 @@ def _on(d: Dist, ids: np.ndarray) -> np.ndarray:
     return np.where(d.ids[j] == ids, d.p[j], 0.0)
 
 
-def accept_sampled(p: Callable[[int], Dist], q: Sequence[Dist] | None, draft: Sequence[int],
+def accept_sampled(p: Callable[[int], Dist], q: Sequence[Dist | None] | None, draft: Sequence[int],
                    rng: np.random.Generator) -> tuple[int, int]:
     """Rejection sampling. p(i) is the target's row after the first i drafts, computed only when reached; q has
-    len(draft) rows, or is None for a deterministic drafter (prompt lookup), whose q is one-hot on each draft."""
+    len(draft) rows, or is None for a deterministic drafter (prompt lookup), whose q is one-hot on each draft (a
+    row of None: that one token is deterministic, as the lookup tokens of a hybrid draft)."""
     for i, d in enumerate(draft):
         p_i = p(i)
-        q_i = Dist.one_hot(d, p_i.n) if q is None else q[i]
+        q_i = Dist.one_hot(d, p_i.n) if q is None or q[i] is None else q[i]
         if q_i.n != p_i.n or not 0 <= d < p_i.n:
             raise ValueError(f"draft row {i} lives on {q_i.n} tokens (draft token {d}) but the target has {p_i.n}")
         if rng.random() * q_i.prob(d) < p_i.prob(d):  # accept with probability min(1, p(d)/q(d))

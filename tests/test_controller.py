@@ -14,14 +14,14 @@ def drive(ctl, key, accept_p, cost1=0.013, slope=0.55, steps=400, seed=0):
     rng = random.Random(seed)
     ks = []
     for _ in range(steps):
-        k = ctl.choose(key, 16)
+        k = ctl.choose([key] * 16)
         ctl.observe_verify(k + 1, cost1 * (1 + slope * k))
         if k:
             acc = 0
             while acc < k and rng.random() < accept_p:
                 acc += 1
-            ctl.observe_accept(key, k, acc)
-            ctl.observe_draft(key, k, 0.0001 * k)
+            ctl.observe_accept([key] * k, k, acc)
+            ctl.observe_draft([key] * k, 0.0001 * k)
         ks.append(k)
     return ks[-100:]
 
@@ -56,7 +56,7 @@ def test_cheap_verification_drafts_more():
 
 def test_fixed_length_and_availability():
     ctl = Controller(k_max=6, k_min=6, adaptive=False)
-    assert ctl.choose("x", 16) == 6 and ctl.choose("x", 3) == 3 and ctl.choose("x", 0) == 0
+    assert ctl.choose(["x"] * 16) == 6 and ctl.choose(["x"] * 3) == 3 and ctl.choose([]) == 0
 
 
 def test_recovers_after_a_bad_stretch():
@@ -108,10 +108,10 @@ def test_a_cheap_batch_size_is_used_once_measured():
     for n, c in [(1, 1.0), (2, 2.0), (6, 4.6), (7, 5.2), (8, 3.7)]:
         ctl.observe_verify(n, c), ctl.observe_verify(n, c)
     for _ in range(30):
-        ctl.observe_accept("lookup:8", 7, 7)
-    assert ctl.choose("lookup:8", 16) == 7  # a batch of 8
+        ctl.observe_accept(["lookup:8"] * 7, 7, 7)
+    assert ctl.choose(["lookup:8"] * 16) == 7  # a batch of 8
     ctl.costs.verify[8] = 6.0
-    assert ctl.choose("lookup:8", 16) == 6  # once 8 is dear: a batch of 7, 7 tokens for 5.2
+    assert ctl.choose(["lookup:8"] * 16) == 6  # once 8 is dear: a batch of 7, 7 tokens for 5.2
 
 
 def test_costs_are_shared_and_survive_a_round_trip():
@@ -150,12 +150,68 @@ def test_sampled_runs_learn_acceptance_apart_from_greedy_ones(target):
     greedy, sampled = c.prior("lookup:8"), c.prior("lookup:8@T0.8")
     assert sampled[0] < greedy[0] and sampled[1] < greedy[1]
     for _ in range(50):
-        c.observe_accept("lookup:8", 8, 8)
-    assert c.acceptance("lookup:8")[0] > 0.99
-    assert c.acceptance("lookup:8@T0.8")[0] == pytest.approx(sampled[0])
+        c.observe_accept(["lookup:8"] * 8, 8, 8)
+    assert c.acceptance("lookup:8") > 0.99
+    assert c.acceptance("lookup:8@T0.8") == pytest.approx(sampled[0])
     prompt = target.tokenize("the dog the fox the dog the fox the dog the fox the dog the")
     for s, suffix in ((Sampling(), ""), (Sampling(0.7), "@T0.7")):
         ctl = Controller(k_max=4)
         list(speculative_generate(Generation(target, PromptLookup(), s, ctl, max_tokens=40, seed=0), prompt))
         assert ctl._acc and all(k.startswith("lookup:") and k.endswith(suffix) for k in ctl._acc)
         assert suffix or not any("@" in k for k in ctl._acc)
+
+
+def test_a_draft_stops_at_the_token_whose_evidence_is_weak():
+    """Each token on offer is priced by its own key (PromptLookup.keys): a stretch of strong tokens is drafted up
+    to a weak one once the controller has learnt that such tokens fail, and through it once they hold."""
+    keys = ["lookup:8", "lookup:8+1", "lookup:8+2", "lookup:1?", "lookup:1?+1", "lookup:1?+2"]
+    ctl = Controller(k_max=8, costs=Costs(verify={b: 1 + 0.1 * (b - 1) for b in range(1, 10)}))
+    for _ in range(40):
+        ctl.observe_accept(keys, 6, 3)  # the stretch accepted, the weak token rejected
+    assert ctl.choose(keys) == 3
+    for _ in range(40):
+        ctl.observe_accept(keys, 6, 6)
+    assert ctl.choose(keys) == 6
+    assert ctl.choose(keys[3:]) == 3  # a weak start that has held since
+
+
+def test_a_continuation_starts_from_what_was_learnt_before_it():
+    """A stretch's later tokens ("lookup:2+3") have not been seen yet: their prior is the estimate of the token
+    before them in the stretch, so what the stretch's start learnt carries over."""
+    ctl = Controller()
+    for _ in range(30):
+        ctl.observe_accept(["lookup:2"], 1, 0)
+    assert ctl.acceptance("lookup:2") < 0.25
+    assert ctl.acceptance("lookup:2+3") == pytest.approx(ctl.acceptance("lookup:2"), abs=0.02)
+    for _ in range(30):
+        ctl.observe_accept(["lookup:2", "lookup:2+1"], 2, 2)
+    assert ctl.acceptance("lookup:2+1") > 0.9 and ctl.acceptance("lookup:2+5") > 0.9
+
+
+def test_prompt_lookup_falls_back_to_plain_decoding_where_nothing_repeats():
+    """Text where n-grams recur but never predict what comes next (random tokens from a small alphabet): lookup
+    keeps offering drafts and the controller, having learnt their keys fail, declines them (k = 0), re-probes
+    aside. The same controller drafts on text that does repeat."""
+    from spectool.drafters import PromptLookup
+
+    def run(text):
+        lookup, ctl, history, ks = PromptLookup(), Controller(k_max=16), list(text[:50]), []
+        ctl.costs = Costs(verify={b: 1 + 0.27 * (b > 1) + 0.13 * (b - 2) * (b > 2) for b in range(1, 18)})
+        while len(history) < len(text) - 1:  # each step: the drafts up to the first wrong one, then the truth
+            keys = lookup.peek(history, 16)
+            k = ctl.choose(keys) if keys else 0
+            draft, truth = lookup.propose(history, k, None, None).tokens if k else [], text[len(history):]
+            m = next((i for i, (d, t) in enumerate(zip(draft, truth)) if d != t), min(len(draft), len(truth)))
+            if draft:
+                ctl.observe_accept(keys, len(draft), m)
+            history += truth[: m + 1]
+            ks.append((k, bool(keys)))
+        return ks[len(ks) // 2:]
+
+    rng = random.Random(0)
+    ks = run([rng.randrange(8) for _ in range(3000)])
+    assert sum(offered for _, offered in ks) > 0.9 * len(ks)  # lookup offers a draft nearly every step ...
+    assert sum(k > 0 for k, _ in ks) < 0.1 * len(ks)  # ... and it is declined
+    phrase = [rng.randrange(1000) for _ in range(40)]
+    ks = run(phrase * 40)
+    assert sum(k for k, _ in ks) > 8 * len(ks)

@@ -23,11 +23,20 @@ def tokens_of(g, prompt, stats=None):
     return [t for step in speculative_generate(g, prompt, stats) for t in step.tokens]
 
 
+class SplitHybrid(Hybrid):
+    """A hybrid that hands over to the draft model after lookup's first token of each stretch: every draft of
+    two or more tokens mixes lookup's deterministic tokens with the draft model's sampled ones."""
+
+    def peek(self, history, k_max, estimate=None):
+        return super().peek(history, k_max, lambda key: 0.0 if "+" in key else 1.0)
+
+
 def drafters(draft):
     return {
         "lookup": lambda: PromptLookup(),
         "draft": lambda: DraftModel(draft),
         "hybrid": lambda: Hybrid(PromptLookup(), DraftModel(draft)),
+        "hybrid-split": lambda: SplitHybrid(PromptLookup(), DraftModel(draft)),
         "draft-pmin": lambda: DraftModel(draft, p_min=0.6),
     }
 
@@ -45,6 +54,8 @@ def test_greedy_output_equals_plain(target, draft, text, n, adaptive):
         assert tokens_of(g, prompt, st) == plain, name
         if n >= 64:  # the adaptive controller drafts too (else this would compare plain with plain)
             assert st.n_drafted > 0 and st.n_accepted > 0, name
+        if n >= 64 and name == "hybrid-split" and not adaptive:  # lookup's tokens, then the draft model's
+            assert "hybrid" in st.by_source
 
 
 def test_target_as_its_own_draft_accepts_everything(tiny, target):
@@ -176,12 +187,13 @@ def lookup_prompt(target):
     return prompt + tokens_of(Generation(target, None, max_tokens=20), prompt)
 
 
-@pytest.mark.parametrize("kind", ["draft", "lookup", "hybrid"])
+@pytest.mark.parametrize("kind", ["draft", "lookup", "hybrid", "hybrid-split"])
 @pytest.mark.parametrize("s", [SAMPLING, PENALISED], ids=["plain", "penalties"])
 def test_sampled_tokens_follow_the_target_distribution(target, draft, lookup_prompt, kind, s):
     prompt = lookup_prompt if kind != "draft" else target.tokenize("The quick brown fox")
     st = Stats()
     counts = sample_joint(target, drafters(draft)[kind], prompt, s, stats=st)
+    assert kind != "hybrid-split" or "hybrid" in st.by_source  # first lookup's token, then the draft model's
     # every draft position was reached and both verdicts happened at it
     assert len(st.accepted_per_position) == K_DRAFT and min(st.accepted_per_position) > 0, st.accepted_per_position
     assert st.n_accepted < st.n_drafted
@@ -392,8 +404,8 @@ def test_a_fresh_cost_table_measures_batches_before_the_first_step(target):
         def prefill(self, history):
             pass
 
-        def peek(self, history, k_max):
-            return None
+        def peek(self, history, k_max, estimate=None):
+            return []
 
     before = dict(costs.verify)
     tokens_of(Generation(target, NeverDrafts(), max_tokens=3, controller=Controller(k_max=8, costs=costs)), prompt)

@@ -1,0 +1,128 @@
+"""llama.cpp's own C++ tools as contenders: `llama-lookup` (its n-gram cache drafting) and `llama-completion`
+(plain decoding), built once from the llama.cpp sources vendored in the llama-cpp-python sdist that spectool runs
+on, so both tools run the same llama.cpp.
+
+    python benchmarks/llamacpp.py            # build (about 6 minutes on 2 cores, cached) and print the binaries
+
+The build goes to ~/.cache/spectool-bench/llama.cpp-<version>/ (SPECTOOL_BENCH_CACHE moves it): the sdist is
+fetched with pip, configured as a native Release build (as pip builds llama-cpp-python), and only the two targets
+are compiled.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+CACHE = Path(os.environ.get("SPECTOOL_BENCH_CACHE", Path.home() / ".cache" / "spectool-bench"))
+TARGETS = ("llama-lookup", "llama-completion")
+
+
+def llama_cpp_version() -> str:
+    from importlib.metadata import version
+
+    return version("llama-cpp-python")
+
+
+def build(version: str | None = None, quiet: bool = False) -> dict[str, Path]:
+    """Paths of the built tools, building them first when the cache lacks them."""
+    version = version or llama_cpp_version()
+    root = CACHE / f"llama.cpp-{version}"
+    bins = {t: root / "build" / "bin" / t for t in TARGETS}
+    if all(b.exists() for b in bins.values()):
+        return bins
+    src = root / "src"
+    if not (src / "CMakeLists.txt").exists():
+        with tempfile.TemporaryDirectory() as tmp:
+            print(f"fetching the llama-cpp-python {version} sdist", file=sys.stderr, flush=True)
+            subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-binary", ":all:", "--no-deps",
+                            "-d", tmp, f"llama-cpp-python=={version}"], check=True)
+            (sdist,) = Path(tmp).glob("llama_cpp_python-*.tar.gz")
+            with tarfile.open(sdist) as tar:
+                tar.extractall(tmp, filter="data")
+            vendored = next(Path(tmp).glob("llama_cpp_python-*/vendor/llama.cpp"))
+            root.mkdir(parents=True, exist_ok=True)
+            if src.exists():
+                subprocess.run(["rm", "-rf", str(src)], check=True)
+            vendored.rename(src)
+    out = None if not quiet else subprocess.DEVNULL
+    print(f"building {', '.join(TARGETS)} from {src} (a few minutes, once)", file=sys.stderr, flush=True)
+    subprocess.run(["cmake", "-S", str(src), "-B", str(root / "build"), "-DCMAKE_BUILD_TYPE=Release",
+                    "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_OPENSSL=OFF",
+                    "-DLLAMA_CURL=OFF", "-DBUILD_SHARED_LIBS=OFF"], check=True, stdout=out)
+    subprocess.run(["cmake", "--build", str(root / "build"), "--config", "Release", "-j", str(os.cpu_count() or 2),
+                    "--target", *TARGETS], check=True, stdout=out)
+    return bins
+
+
+@dataclass
+class Run:
+    text: str  # the generated text
+    tokens: int  # tokens decoded, as the tool counts them
+    seconds: float  # decode time, as the tool measures it (prompt processing excluded)
+    drafted: int = 0
+    accepted: int = 0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+
+def _common(model: Path, prompt_file: Path, tokens: int, threads: int, ctx: int, repack: bool) -> list[str]:
+    args = ["-m", str(model), "-f", str(prompt_file), "-n", str(tokens), "-t", str(threads), "-c", str(ctx),
+            "--temp", "0", "--seed", "0"]
+    return args + ([] if repack else ["--no-repack"])
+
+
+def _prompt_file(directory: str, prompt: str) -> Path:
+    """llama.cpp's `-f` drops one trailing newline from the file: write one more, so it reads `prompt` as is."""
+    path = Path(directory) / "prompt.txt"
+    path.write_text(prompt + "\n" if prompt.endswith("\n") else prompt)
+    return path
+
+
+def lookup(binary: Path, model: Path, prompt: str, tokens: int, n_draft: int = 8, threads: int = 2,
+           ctx: int = 4096, repack: bool = True) -> Run:
+    """`llama-lookup`, greedy, drafting at most `n_draft` tokens from its n-gram caches."""
+    with tempfile.TemporaryDirectory() as tmp:
+        # the dynamic cache file (-lcd) stays empty per run: only the prompt and the output are drafted from
+        args = [str(binary), *_common(model, _prompt_file(tmp, prompt), tokens, threads, ctx, repack),
+                "--spec-draft-n-max", str(n_draft), "-lcd", str(Path(tmp) / "dynamic.bin")]
+        p = subprocess.run(args, capture_output=True, text=True)
+    if p.returncode:
+        raise RuntimeError(f"llama-lookup failed ({p.returncode}): {p.stderr[-500:]}")
+    log = p.stdout + p.stderr
+    m = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", log)
+    drafted = int(re.search(r"n_drafted\s*=\s*(\d+)", log).group(1))
+    accepted = int(re.search(r"n_accept\s*=\s*(\d+)", log).group(1))
+    return Run(_generated(p.stdout, prompt), int(m.group(1)), float(m.group(2)), drafted, accepted)
+
+
+def completion(binary: Path, model: Path, prompt: str, tokens: int, threads: int = 2, ctx: int = 4096,
+               repack: bool = True) -> Run:
+    """`llama-completion`, greedy plain decoding; its decode time is the "eval time" of llama.cpp's perf report."""
+    with tempfile.TemporaryDirectory() as tmp:
+        args = [str(binary), *_common(model, _prompt_file(tmp, prompt), tokens, threads, ctx, repack),
+                "-no-cnv", "--simple-io"]
+        p = subprocess.run(args, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if p.returncode:
+        raise RuntimeError(f"llama-completion failed ({p.returncode}): {p.stderr[-500:]}")
+    m = re.search(r"eval time =\s*([\d.]+) ms /\s*(\d+) runs", p.stderr.split("prompt eval time")[-1])
+    return Run(_generated(p.stdout, prompt), int(m.group(2)), float(m.group(1)) / 1000)
+
+
+def _generated(stdout: str, prompt: str) -> str:
+    """The generated text: the tools echo the prompt first."""
+    i = stdout.find(prompt)
+    return stdout[i + len(prompt):] if i >= 0 else stdout
+
+
+if __name__ == "__main__":
+    for name, path in build().items():
+        print(name, path)

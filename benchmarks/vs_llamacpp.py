@@ -1,0 +1,127 @@
+"""spectool's prompt lookup against llama.cpp's own `llama-lookup`, with plain decoding by both tools as the
+baseline, on the same prompts in the same run.
+
+    pip install -e ".[test,bench]"
+    python benchmarks/vs_llamacpp.py         # builds llama.cpp's tools once (see llamacpp.py), then ~10 minutes
+
+F16 Gemma 3 270M, greedy, 8 prompts a set, 96 new tokens, 2 threads; `llama-lookup` drafts at most 8 tokens
+(`--spec-draft-n-max 8`, as in llama.cpp's examples) from its context n-gram cache. The four contenders run prompt by
+prompt, interleaved, so slow drift of the machine hits all alike. Each tool's decode speed is its own: llama.cpp's
+tools report theirs (`decoded N tokens in T seconds`; the `eval time` of the perf report), spectool's is timed
+from its first token out to its last (bench.py). Writes benchmarks/results/vs_llamacpp.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+import llamacpp  # noqa: E402
+import prompts as P  # noqa: E402
+from run import models  # noqa: E402
+
+from spectool import engine  # noqa: E402
+from spectool.bench import Contender, Result, timed_generation  # noqa: E402
+from spectool.controller import Costs  # noqa: E402
+from spectool.stats import Stats  # noqa: E402
+
+SETS = {"code editing (HumanEval)": P.humaneval_prompts, "grounded chat (ShareGPT)": P.grounded_prompts,
+        "free-form (ShareGPT)": P.freeform_prompts}
+
+
+def run_set(name: str, texts: list[str], model: Path, bins: dict, args) -> list[Result]:
+    ours = [Contender("spectool plain", "none"), Contender("spectool lookup", "lookup", 32)]
+    theirs = [Result("llama-completion"), Result(f"llama-lookup ({args.n_draft})")]
+    results = {c.name: Result(c.name) for c in ours}
+    costs = {c.name: Costs() for c in ours}
+    repack = not engine.avoid_amx()  # the same weights layout as spectool's (see engine.avoid_amx)
+    with engine.Model(model, n_ctx=4096, n_threads=args.threads) as target:
+        plain_texts = []
+        for i, text in enumerate(texts):
+            prompt = target.tokenize(text)
+            for c in ours:
+                st = Stats(mode=c.mode)
+                g = c.generation(target, {}, args.tokens, costs[c.name])
+                results[c.name].add(st, *timed_generation(g, prompt, st))
+            plain_texts.append(target.detokenize(results["spectool plain"].outputs[-1]))
+            for r, run in zip(theirs, (
+                    lambda: llamacpp.completion(bins["llama-completion"], model, text, args.tokens, args.threads,
+                                                repack=repack),
+                    lambda: llamacpp.lookup(bins["llama-lookup"], model, text, args.tokens, args.n_draft,
+                                            args.threads, repack=repack))):
+                try:
+                    out = run()
+                except RuntimeError as e:
+                    r.failed += 1
+                    print(f"  {r.contender} failed on prompt {i + 1}: {e}", flush=True)
+                    continue
+                r.prompts += 1
+                r.generated += out.tokens
+                r.tokens += out.tokens
+                r.seconds += out.seconds
+                r.drafted += out.drafted
+                r.accepted += out.accepted
+                # the same text as spectool's plain decoding, as far as both went (llama-lookup can overshoot)
+                n = min(len(out.text), len(plain_texts[-1]))
+                r.identical += n > 0 and out.text[:n] == plain_texts[-1][:n]
+            print(f"  prompt {i + 1}/{len(texts)}", end="\r", flush=True)
+    rows = [theirs[0], results["spectool plain"], theirs[1], results["spectool lookup"]]
+    for r in results.values():
+        r.identical = sum(a == b for a, b in zip(r.outputs, results["spectool plain"].outputs))
+    for r in rows:
+        r.speedup = r.tokens_per_second / theirs[0].tokens_per_second if theirs[0].tokens_per_second else 0.0
+    return rows
+
+
+def table(groups: dict[str, list[Result]]) -> str:
+    lines = ["| set | contender | tok/s | vs llama-completion | drafted | accepted | same text as plain |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    for name, rows in groups.items():
+        for r in rows:
+            drafted = f"{r.drafted}" if "lookup" in r.contender else ""
+            accepted = f"{r.accepted}" if "lookup" in r.contender else ""
+            lines.append(f"| {name} | {r.contender} | {r.tokens_per_second:.1f} | {r.speedup:.2f}x | {drafted} | "
+                         f"{accepted} | {r.identical}/{r.prompts} |")
+    lines += ["", "| set | spectool lookup / llama-lookup | spectool plain / llama-completion |", "|---|---:|---:|"]
+    for name, rows in groups.items():
+        lines.append(f"| {name} | {rows[3].tokens_per_second / rows[2].tokens_per_second:.2f}x | "
+                     f"{rows[1].tokens_per_second / rows[0].tokens_per_second:.2f}x |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--prompts", type=int, default=8, help="prompts per set")
+    ap.add_argument("--tokens", type=int, default=96, help="new tokens per prompt")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--n-draft", type=int, default=8, help="llama-lookup's --spec-draft-n-max")
+    ap.add_argument("--only", default="", help="only the sets whose name contains this text")
+    ap.add_argument("--out", type=Path, default=HERE / "results")
+    args = ap.parse_args()
+    engine.set_verbose(False)
+    bins = llamacpp.build()
+    model = models()["F16"]
+    groups = {}
+    for name, make in SETS.items():
+        if args.only in name:
+            print(f"== {name}", flush=True)
+            groups[name] = run_set(name, make(args.prompts), model, bins, args)
+            print(table({name: groups[name]}), flush=True)
+    md = (f"Machine: {platform.machine()}, {os.cpu_count()} cores ({args.threads} threads); llama.cpp "
+          f"{llamacpp.llama_cpp_version()} (llama-cpp-python's vendored sources) CPU backend. Gemma 3 270M F16, greedy, "
+          f"{args.prompts} prompts a set, {args.tokens} new tokens. Command: `python benchmarks/vs_llamacpp.py`.\n\n"
+          + table(groups) + "\n")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "vs_llamacpp.md").write_text(md)
+    print("\n" + md)
+
+
+if __name__ == "__main__":
+    main()
