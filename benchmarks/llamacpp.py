@@ -97,11 +97,15 @@ def lookup(binary: Path, model: Path, prompt: str, tokens: int, n_draft: int = 8
         p = subprocess.run(args, capture_output=True, text=True)
     if p.returncode:
         raise RuntimeError(f"llama-lookup failed ({p.returncode}): {p.stderr[-500:]}")
-    log = p.stdout + p.stderr
+    return parse_lookup(_generated(p.stdout, prompt), p.stdout + p.stderr)
+
+
+def parse_lookup(text: str, log: str) -> Run:
+    """llama-lookup's report (examples/lookup/lookup.cpp): `decoded N tokens in T seconds`, n_drafted, n_accept."""
     m = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", log)
     drafted = int(re.search(r"n_drafted\s*=\s*(\d+)", log).group(1))
     accepted = int(re.search(r"n_accept\s*=\s*(\d+)", log).group(1))
-    return Run(_generated(p.stdout, prompt), int(m.group(1)), float(m.group(2)), drafted, accepted)
+    return Run(text, int(m.group(1)), float(m.group(2)), drafted, accepted)
 
 
 def completion(binary: Path, model: Path, prompt: str, tokens: int, threads: int = 2, ctx: int = 4096,
@@ -113,8 +117,14 @@ def completion(binary: Path, model: Path, prompt: str, tokens: int, threads: int
         p = subprocess.run(args, capture_output=True, text=True, stdin=subprocess.DEVNULL)
     if p.returncode:
         raise RuntimeError(f"llama-completion failed ({p.returncode}): {p.stderr[-500:]}")
-    m = re.search(r"eval time =\s*([\d.]+) ms /\s*(\d+) runs", p.stderr.split("prompt eval time")[-1])
-    return Run(_generated(p.stdout, prompt), int(m.group(2)), float(m.group(1)) / 1000)
+    return parse_completion(_generated(p.stdout, prompt), p.stderr)
+
+
+def parse_completion(text: str, log: str) -> Run:
+    """The `eval time = T ms / N runs` line of llama.cpp's perf report (the one after `prompt eval time`): N
+    single-token decodes, the first generated token coming from prompt processing."""
+    m = re.search(r"eval time =\s*([\d.]+) ms /\s*(\d+) runs", log.split("prompt eval time")[-1])
+    return Run(text, int(m.group(2)), float(m.group(1)) / 1000)
 
 
 def _generated(stdout: str, prompt: str) -> str:

@@ -143,6 +143,7 @@ class Controller:
     timed: bool = True  # False: costs stay at their priors (see the module docstring)
     costs: Costs | None = None  # shared with other controllers of the same target; None: a table of our own
     _acc: dict[str, _Acceptance] = field(default_factory=dict)
+    _memo: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self):
         if self.costs is None:
@@ -162,6 +163,7 @@ class Controller:
 
     def observe_accept(self, keys: Sequence[str], drafted: int, accepted: int) -> None:
         """A step drafted `drafted` tokens, under keys[i] each, and the first `accepted` were accepted."""
+        self._memo.clear()
         for i in range(min(drafted, accepted + 1)):  # token i was tried: all before it were accepted
             a = self._stats(keys[i])
             a.tries = a.tries * self.decay + 1.0
@@ -177,9 +179,14 @@ class Controller:
     def acceptance(self, key: str, optimism: float = 0.0) -> float:
         """Estimated chance that a token drafted under `key` is accepted, given that the tokens before it were.
         `optimism` adds an upper-confidence bonus that shrinks as the key is tried (exploration)."""
+        if not optimism and key in self._memo:
+            return self._memo[key]
         a = self._stats(key)
         prior, w = self.prior(key)
-        return min(1.0, (a.hits + w * prior) / (a.tries + w) + optimism / (a.tries + w) ** 0.5)
+        est = min(1.0, (a.hits + w * prior) / (a.tries + w) + optimism / (a.tries + w) ** 0.5)
+        if not optimism:
+            self._memo[key] = est  # until the next observation (a stretch's keys chain through their priors)
+        return est
 
     def prior(self, key: str) -> tuple[float, float]:
         """(prior acceptance, its weight in observations) of a key. A continuation's ("lookup:2+3", see

@@ -131,3 +131,27 @@ def test_lookup_bound_replays_policies_and_the_oracle_bounds_them():
     assert ours < 0.5 * len(y) * cost[1]  # a copy: far fewer steps than tokens
     novel = [100 + i for i in range(30)]  # nothing to look up: every policy pays one step a token
     assert L.oracle(p, novel, cost, 32) == len(novel) * cost[1] == L.ours(p, novel, cost, 32, Costs())
+
+
+def test_llama_cpp_tools_reports_and_prompt_files(tmp_path):
+    """benchmarks/llamacpp.py reads llama.cpp's own reports, in the printf formats of the vendored sources
+    (examples/lookup/lookup.cpp, src/llama-context.cpp), and writes prompt files that `-f` reads back as is
+    (common/arg.cpp drops one trailing newline)."""
+    import llamacpp as LC
+
+    log = ("encoded %4d tokens in %8.3f seconds, speed: %8.3f t/s\n" % (157, 0.4, 392.5)
+           + "decoded %4d tokens in %8.3f seconds, speed: %8.3f t/s\n" % (97, 1.812, 53.5)
+           + "n_draft      = %d\nn_predict    = %d\nn_drafted    = %d\n" % (8, 97, 93)
+           + "t_draft      = %.2f ms, %.2f us per token, %.2f tokens per second\nn_accept     = %d\n" % (3.1, 33.3, 30000, 79))
+    r = LC.parse_lookup("text", log)
+    assert (r.tokens, r.seconds, r.drafted, r.accepted) == (97, 1.812, 93, 79) and r.text == "text"
+    perf = ("llama_perf_context_print: prompt eval time = %10.2f ms / %5d tokens (%8.2f ms per token, %8.2f tokens per second)\n"
+            % (401.0, 157, 2.55, 391.5)
+            + "llama_perf_context_print:        eval time = %10.2f ms / %5d runs   (%8.2f ms per token, %8.2f tokens per second)\n"
+            % (3712.5, 95, 39.08, 25.59))
+    r = LC.parse_completion("", perf)
+    assert (r.tokens, r.seconds) == (95, 3.7125) and abs(r.tokens_per_second - 25.59) < 0.01
+    for prompt in ("Question: why?\nAnswer:", "Text\n\nAnswer:\n"):
+        path = LC._prompt_file(str(tmp_path), prompt)
+        text = path.read_text()
+        assert (text[:-1] if text.endswith("\n") else text) == prompt  # what llama.cpp's -f makes of it
