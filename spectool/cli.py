@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-from dataclasses import dataclass
 import os
 import signal
 import sys
-from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -29,20 +27,7 @@ app = typer.Typer(
 )
 
 
-class Spec(str, Enum):
-    auto = "auto"
-    draft = "draft"
-    lookup = "lookup"
-    hybrid = "hybrid"
-    none = "none"
-
-
-class UserError(Exception):
-    """Bad input from the user: one line on stderr, exit 1 (or `code`)."""
-
-    def __init__(self, message: str, code: int = 1):
-        super().__init__(message)
-        self.code = code
+from spectool.session import Options, Spec, UserError  # noqa: E402 (the session layer imports nothing heavy)
 
 
 # -- shared option aliases ---------------------------------------------------------------------------------------
@@ -185,186 +170,14 @@ def read_prompt(prompt: str | None) -> str:
     return "\n".join(parts)
 
 
-def build_drafter(spec: Spec, draft_model, p_min: float, notices: list[str], ids=None, n_target: int = 0):
-    """The drafter for a mode; falls back to prompt lookup when a draft model is missing (unless demanded)."""
-    from spectool.drafters import DraftModel, Hybrid, PromptLookup
-
-    if spec is Spec.none:
-        return None, "none"
-    if spec is Spec.auto:
-        spec = Spec.hybrid if draft_model is not None else Spec.lookup
-    if spec in (Spec.draft, Spec.hybrid) and draft_model is None:
-        if spec is Spec.draft:
-            raise UserError("--spec draft needs a draft model (-md MODEL.gguf)", code=2)
-        notices.append("no draft model: using prompt lookup")
-        spec = Spec.lookup
-    if spec is Spec.lookup:
-        return PromptLookup(), "lookup"
-    dm = DraftModel(draft_model, p_min=p_min, ids=ids, n_target=n_target)
-    return (dm, "draft") if spec is Spec.draft else (Hybrid(PromptLookup(), dm), "hybrid")
-
-
-@dataclass
-class Loaded:
-    target: object  # engine.Model
-    draft: object | None  # engine.Model, or None when none was asked for or it could not be used
-    target_ref: object
-    draft_ref: object | None
-    draft_error: Exception | None = None  # why a draft that was asked for is not there
-    draft_notice: str = ""
-
-
-def load_models(o: dict, stack: contextlib.ExitStack, refs: tuple, want_draft: bool) -> Loaded:
-    """Download if needed and load the target and (when wanted) the draft of `refs` (from resolve_models);
-    check that they share a vocabulary. A draft that cannot be used is reported in `draft_error`, not raised:
-    the caller decides."""
-    from spectool import engine, hub
-    from spectool.compat import vocab_differences
-
+def hooks():
+    """What the session layer asks of the user, answered on the terminal: download confirmations (only when
+    stdin is one), progress bars and one-line messages on stderr."""
+    from spectool.session import Hooks
     from spectool.ui import WaitBar
 
-    engine.set_verbose(o["debug"])
-    hub.VERBOSE["on"] = o["debug"]
-    target_ref, draft_ref, _ = refs
-    ask = _confirm if sys.stdin.isatty() else None
-    path = hub.ensure(target_ref, yes=o["yes"], ask=ask)
-    with WaitBar(f"loading {Path(path).name}", unit="") as bar:
-        target = stack.enter_context(engine.Model(path, n_ctx=o["ctx_size"], n_threads=o["threads"],
-                                                  n_gpu_layers=o["gpu_layers"], progress=bar.fraction))
-    out = Loaded(target, None, target_ref, draft_ref)
-    if draft_ref is None or not want_draft:
-        return out
-    try:
-        path = hub.ensure(draft_ref, yes=o["yes"], ask=ask)
-        with WaitBar(f"loading {Path(path).name}", unit="") as bar:
-            draft = stack.enter_context(engine.Model(path, n_ctx=target.n_ctx, n_threads=o["threads"],
-                                                     n_gpu_layers=o["gpu_layers_draft"], progress=bar.fraction))
-    except (engine.EngineError, hub.HubError) as e:
-        out.draft_error, out.draft_notice = e, f"draft model not loaded ({e})"
-        return out
-    problems = vocab_differences(target.vocab_info(), draft.vocab_info(), limit=1)
-    if problems:
-        msg = f"the draft model's vocabulary does not match the target's: {problems[0]}"
-        out.draft_error, out.draft_notice = UserError(msg + " (see `spectool check`)"), msg
-        return out
-    out.draft = draft
-    return out
-
-
-@contextlib.contextmanager
-def open_generation(o: dict, notices: list[str]):
-    """Load the target (and draft) model from the shared options; yield (Generation, mode, names)."""
-    if o["top_p"] <= 0.0:
-        raise UserError("--top-p must be in (0, 1]", code=2)
-    refs = resolve_models(o)
-    k_max = o["draft_max"] if o["draft_max"] is not None else refs[2]
-    if o["draft_min"] > k_max:
-        raise UserError("--draft-min must not exceed --draft-max", code=2)
-    from spectool.controller import Controller
-    from spectool.speculative import Generation
-    from spectool.verify import Sampling
-
-    spec = o["spec"]
-    with contextlib.ExitStack() as stack:
-        m = load_models(o, stack, refs, want_draft=spec not in (Spec.none, Spec.lookup))
-        if m.draft_error is not None:
-            if spec is Spec.draft:
-                raise m.draft_error
-            notices.append(m.draft_notice + "; using prompt lookup")
-        target, draft_model, ids = m.target, m.draft, None
-        if draft_model is not None and 0 < o["draft_vocab"] < draft_model.n_vocab:
-            draft_model, ids = _pruned(stack, draft_model, o, notices)
-        drafter, mode = build_drafter(spec, draft_model, o["draft_p_min"], notices, ids, target.n_vocab)
-        if not target.can_rollback and drafter is not None:
-            notices.append(f"{target.architecture} cannot roll back its cache: plain decoding")
-            drafter, mode = None, "none"
-        sampling = Sampling(o["temp"], o["top_k"], o["top_p"], o["min_p"], o["repeat_penalty"], o["repeat_last_n"],
-                            o["presence_penalty"], o["frequency_penalty"])
-        timed = not (o["seed"] is not None and not sampling.greedy)  # seeded sampling must reproduce
-        try:
-            costs_file = _costs_file(target, draft_model, o) if timed and drafter is not None else None
-        except (OSError, RuntimeError):  # no usable home or cache directory: measure from scratch, keep nothing
-            costs_file = None
-        controller = Controller(k_max=k_max, k_min=o["draft_min"], adaptive=o["draft_min"] != k_max, timed=timed,
-                                costs=_load_costs(costs_file))
-        gen = Generation(target, drafter, sampling, controller, max_tokens=o["max_tokens"], seed=o["seed"])
-        try:
-            yield gen, mode, str(m.target_ref), (str(m.draft_ref) if draft_model is not None else None)
-        finally:
-            if costs_file is not None:
-                _save_costs(costs_file, controller.costs)
-
-
-def _costs_file(target, draft, o: dict) -> Path:
-    """Where this machine's measured batch costs for this target (and draft) and these settings are kept, so that
-    the next run starts from them (see controller.Costs)."""
-    import platform
-
-    from spectool.cache import cache_dir, file_tag
-    from spectool.engine import backend_info
-
-    tag = file_tag(target.path, draft.path if draft is not None else "", o["threads"], o["gpu_layers"],
-                   o["gpu_layers_draft"], o["ctx_size"], backend_info(), platform.machine(), os.cpu_count())
-    return cache_dir("costs") / f"{Path(target.path).stem}-{tag}.json"
-
-
-def _load_costs(path: Path | None):
-    from spectool.controller import Costs
-
-    if path is None or not path.exists():
-        return None
-    try:
-        return Costs.from_json(json.loads(path.read_text()))
-    except (OSError, ValueError, TypeError, AttributeError):
-        return None  # a damaged cache file: measure afresh
-
-
-def _save_costs(path: Path, costs) -> None:
-    from spectool.cache import write_json_atomic
-
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(path, costs.to_json())
-    except OSError:
-        pass  # a cache that cannot be written costs only speed
-
-
-def _pruned(stack, draft_model, o: dict, notices: list[str]):
-    """Swap the loaded draft for its pruned copy (made on first use and cached): (Model, kept ids)."""
-    from spectool import engine, prune
-
-    if not prune.cached_path(draft_model.path, o["draft_vocab"]).exists():
-        print(f"spectool: preparing a {o['draft_vocab']}-token copy of the draft (once; it is cached)",
-              file=sys.stderr)
-    from spectool.ui import WaitBar
-
-    with WaitBar("preparing the draft", unit="texts") as bar:
-        path = prune.pruned_draft(draft_model.path, o["draft_vocab"], progress=bar.update, n_threads=o["threads"])
-    pruned = stack.enter_context(engine.Model(path, n_ctx=draft_model.n_ctx, n_threads=o["threads"],
-                                              n_gpu_layers=o["gpu_layers_draft"]))
-    draft_model.close()
-    notices.append(f"draft pruned to {pruned.n_vocab} tokens ({path})")
-    return pruned, prune.read_ids(path)
-
-
-def resolve_models(o: dict):
-    """(target ref, draft ref or None, the pair's draft length) from -m / -md / --pair / the default pair."""
-    from spectool import registry
-
-    if o.get("pair") and o.get("model"):
-        raise UserError("give either --pair or -m, not both", code=2)
-    pair = None
-    if o.get("model"):
-        target = registry.parse_ref(o["model"])
-    else:
-        reg = registry.load()
-        name = o.get("pair") or reg.default
-        if not name:
-            raise UserError("no model given: pass -m MODEL.gguf or --pair NAME (see `spectool models`)", code=2)
-        pair = reg.get(name)
-        target = pair.target
-    draft = registry.parse_ref(o["model_draft"]) if o.get("model_draft") else (pair.draft if pair else None)
-    return target, draft, (pair.draft_max if pair else 32)
+    return Hooks(ask=_confirm if sys.stdin.isatty() else None, bar=lambda label, unit: WaitBar(label, unit=unit),
+                 say=lambda line: print(f"spectool: {line}", file=sys.stderr))
 
 
 def _confirm(question: str) -> bool:
@@ -445,7 +258,7 @@ def run(
     """Generate text once: stream it to stdout, live statistics to stderr. Greedy unless --temp is given, so that
     pipes and code edits reproduce."""
     with cli_errors(debug):
-        _run(dict(locals()))
+        _run(Options.of(locals()), prompt, stop, truncate, color_drafts, stats_json, quiet)
 
 
 def fit_prompt(tokens: list[int], n_ctx: int, max_tokens: int, truncate: bool, bos: int) -> list[int]:
@@ -463,35 +276,37 @@ def fit_prompt(tokens: list[int], n_ctx: int, max_tokens: int, truncate: bool, b
     return out
 
 
-def _run(o: dict) -> None:
+def _run(o: Options, prompt: str | None, stop: list[str] | None, truncate: bool, color_drafts: bool,
+         stats_json: Path | None, quiet: bool) -> None:
     from spectool.cache import write_json_atomic
+    from spectool.session import open_session
     from spectool.speculative import generate_text
     from spectool.stats import Stats
     from spectool.ui import Display
 
-    text = read_prompt(o["prompt"])
-    notices: list[str] = []
-    with open_generation(o, notices) as (gen, mode, target_name, draft_name):
-        for n in notices:
+    text = read_prompt(prompt)
+    with open_session(o, hooks()) as s:
+        for n in s.notices:
             print(f"spectool: {n}", file=sys.stderr)
-        stats = Stats(mode=mode, target=target_name, draft=draft_name)
+        gen = s.gen
+        stats = Stats(mode=s.mode, target=s.target_name, draft=s.draft_name)
         tokens = fit_prompt(gen.target.tokenize(text, add_special=True, parse_special=True), gen.target.n_ctx,
-                            o["max_tokens"], o["truncate"], gen.target.vocab_info().bos)
-        display = Display(stats, quiet=o["quiet"], color_drafts=o["color_drafts"])
+                            o.max_tokens, truncate, gen.target.vocab_info().bos)
+        display = Display(stats, quiet=quiet, color_drafts=color_drafts)
         gen.on_prefill = display.prefill
         with SigintFlag() as interrupted, display:
             try:
-                for piece, step in generate_text(gen, tokens, o["stop"] or (), stats, interrupted):
+                for piece, step in generate_text(gen, tokens, stop or (), stats, interrupted):
                     if step.notice:
                         display.notice(step.notice)
                     display.text(piece[: step.draft_chars], step.source)
                     display.text(piece[step.draft_chars :])
             except KeyboardInterrupt:  # a second Ctrl-C
                 stats.finish_reason = "interrupted"
-        if o["stats_json"]:
-            write_json_atomic(o["stats_json"], stats.to_json())
+        if stats_json:
+            write_json_atomic(stats_json, stats.to_json())
         display.summary()
-        if o["debug"]:
+        if o.debug:
             print(f"spectool: display rendering took {display.render_seconds:.3f}s", file=sys.stderr)
         if stats.finish_reason == "interrupted":
             raise typer.Exit(interrupted.exit_code)
@@ -633,34 +448,36 @@ def bench(
     """Plain vs speculative decoding on this machine, side by side, with your model(s) and prompts: greedy, and
     sampled (temperature 0.8) against llama-cpp-python's own sampler."""
     with cli_errors(debug):
-        _bench(dict(locals()))
+        _bench(Options.of(locals()), prompts, draft_vocab, plot, as_json, sampled)
 
 
-def _bench(o: dict) -> None:
+def _bench(o: Options, prompts: Path | None, draft_vocab: int, plot: Path | None, as_json: bool,
+           with_sampled: bool) -> None:
     from rich.console import Console
     from rich.progress import Progress
 
     from spectool import bench as B
     from spectool import engine
+    from spectool.session import load_models, resolve_models
 
-    texts = B.read_prompts(str(o["prompts"])) if o["prompts"] else B.BUILTIN_PROMPTS
+    texts = B.read_prompts(str(prompts)) if prompts else B.BUILTIN_PROMPTS
     if not texts:
-        raise UserError(f"no prompts in {o['prompts']}", code=2)
+        raise UserError(f"no prompts in {prompts}", code=2)
     with contextlib.ExitStack() as stack:
-        m = load_models(o, stack, resolve_models(o), want_draft=True)
+        m = load_models(o, stack, resolve_models(o), want_draft=True, hooks=hooks())
         if m.draft_error is not None:
             raise m.draft_error
         target, draft, target_ref, draft_ref = m.target, m.draft, m.target_ref, m.draft_ref
         drafts = {0: (draft, None)}
-        pruned_vocab = o["draft_vocab"] if draft is not None and 0 < o["draft_vocab"] < draft.n_vocab else 0
+        pruned_vocab = draft_vocab if draft is not None and 0 < draft_vocab < draft.n_vocab else 0
         if pruned_vocab:
             from spectool import prune
 
-            path = prune.pruned_draft(draft.path, pruned_vocab, n_threads=o["threads"])
+            path = prune.pruned_draft(draft.path, pruned_vocab, n_threads=o.threads)
             drafts[pruned_vocab] = (stack.enter_context(engine.Model(path, n_ctx=target.n_ctx,
-                                                                     n_threads=o["threads"])), prune.read_ids(path))
+                                                                     n_threads=o.threads)), prune.read_ids(path))
         contenders = B.default_contenders(with_draft=draft is not None, pruned_vocab=pruned_vocab)
-        adaptive = [c for c in contenders if not c.fixed] if o["sampled"] else []
+        adaptive = [c for c in contenders if not c.fixed] if with_sampled else []
         tokens = [target.tokenize(t) for t in texts]
         with Progress(console=Console(stderr=True), transient=True) as progress:
             task = progress.add_task("benchmarking", total=len(tokens) * (len(contenders) + len(adaptive)))
@@ -668,24 +485,24 @@ def _bench(o: dict) -> None:
             def done(name, i):
                 progress.update(task, advance=1, description=f"{name}, prompt {i + 1}")
 
-            results = B.run(target, drafts, tokens, contenders, o["max_tokens"], on_done=done)
+            results = B.run(target, drafts, tokens, contenders, o.max_tokens, on_done=done)
             sampled = []
             if adaptive:
                 progress.update(task, description="llama-cpp-python, sampled")
-                base = B.reference("llama-cpp-python plain", target.path, texts, o["max_tokens"],
-                                   B.LLAMA_CPP_SAMPLING, o["threads"])
-                sampled = B.run(target, drafts, tokens, adaptive, o["max_tokens"], on_done=done,
+                base = B.reference("llama-cpp-python plain", target.path, texts, o.max_tokens,
+                                   B.LLAMA_CPP_SAMPLING, o.threads)
+                sampled = B.run(target, drafts, tokens, adaptive, o.max_tokens, on_done=done,
                                 sampling=B.LLAMA_CPP_SAMPLING, baseline=base)
-    if o["plot"]:
+    if plot:
         B.plot({"greedy": results, "temperature 0.8": sampled} if sampled else {target.path.name: results},
-               str(o["plot"]))
-    if o["as_json"]:
+               str(plot))
+    if as_json:
         print(json.dumps({"target": str(target_ref), "draft": str(draft_ref) if draft_ref else None,
-                          "prompts": len(texts), "max_tokens": o["max_tokens"],
+                          "prompts": len(texts), "max_tokens": o.max_tokens,
                           "results": [r.to_json() for r in results], "sampled": [r.to_json() for r in sampled],
                           "recommendation": B.recommend(results, contenders)}, indent=2))
         return
-    print(B.markdown_table(results, f"{target.path.name}, greedy: {len(texts)} prompts, {o['max_tokens']} tokens "
+    print(B.markdown_table(results, f"{target.path.name}, greedy: {len(texts)} prompts, {o.max_tokens} tokens "
                                     "each; speedups over plain decoding"))
     if sampled:
         print()
@@ -739,12 +556,13 @@ def chat(
     """Chat in the terminal, with the model's chat template and the conversation kept in the KV cache. Samples
     with llama.cpp's defaults (--temp 0.8, --top-k 40, --top-p 0.95, --min-p 0.05); --temp 0 for greedy."""
     with cli_errors(debug):
-        _chat(dict(locals()))
+        _chat(Options.of(locals()), system, color_drafts, quiet)
 
 
-def _chat(o: dict) -> None:
+def _chat(o: Options, system: str | None, color_drafts: bool, quiet: bool) -> None:
     from spectool.chat import Chat
     from spectool.engine import EngineError
+    from spectool.session import open_session
     from spectool.stats import Stats
     from spectool.ui import Display, WaitBar, stats_table, summary_line
 
@@ -752,11 +570,11 @@ def _chat(o: dict) -> None:
         import readline  # noqa: F401 - line editing and history for input()
     except ImportError:
         pass
-    notices: list[str] = []
-    with open_generation(o, notices) as (gen, mode, target_name, _):
-        for n in notices:
+    with open_session(o, hooks()) as s:
+        for n in s.notices:
             print(f"spectool: {n}", file=sys.stderr)
-        session = Chat(gen, system=o["system"], mode=mode)
+        gen, mode = s.gen, s.mode
+        session = Chat(gen, system=system, mode=mode)
         if session.template is None:
             print("spectool: the model has no chat template; using a plain User:/Assistant: format",
                   file=sys.stderr)
@@ -790,7 +608,7 @@ def _chat(o: dict) -> None:
                 else:
                     print(f"spectool: unknown command {cmd} (/help lists them)", file=sys.stderr)
                 continue
-            display = Display(Stats(), quiet=True, color_drafts=o["color_drafts"], live=False)
+            display = Display(Stats(), quiet=True, color_drafts=color_drafts, live=False)
             bar = WaitBar("prompt")  # a long pasted message takes a while
             session.gen.on_prefill = bar.update
             with SigintFlag() as interrupted, display, bar:
@@ -807,7 +625,7 @@ def _chat(o: dict) -> None:
                     continue
             if interrupted.terminated:
                 raise typer.Exit(143)
-            if not o["quiet"]:
+            if not quiet:
                 print(summary_line(session.turns[-1]), file=sys.stderr)
 
 

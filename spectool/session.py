@@ -1,0 +1,285 @@
+"""The session layer: typed options -> resolve -> download -> load -> vocabulary check -> pruned draft -> drafter
+-> Generation, with the cost table kept between runs. `run`, `chat` and `bench` start here.
+
+Nothing here talks to the user directly: what needs the user comes in as `Hooks` (the download confirmation, a
+progress bar, a one-line message), so a command line and a server can both build on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from dataclasses import dataclass, field, fields
+from enum import Enum
+from pathlib import Path
+from typing import Any, Callable, ContextManager, Iterator, Mapping
+
+
+class Spec(str, Enum):
+    auto = "auto"
+    draft = "draft"
+    lookup = "lookup"
+    hybrid = "hybrid"
+    none = "none"
+
+
+class UserError(Exception):
+    """Bad input from the user: one line on stderr, exit 1 (or `code`)."""
+
+    def __init__(self, message: str, code: int = 1):
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class Options:
+    """Everything that decides which models run and how they generate (llama.cpp's option names)."""
+
+    model: str | None = None  # -m: a path, hf:..., or a pair name
+    pair: str | None = None
+    model_draft: str | None = None
+    spec: Spec = Spec.auto
+    max_tokens: int = 256
+    # the sampling flags (verify.Sampling's fields), with llama.cpp's command-line defaults
+    temp: float = 0.0
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    draft_max: int | None = None  # None: the pair's, else 32
+    draft_min: int = 0
+    draft_p_min: float = 0.0
+    draft_vocab: int = 0  # > 0: prune the draft to this many tokens
+    ctx_size: int = 4096
+    threads: int | None = None
+    gpu_layers: int = 0
+    gpu_layers_draft: int = 0
+    yes: bool = False  # download without asking
+    debug: bool = False
+
+    @classmethod
+    def of(cls, values: Mapping[str, Any]) -> Options:
+        """The options among `values` (a command's parameters); the rest keep their defaults."""
+        return cls(**{f.name: values[f.name] for f in fields(cls) if f.name in values})
+
+    def sampling(self):
+        from spectool.verify import Sampling
+
+        if self.top_p <= 0.0:
+            raise UserError("--top-p must be in (0, 1]", code=2)
+        return Sampling(**{f.name: getattr(self, f.name) for f in fields(Sampling)})
+
+
+class _NoBar:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def fraction(self, done: float) -> None:
+        pass
+
+    def update(self, *args) -> None:
+        pass
+
+
+@dataclass
+class Hooks:
+    """What needs the user: `ask` confirms a download (None: refuse unless Options.yes), `bar(label, unit)` makes
+    a progress bar (a context manager with `fraction(x)` and `update(done, total)`), `say` prints a line."""
+
+    ask: Callable[[str], bool] | None = None
+    bar: Callable[[str, str], ContextManager] = lambda label, unit: _NoBar()
+    say: Callable[[str], None] = lambda line: None
+
+
+@dataclass
+class Loaded:
+    target: object  # engine.Model
+    draft: object | None  # engine.Model, or None when none was asked for or it could not be used
+    target_ref: object
+    draft_ref: object | None
+    draft_error: Exception | None = None  # why a draft that was asked for is not there
+    draft_notice: str = ""
+
+
+@dataclass
+class Session:
+    """A ready generation: the loaded models, the drafter and controller, and what to call them."""
+
+    gen: object  # speculative.Generation
+    mode: str  # none | lookup | draft | hybrid
+    target_name: str
+    draft_name: str | None
+    notices: list[str] = field(default_factory=list)  # one-line messages for the user (fallbacks, pruning)
+
+
+def resolve_models(o: Options):
+    """(target ref, draft ref or None, the pair's draft length) from -m / -md / --pair / the default pair."""
+    from spectool import registry
+
+    if o.pair and o.model:
+        raise UserError("give either --pair or -m, not both", code=2)
+    pair = None
+    if o.model:
+        target = registry.parse_ref(o.model)
+    else:
+        reg = registry.load()
+        name = o.pair or reg.default
+        if not name:
+            raise UserError("no model given: pass -m MODEL.gguf or --pair NAME (see `spectool models`)", code=2)
+        pair = reg.get(name)
+        target = pair.target
+    draft = registry.parse_ref(o.model_draft) if o.model_draft else (pair.draft if pair else None)
+    return target, draft, (pair.draft_max if pair else 32)
+
+
+def load_models(o: Options, stack: contextlib.ExitStack, refs: tuple, want_draft: bool,
+                hooks: Hooks = Hooks()) -> Loaded:
+    """Download if needed and load the target and (when wanted) the draft of `refs` (from resolve_models);
+    check that they share a vocabulary. A draft that cannot be used is reported in `draft_error`, not raised:
+    the caller decides."""
+    from spectool import engine, hub
+    from spectool.compat import vocab_differences
+
+    engine.set_verbose(o.debug)
+    hub.VERBOSE["on"] = o.debug
+    target_ref, draft_ref, _ = refs
+    path = hub.ensure(target_ref, yes=o.yes, ask=hooks.ask)
+    with hooks.bar(f"loading {Path(path).name}", "") as bar:
+        target = stack.enter_context(engine.Model(path, n_ctx=o.ctx_size, n_threads=o.threads,
+                                                  n_gpu_layers=o.gpu_layers, progress=bar.fraction))
+    out = Loaded(target, None, target_ref, draft_ref)
+    if draft_ref is None or not want_draft:
+        return out
+    try:
+        path = hub.ensure(draft_ref, yes=o.yes, ask=hooks.ask)
+        with hooks.bar(f"loading {Path(path).name}", "") as bar:
+            draft = stack.enter_context(engine.Model(path, n_ctx=target.n_ctx, n_threads=o.threads,
+                                                     n_gpu_layers=o.gpu_layers_draft, progress=bar.fraction))
+    except (engine.EngineError, hub.HubError) as e:
+        out.draft_error, out.draft_notice = e, f"draft model not loaded ({e})"
+        return out
+    problems = vocab_differences(target.vocab_info(), draft.vocab_info(), limit=1)
+    if problems:
+        msg = f"the draft model's vocabulary does not match the target's: {problems[0]}"
+        out.draft_error, out.draft_notice = UserError(msg + " (see `spectool check`)"), msg
+        return out
+    out.draft = draft
+    return out
+
+
+def build_drafter(spec: Spec, draft_model, p_min: float, notices: list[str], ids=None, n_target: int = 0):
+    """The drafter for a mode; falls back to prompt lookup when a draft model is missing (unless demanded)."""
+    from spectool.drafters import DraftModel, Hybrid, PromptLookup
+
+    if spec is Spec.none:
+        return None, "none"
+    if spec is Spec.auto:
+        spec = Spec.hybrid if draft_model is not None else Spec.lookup
+    if spec in (Spec.draft, Spec.hybrid) and draft_model is None:
+        if spec is Spec.draft:
+            raise UserError("--spec draft needs a draft model (-md MODEL.gguf)", code=2)
+        notices.append("no draft model: using prompt lookup")
+        spec = Spec.lookup
+    if spec is Spec.lookup:
+        return PromptLookup(), "lookup"
+    dm = DraftModel(draft_model, p_min=p_min, ids=ids, n_target=n_target)
+    return (dm, "draft") if spec is Spec.draft else (Hybrid(PromptLookup(), dm), "hybrid")
+
+
+def pruned_draft(stack: contextlib.ExitStack, draft_model, vocab: int, o: Options, hooks: Hooks = Hooks()):
+    """The loaded draft swapped for its copy pruned to `vocab` tokens (made on first use and cached): (Model,
+    kept ids, a notice)."""
+    from spectool import engine, prune
+
+    if not prune.cached_path(draft_model.path, vocab).exists():
+        hooks.say(f"preparing a {vocab}-token copy of the draft (once; it is cached)")
+    with hooks.bar("preparing the draft", "texts") as bar:
+        path = prune.pruned_draft(draft_model.path, vocab, progress=bar.update, n_threads=o.threads)
+    pruned = stack.enter_context(engine.Model(path, n_ctx=draft_model.n_ctx, n_threads=o.threads,
+                                              n_gpu_layers=o.gpu_layers_draft))
+    draft_model.close()
+    return pruned, prune.read_ids(path), f"draft pruned to {pruned.n_vocab} tokens ({path})"
+
+
+@contextlib.contextmanager
+def open_session(o: Options, hooks: Hooks = Hooks()) -> Iterator[Session]:
+    """Load the models of `o` and yield a ready Session; the measured batch costs are saved when it closes."""
+    sampling = o.sampling()
+    refs = resolve_models(o)
+    k_max = o.draft_max if o.draft_max is not None else refs[2]
+    if o.draft_min > k_max:
+        raise UserError("--draft-min must not exceed --draft-max", code=2)
+    from spectool.controller import Controller
+    from spectool.speculative import Generation
+
+    notices: list[str] = []
+    with contextlib.ExitStack() as stack:
+        m = load_models(o, stack, refs, want_draft=o.spec not in (Spec.none, Spec.lookup), hooks=hooks)
+        if m.draft_error is not None:
+            if o.spec is Spec.draft:
+                raise m.draft_error
+            notices.append(m.draft_notice + "; using prompt lookup")
+        target, draft_model, ids = m.target, m.draft, None
+        if draft_model is not None and 0 < o.draft_vocab < draft_model.n_vocab:
+            draft_model, ids, notice = pruned_draft(stack, draft_model, o.draft_vocab, o, hooks)
+            notices.append(notice)
+        drafter, mode = build_drafter(o.spec, draft_model, o.draft_p_min, notices, ids, target.n_vocab)
+        if not target.can_rollback and drafter is not None:
+            notices.append(f"{target.architecture} cannot roll back its cache: plain decoding")
+            drafter, mode = None, "none"
+        timed = not (o.seed is not None and not sampling.greedy)  # seeded sampling must reproduce
+        try:
+            costs_file = _costs_file(target, draft_model, o) if timed and drafter is not None else None
+        except (OSError, RuntimeError):  # no usable home or cache directory: measure from scratch, keep nothing
+            costs_file = None
+        controller = Controller(k_max=k_max, k_min=o.draft_min, adaptive=o.draft_min != k_max, timed=timed,
+                                costs=_load_costs(costs_file))
+        gen = Generation(target, drafter, sampling, controller, max_tokens=o.max_tokens, seed=o.seed)
+        try:
+            yield Session(gen, mode, str(m.target_ref), str(m.draft_ref) if draft_model is not None else None,
+                          notices)
+        finally:
+            if costs_file is not None:
+                _save_costs(costs_file, controller.costs)
+
+
+def _costs_file(target, draft, o: Options) -> Path:
+    """Where this machine's measured batch costs for this target (and draft) and these settings are kept, so that
+    the next run starts from them (see controller.Costs)."""
+    import platform
+
+    from spectool.cache import cache_dir, file_tag
+    from spectool.engine import backend_info
+
+    tag = file_tag(target.path, draft.path if draft is not None else "", o.threads, o.gpu_layers,
+                   o.gpu_layers_draft, o.ctx_size, backend_info(), platform.machine(), os.cpu_count())
+    return cache_dir("costs") / f"{Path(target.path).stem}-{tag}.json"
+
+
+def _load_costs(path: Path | None):
+    from spectool.controller import Costs
+
+    if path is None or not path.exists():
+        return None
+    try:
+        return Costs.from_json(json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None  # a damaged cache file: measure afresh
+
+
+def _save_costs(path: Path, costs) -> None:
+    from spectool.cache import write_json_atomic
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, costs.to_json())
+    except OSError:
+        pass  # a cache that cannot be written costs only speed

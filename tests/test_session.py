@@ -1,0 +1,75 @@
+"""The session layer: typed options to a ready Generation, as every command builds it (real tiny models)."""
+
+import pytest
+
+from spectool.session import Hooks, Options, Spec, UserError, open_session
+from spectool.speculative import Generation, speculative_generate
+
+
+def tokens_of(g, prompt):
+    return [t for step in speculative_generate(g, prompt) for t in step.tokens]
+
+
+def test_options_take_a_commands_parameters_and_ignore_the_rest():
+    o = Options.of({"model": "m.gguf", "temp": 0.7, "top_k": 5, "prompt": "hi", "stop": ["x"], "quiet": True})
+    assert (o.model, o.temp, o.top_k, o.spec, o.max_tokens) == ("m.gguf", 0.7, 5, Spec.auto, 256)
+    s = o.sampling()
+    assert (s.temp, s.top_k, s.top_p, s.min_p) == (0.7, 5, 0.95, 0.05)
+    with pytest.raises(UserError, match="top-p"):
+        Options(top_p=0.0).sampling()
+
+
+def test_a_session_is_the_generation_the_options_describe(tiny, target):
+    o = Options(model=str(tiny["target"]), model_draft=str(tiny["draft"]), spec=Spec.hybrid, temp=0.5, top_k=7,
+                repeat_penalty=1.1, draft_max=6, draft_min=2, max_tokens=40, ctx_size=512, threads=2, seed=3)
+    with open_session(o) as s:
+        g = s.gen
+        assert s.mode == "hybrid" and type(g.drafter).__name__ == "Hybrid" and not s.notices
+        assert (g.sampling.temp, g.sampling.top_k, g.sampling.repeat_penalty) == (0.5, 7, 1.1)
+        assert (g.controller.k_max, g.controller.k_min, g.max_tokens, g.seed) == (6, 2, 40, 3)
+        assert not g.controller.timed  # seeded sampling keeps its choices independent of timings
+        assert g.target.n_ctx == 512 and s.target_name == str(tiny["target"]) and s.draft_name == str(tiny["draft"])
+    # greedy, lookup: the same tokens as plain decoding with the shared tiny target
+    prompt = target.tokenize("The quick brown fox")
+    plain = tokens_of(Generation(target, None, max_tokens=30), prompt)
+    with open_session(Options(model=str(tiny["target"]), spec=Spec.lookup, max_tokens=30, ctx_size=1024,
+                              threads=2)) as s:
+        assert s.mode == "lookup" and tokens_of(s.gen, prompt) == plain
+
+
+def test_a_draft_that_cannot_draft_falls_back_with_a_notice(tiny):
+    o = Options(model=str(tiny["target"]), model_draft=str(tiny["foreign"]), ctx_size=256, threads=2)
+    with open_session(o) as s:
+        assert s.mode == "lookup" and any("does not match" in n for n in s.notices)
+    with pytest.raises(UserError, match="does not match"):
+        with open_session(Options(model=str(tiny["target"]), model_draft=str(tiny["foreign"]), spec=Spec.draft,
+                                  ctx_size=256, threads=2)):
+            pass
+
+
+def test_what_needs_the_user_comes_through_hooks(tiny):
+    bars, lines = [], []
+
+    class Bar:
+        def __init__(self, label, unit):
+            bars.append(label)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def fraction(self, f):
+            pass
+
+        def update(self, done, total):
+            pass
+
+    o = Options(model=str(tiny["target"]), model_draft=str(tiny["draft"]), draft_vocab=200, ctx_size=256, threads=2)
+    with open_session(o, Hooks(bar=Bar, say=lines.append)) as s:
+        n = s.gen.drafter.draft.model.n_vocab  # the 200 likeliest tokens, and the special ones
+        assert 200 <= n < s.gen.target.n_vocab and any(f"pruned to {n} tokens" in x for x in s.notices)
+    assert [b for b in bars if b.startswith("loading")] == [f"loading {tiny['target'].name}",
+                                                             f"loading {tiny['draft'].name}"]
+    assert "preparing the draft" in bars
