@@ -55,6 +55,21 @@ def render(template: str | None, messages: list[dict], *, add_generation_prompt:
         raise TemplateError(f"the model's chat template failed: {e}") from None
 
 
+def special_texts(model) -> tuple[str, str]:
+    """The BOS and EOS tokens' text (templates write them)."""
+    info = model.vocab_info()
+    bos = info.texts[info.bos].decode("utf-8", "replace") if 0 <= info.bos < info.n_tokens else ""
+    eos = info.texts[info.eos].decode("utf-8", "replace") if 0 <= info.eos < info.n_tokens else ""
+    return bos, eos
+
+
+def prompt_tokens(model, messages: list[dict]) -> list[int]:
+    """A whole conversation, rendered with the model's chat template and a generation prompt, as tokens."""
+    bos, eos = special_texts(model)
+    text = render(model.chat_template(), messages, add_generation_prompt=True, bos=bos, eos=eos)
+    return model.tokenize(text, add_special=not (bos and text.startswith(bos)), parse_special=True)
+
+
 @dataclass
 class Chat:
     gen: Generation
@@ -68,9 +83,7 @@ class Chat:
     def __post_init__(self):
         m = self.gen.target
         self.template = m.chat_template()
-        info = m.vocab_info()
-        self.bos = info.texts[info.bos].decode("utf-8", "replace") if 0 <= info.bos < info.n_tokens else ""
-        self.eos = info.texts[info.eos].decode("utf-8", "replace") if 0 <= info.eos < info.n_tokens else ""
+        self.bos, self.eos = special_texts(m)
         self.stop = [FALLBACK_STOP] if self.template is None else []
         self.reset()
 

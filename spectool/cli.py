@@ -512,6 +512,55 @@ def _bench(o: Options, prompts: Path | None, draft_vocab: int, plot: Path | None
     print(B.recommend(results, contenders))
 
 
+# -- serve -------------------------------------------------------------------------------------------------------
+@app.command(epilog="Examples:\n\n  spectool serve --pair demo\n\n"
+             "  spectool serve -m big.gguf -md small.gguf --host 0.0.0.0 --port 8080 --api-key SECRET")
+def serve(
+    model: Model_ = None,
+    pair: Pair_ = None,
+    model_draft: Draft_ = None,
+    spec: Spec_ = Spec.auto,
+    max_tokens: MaxTokens = 256,
+    temp: Annotated[float, typer.Option("--temp", min=0.0, help="Temperature of requests that give none.")] = 0.0,
+    top_k: TopK = 40,
+    top_p: TopP = 0.95,
+    min_p: MinP = 0.05,
+    repeat_penalty: RepeatPenalty = 1.0,
+    repeat_last_n: RepeatLastN = 64,
+    presence_penalty: PresencePenalty = 0.0,
+    frequency_penalty: FrequencyPenalty = 0.0,
+    seed: Seed = None,
+    draft_max: DraftMax = None,
+    draft_min: DraftMin = 0,
+    draft_p_min: DraftPMin = 0.0,
+    draft_vocab: DraftVocab = 0,
+    ctx_size: Ctx = 4096,
+    threads: Threads = None,
+    gpu_layers: Ngl = 0,
+    gpu_layers_draft: Ngld = 0,
+    host: Annotated[str, typer.Option("--host", help="Address to listen on (127.0.0.1: this machine only).")]
+    = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Port to listen on.")] = 8080,
+    api_key: Annotated[Optional[str], typer.Option(
+        "--api-key", envvar="SPECTOOL_API_KEY", help="Require 'Authorization: Bearer KEY' on every request.")] = None,
+    yes: Yes = False,
+    debug: Debug = False,
+) -> None:
+    """An OpenAI-compatible server (/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics) with
+    speculative decoding; the options above are the defaults of requests that do not set them."""
+    with cli_errors(debug):
+        from spectool.serve import serve as run_server
+        from spectool.session import open_session
+
+        o = Options.of(locals())
+        with open_session(o, hooks()) as s:
+            for n in s.notices:
+                print(f"spectool: {n}", file=sys.stderr)
+            model_id = o.pair or Path(str(s.gen.target.path)).stem
+            run_server(s, o, model_id, host, port, api_key, say=lambda line: print(f"spectool: {line}",
+                                                                                    file=sys.stderr))
+
+
 # -- chat --------------------------------------------------------------------------------------------------------
 CHAT_HELP = """commands:
   /help          this help

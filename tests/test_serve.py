@@ -1,0 +1,198 @@
+"""`spectool serve` as a real server process on 127.0.0.1, with the official `openai` client as the client."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import openai
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, model, *args, env=None):
+        self.port = free_port()
+        self.proc = subprocess.Popen([sys.executable, "-m", "spectool", "serve", "-m", str(model), "-c", "1024",
+                                      "-t", "2", "--port", str(self.port), *args],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     env={**os.environ, **(env or {})})
+        self.url = f"http://127.0.0.1:{self.port}"
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited: {self.proc.stderr.read()}")
+            try:
+                urllib.request.urlopen(self.url + "/health", timeout=1)
+                return
+            except OSError:
+                time.sleep(0.2)
+        raise RuntimeError("server did not start")
+
+    def request(self, method, path, body=None, headers=None, raw=None):
+        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+        req = urllib.request.Request(self.url + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json", **(headers or {})})
+        try:
+            with urllib.request.urlopen(req, timeout=120) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    def metric(self, name) -> float:
+        _, text = self.request("GET", "/metrics")
+        return float(next(line.split()[1] for line in text.splitlines() if line.startswith(f"spectool_{name} ")))
+
+    def client(self, key="none"):
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=120)
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            _, err = self.proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            _, err = self.proc.communicate()
+        return self.proc.returncode, err
+
+
+@pytest.fixture(scope="module")
+def server(tiny):
+    s = Server(tiny["target"])
+    yield s
+    s.stop()
+
+
+def test_models_chat_and_completions_through_the_openai_client(server):
+    c = server.client()
+    ids = [m.id for m in c.models.list().data]
+    assert ids == [server_model_id(server)]
+    messages = [{"role": "user", "content": "Say something about foxes."}]
+    r = c.chat.completions.create(model=ids[0], messages=messages, max_tokens=24)
+    text = r.choices[0].message.content
+    assert text and r.usage.completion_tokens > 0 and r.usage.prompt_tokens > 0
+    spec = r.usage.model_extra["speculative"]
+    assert {"drafted", "accepted", "acceptance_rate", "tokens_per_second"} <= set(spec) and spec["mode"] == "lookup"
+    stream = c.chat.completions.create(model=ids[0], messages=messages, max_tokens=24, stream=True)
+    pieces = [ch.choices[0].delta.content or "" for ch in stream if ch.choices]
+    assert "".join(pieces) == text and len([p for p in pieces if p]) > 1  # greedy: the same text, in pieces
+    r = c.completions.create(model=ids[0], prompt="The quick brown fox", max_tokens=16)
+    assert r.choices[0].text and r.choices[0].finish_reason in ("length", "stop")
+    joined = "".join(ch.choices[0].text for ch in c.completions.create(
+        model=ids[0], prompt="The quick brown fox", max_tokens=16, stream=True))
+    assert joined == r.choices[0].text
+
+
+def server_model_id(server):
+    return json.loads(server.request("GET", "/v1/models")[1])["data"][0]["id"]
+
+
+def test_a_resent_conversation_prefills_only_what_is_new(server):
+    """Agents resend the whole conversation each turn: the KV cache keeps the longest common prefix."""
+    c, model = server.client(), server_model_id(server)
+    messages = [{"role": "system", "content": "You answer briefly. " * 20},
+                {"role": "user", "content": "Name a colour."}]
+    first = c.chat.completions.create(model=model, messages=messages, max_tokens=8)
+    messages += [{"role": "assistant", "content": first.choices[0].message.content},
+                 {"role": "user", "content": "Another one?"}]
+    second = c.chat.completions.create(model=model, messages=messages, max_tokens=8)
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached >= first.usage.prompt_tokens - 1 and cached < second.usage.prompt_tokens
+
+
+def test_a_greedy_completion_equals_spectool_run(server, tiny):
+    prompt = "the dog the fox the dog the fox the"
+    r = server.client().completions.create(model=server_model_id(server), prompt=prompt, max_tokens=30,
+                                           temperature=0)
+    out = subprocess.run([sys.executable, "-m", "spectool", "run", "-m", str(tiny["target"]), "-c", "1024",
+                          "-t", "2", "-n", "30", "-q", prompt], capture_output=True, text=True, timeout=300)
+    text = r.choices[0].text
+    assert out.returncode == 0 and out.stdout in (text, text + "\n")  # run ends its output with a newline
+
+
+def test_four_concurrent_clients_are_all_answered(server):
+    answers = [None] * 4
+
+    def ask(i):
+        answers[i] = server.client().completions.create(model=server_model_id(server), prompt=f"Story {i}:",
+                                                         max_tokens=12).choices[0].text
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert all(a for a in answers)
+
+
+def test_a_client_that_leaves_mid_stream_stops_its_generation(server):
+    import http.client
+
+    before = server.metric("requests_cancelled_total")
+    tokens_before = server.metric("completion_tokens_total")
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    conn.request("POST", "/v1/completions", json.dumps({"prompt": "Once upon a time", "max_tokens": 900,
+                                                        "stream": True, "temperature": 0.9}),
+                 {"Content-Type": "application/json"})
+    r = conn.getresponse()
+    assert r.status == 200
+    while not r.readline().startswith(b"data: "):
+        pass
+    conn.close()  # one piece, then hang up
+    deadline = time.time() + 60
+    while server.metric("requests_cancelled_total") == before and time.time() < deadline:
+        time.sleep(0.2)
+    assert server.metric("requests_cancelled_total") == before + 1
+    assert server.metric("completion_tokens_total") - tokens_before < 900  # stopped well short of the budget
+
+
+def test_errors_are_openai_shaped_with_the_right_status(server):
+    for method, path, body, raw, status, code in [
+        ("POST", "/v1/completions", None, b"{not json", 400, "invalid_json"),
+        ("POST", "/v1/completions", {"max_tokens": 4}, None, 400, "invalid_prompt"),
+        ("POST", "/v1/chat/completions", {"messages": []}, None, 400, "invalid_messages"),
+        ("POST", "/v1/completions", {"prompt": "word " * 2000}, None, 400, "context_length_exceeded"),
+        ("POST", "/v1/completions", {"prompt": "hi", "temperature": "hot"}, None, 400, "invalid_temperature"),
+        ("POST", "/v1/completions", {"prompt": "hi", "model": "gpt-9"}, None, 404, "model_not_found"),
+        ("GET", "/v1/nothing", None, None, 404, "not_found"),
+    ]:
+        got, text = server.request(method, path, body, raw=raw)
+        err = json.loads(text)["error"]
+        assert got == status and err["code"] == code and err["message"] and "Traceback" not in text, (path, text)
+    with pytest.raises(openai.NotFoundError):
+        server.client().completions.create(model="gpt-9", prompt="hi", max_tokens=2)
+
+
+def test_an_api_key_is_required_when_set_and_the_default_is_loopback(tiny):
+    s = Server(tiny["target"], "--api-key", "s3cret")
+    try:
+        assert s.request("GET", "/v1/models")[0] == 401
+        with pytest.raises(openai.AuthenticationError):
+            s.client("wrong").models.list()
+        assert [m.id for m in s.client("s3cret").models.list().data]
+        assert s.request("GET", "/health")[0] == 200
+        # bound to 127.0.0.1 only: another address of this machine is refused
+        others = {a[4][0] for a in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)} - {"127.0.0.1"}
+        for addr in others:
+            if not addr.startswith("127."):
+                with pytest.raises(OSError):
+                    socket.create_connection((addr, s.port), timeout=2).close()
+    finally:
+        code, err = s.stop()
+    assert code == 143 and "127.0.0.1" in err and "warning" not in err and "Traceback" not in err  # SIGTERM
+    open_server = Server(tiny["target"], "--host", "0.0.0.0")
+    try:
+        assert open_server.request("GET", "/health")[0] == 200
+    finally:
+        code, err = open_server.stop()
+    assert "warning: serving on 0.0.0.0 without --api-key" in err
