@@ -543,6 +543,8 @@ def serve(
     port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Port to listen on.")] = 8080,
     api_key: Annotated[Optional[str], typer.Option(
         "--api-key", envvar="SPECTOOL_API_KEY", help="Require 'Authorization: Bearer KEY' on every request.")] = None,
+    queue: Annotated[int, typer.Option("--queue", min=0, help="Requests that may wait for their turn; "
+                                                              "one more gets a 503.")] = 8,
     yes: Yes = False,
     debug: Debug = False,
 ) -> None:
@@ -557,8 +559,8 @@ def serve(
             for n in s.notices:
                 print(f"spectool: {n}", file=sys.stderr)
             model_id = o.pair or Path(str(s.gen.target.path)).stem
-            run_server(s, o, model_id, host, port, api_key, say=lambda line: print(f"spectool: {line}",
-                                                                                    file=sys.stderr))
+            run_server(s, o, model_id, host, port, api_key, queue, say=lambda line: print(f"spectool: {line}",
+                                                                                           file=sys.stderr))
 
 
 # -- chat --------------------------------------------------------------------------------------------------------

@@ -55,7 +55,8 @@ class Server:
                  queue_size: int = 8):
         self.session, self.options, self.model_id = session, options, model_id
         self.api_key, self.queue_size = api_key, queue_size
-        self.lock = threading.Lock()  # one generation at a time
+        self.turn = threading.Condition()  # one generation at a time, in arrival order (tickets)
+        self.next_ticket = self.serving = 0
         self.counting = threading.Lock()
         self.waiting = 0
         self.totals = Totals()
@@ -109,16 +110,24 @@ class Server:
                       on_prefill=None)
         return gen, tokens, stop
 
-    def run(self, gen, tokens, stop, push, cancelled: threading.Event):
-        """Generate in this (worker) thread, handing (text, None) pieces and finally (None, Stats) to `push`."""
+    def ticket(self) -> int:
+        with self.turn:
+            self.next_ticket += 1
+            return self.next_ticket - 1
+
+    def run(self, ticket: int, gen, tokens, stop, push, cancelled: threading.Event):
+        """Generate in this (worker) thread once `ticket` is served, handing (text, None) pieces and finally
+        (None, Stats) to `push`."""
         from spectool.speculative import generate_text
         from spectool.stats import Stats
 
         stats = Stats(mode=self.session.mode)
+        with self.turn:
+            self.turn.wait_for(lambda: self.serving == ticket)
+        with self.counting:
+            self.waiting -= 1
         try:
-            with self.lock:
-                with self.counting:
-                    self.waiting -= 1
+            if not cancelled.is_set():  # a client that left while waiting costs nothing
                 for text, _ in generate_text(gen, tokens, stop, stats, lambda: cancelled.is_set() or
                                              self.stopping.is_set()):
                     if text:
@@ -126,6 +135,10 @@ class Server:
         except Exception as e:  # noqa: BLE001 - reported to the client as a 500, never a traceback
             push((None, e))
             return
+        finally:
+            with self.turn:
+                self.serving += 1
+                self.turn.notify_all()
         t = self.totals
         t.prompt_tokens += len(tokens)
         t.completion_tokens += stats.n_generated
@@ -178,7 +191,7 @@ class Server:
             queue: asyncio.Queue = asyncio.Queue()
             cancelled = threading.Event()
             worker = threading.Thread(target=self.run, daemon=True,
-                                      args=(gen, tokens, stop, lambda item: loop.call_soon_threadsafe(
+                                      args=(self.ticket(), gen, tokens, stop, lambda item: loop.call_soon_threadsafe(
                                           queue.put_nowait, item), cancelled))
             worker.start()
             rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
@@ -277,7 +290,9 @@ class Server:
                 "total_tokens": n_prompt + stats.n_generated, "prompt_tokens_details": {"cached_tokens": cached},
                 "speculative": {"mode": self.session.mode, "drafted": stats.n_drafted, "accepted": stats.n_accepted,
                                 "acceptance_rate": round(stats.acceptance_rate, 4),
-                                "tokens_per_second": round(stats.tokens_per_second, 3)}}
+                                "tokens_per_second": round(stats.tokens_per_second, 3),
+                                "prompt_seconds": round(stats.prompt_seconds, 6),
+                                "decode_seconds": round(stats.decode_seconds, 6)}}
 
     def _object(self, rid, created, chat, text, stats, n_prompt) -> dict:
         choice: dict[str, Any] = {"index": 0, "finish_reason": _finish(stats)}
@@ -306,11 +321,11 @@ def _number(body: dict, name: str, kind, default, lo=None, hi=None):
 
 
 def serve(session: Session, options: Options, model_id: str, host: str, port: int, api_key: str | None,
-          say=print) -> None:
+          queue_size: int = 8, say=print) -> None:
     """Serve until Ctrl-C or SIGTERM (uvicorn's own handling: the response in progress finishes, then it stops)."""
     import uvicorn
 
-    server = Server(session, options, model_id, api_key)
+    server = Server(session, options, model_id, api_key, queue_size)
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         say(f"warning: serving on {host} without --api-key: anyone who can reach this port can use the model")
     say(f"serving {model_id} on http://{host}:{port}/v1 ({session.mode}); Ctrl-C stops")

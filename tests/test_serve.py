@@ -196,3 +196,36 @@ def test_an_api_key_is_required_when_set_and_the_default_is_loopback(tiny):
     finally:
         code, err = open_server.stop()
     assert "warning: serving on 0.0.0.0 without --api-key" in err
+
+
+def _stream(port, body):
+    """A streamed completion opened on its own connection: (connection, response)."""
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    conn.request("POST", "/v1/completions", json.dumps({**body, "stream": True}), {"Content-Type": "application/json"})
+    return conn, conn.getresponse()
+
+
+def test_a_full_queue_answers_503_and_sigterm_lets_the_stream_finish(tiny):
+    s = Server(tiny["target"], "--queue", "1")
+    try:
+        long = {"prompt": "Once upon a time", "max_tokens": 900, "temperature": 0.9, "seed": 1}
+        conn, first = _stream(s.port, long)  # generating
+        assert first.readline().startswith(b"data: ")
+        waiting = threading.Thread(target=s.request, args=("POST", "/v1/completions", {"prompt": "a", "max_tokens": 4}))
+        waiting.start()  # waits for its turn
+        time.sleep(0.5)
+        status, text = s.request("POST", "/v1/completions", {"prompt": "b", "max_tokens": 4})
+        assert status == 503 and json.loads(text)["error"]["code"] == "queue_full"
+        s.proc.terminate()  # SIGTERM while the first response streams: it finishes, then the server stops
+        rest = b""
+        while line := first.readline():  # up to the close (uvicorn ends a stream cut by shutdown without the
+            rest += line                 # last empty chunk, so read lines, not the chunked body)
+        rest = rest.decode()
+        assert rest.rstrip().endswith("data: [DONE]") and '"finish_reason": "length"' in rest
+        conn.close()
+        waiting.join(timeout=60)
+    finally:
+        code, err = s.stop()
+    assert code == 143 and "Traceback" not in err

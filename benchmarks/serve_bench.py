@@ -1,0 +1,99 @@
+"""End-to-end tokens/s through `spectool serve`'s OpenAI API: speculative (prompt lookup) vs `--spec none`, on the
+code-editing set, and what HTTP costs per token.
+
+    pip install -e ".[test,bench]"
+    python benchmarks/serve_bench.py        # a few minutes on 2 cores
+
+For each mode a real server process serves F16 Gemma 3 270M on 127.0.0.1 and the official `openai` client sends
+the prompts one after another, greedy, streamed (as editors and agents ask). End-to-end speed is completion tokens
+over the client's wall clock from the request to the stream's end (prompt processing included, as a user waits
+for it); the server's own prompt and decode times come back in `usage.speculative`, and what is left of the
+client's time, per token, is what the API adds (HTTP, JSON, server-sent events, the queue).
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+import prompts as P  # noqa: E402
+from run import models  # noqa: E402
+
+
+def start(model: Path, spec: str, threads: int) -> tuple[subprocess.Popen, str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "spectool", "serve", "-m", str(model), "--spec", spec,
+                             "-t", str(threads), "--port", str(port)], stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            urllib.request.urlopen(url + "/health", timeout=1)
+            return proc, url
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError("the server did not start")
+
+
+def measure(url: str, texts: list[str], tokens: int) -> dict:
+    import openai
+
+    client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=600)
+    model = client.models.list().data[0].id
+    client.completions.create(model=model, prompt="warm up", max_tokens=4)
+    n = wall = decode = prompt = 0.0
+    drafted = accepted = 0
+    for text in texts:
+        t0 = time.perf_counter()
+        usage = None
+        for chunk in client.completions.create(model=model, prompt=text, max_tokens=tokens, temperature=0,
+                                               stream=True):
+            usage = chunk.usage or usage
+        wall += time.perf_counter() - t0
+        spec = usage.model_extra["speculative"]
+        n += usage.completion_tokens
+        decode += spec["decode_seconds"]
+        prompt += spec["prompt_seconds"]
+        drafted, accepted = drafted + spec["drafted"], accepted + spec["accepted"]
+    return {"tokens": n, "wall": wall, "decode": decode, "prompt": prompt, "drafted": drafted, "accepted": accepted}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    model, texts = models()["F16"], P.humaneval_prompts(args.prompts)
+    rows = {}
+    for spec in ("none", "lookup"):
+        proc, url = start(model, spec, args.threads)
+        try:
+            rows[spec] = measure(url, texts, args.tokens)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+    print(f"\nF16 Gemma 3 270M, code editing (HumanEval), {args.prompts} prompts, {args.tokens} tokens, greedy, "
+          "streamed through the OpenAI API\n")
+    print("| server | end-to-end tok/s | speedup | server decode tok/s | API cost per token | drafted | "
+          "accepted |\n|---|---:|---:|---:|---:|---:|---:|")
+    base = rows["none"]["tokens"] / rows["none"]["wall"]
+    for spec, r in rows.items():
+        e2e = r["tokens"] / r["wall"]
+        print(f"| `--spec {spec}` | {e2e:.1f} | {e2e / base:.2f}x | {r['tokens'] / r['decode']:.1f} | "
+              f"{1000 * (r['wall'] - r['decode'] - r['prompt']) / r['tokens']:.2f} ms | {r['drafted']} | "
+              f"{r['accepted']} |")
+
+
+if __name__ == "__main__":
+    main()
