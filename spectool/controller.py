@@ -188,6 +188,13 @@ class Controller:
             self._memo[key] = est  # until the next observation (a stretch's keys chain through their priors)
         return est
 
+    def worth(self, key: str) -> float:
+        """What a token drafted under `key` is worth, in tokens: its estimated acceptance less what drafting it
+        costs, counted in single target steps (nothing for a lookup token; a draft-model token on a CPU can cost
+        half a target step)."""
+        one = self.costs.verify_cost(1)
+        return self.acceptance(key) - self.draft_cost(key, one) / one
+
     def prior(self, key: str) -> tuple[float, float]:
         """(prior acceptance, its weight in observations) of a key. A continuation's ("lookup:2+3", see
         PromptLookup.keys) is what the controller now estimates for the token before it in its stretch."""

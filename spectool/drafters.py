@@ -30,7 +30,7 @@ class Draft:
 EMPTY = Draft([], None, "none")
 
 
-Estimate = Callable[[str], float]  # key -> the controller's estimated acceptance of a token drafted under it
+Estimate = Callable[[str], float]  # key -> what the controller thinks a token drafted under it is worth
 
 
 class Drafter(Protocol):
@@ -248,8 +248,8 @@ class PromptLookup:
 
 class Hybrid:
     """Prompt lookup while its evidence holds, the draft model for the rest of the step: lookup's tokens are
-    offered up to the first one whose estimated acceptance falls below the draft model's, and
-    the draft model continues from there (from the start where lookup finds nothing)."""
+    offered up to the first one worth less than a draft-model token (Controller.worth: acceptance less what
+    drafting costs), and the draft model continues from there (from the start where lookup finds nothing)."""
 
     def __init__(self, lookup: PromptLookup, draft: DraftModel):
         self.lookup, self.draft = lookup, draft

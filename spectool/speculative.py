@@ -93,7 +93,7 @@ def speculative_generate(g: Generation, prompt: Sequence[int], stats: Stats | No
             d = EMPTY
             keys: list[str] = []
             if drafter is not None:
-                keys = drafter.peek(x, ctl.k_max, lambda key: ctl.acceptance(key + ctl_suffix))
+                keys = drafter.peek(x, ctl.k_max, lambda key: ctl.worth(key + ctl_suffix))
                 keys = [key + ctl_suffix for key in keys[: max(0, min(room, g.max_tokens - n_new - 1))]]
                 k = ctl.choose(keys) if keys else 0
                 if k > 0:

@@ -414,3 +414,18 @@ def test_a_fresh_cost_table_measures_batches_before_the_first_step(target):
     list(speculative_generate(Generation(target, PromptLookup(), Sampling(0.8), Controller(timed=False, costs=seeded),
                                          max_tokens=5, seed=1), prompt))
     assert not seeded.verify  # seeded sampling keeps its priors, so that it reproduces
+
+
+def test_hybrid_hands_over_to_the_draft_model_where_lookup_is_worth_less(draft):
+    """Lookup's tokens are offered while each is worth at least a draft-model token (the controller's estimate,
+    see Controller.worth), and the draft model drafts the rest of the same step."""
+    history = [1, 2, 3, 4, 5, 9] + [1, 2, 3, 4, 6, 9, 8] + [1, 2]  # lookup: 3, 4, then "1 2 3 4" went two ways
+    worth = {"draft": 0.5}
+    h = Hybrid(PromptLookup(), DraftModel(draft))
+    keys = h.peek(history, 8, lambda key: worth.get(key, 0.1 if "?" in key else 0.9))
+    assert keys == ["lookup:2", "lookup:2+1"] + ["draft"] * 6
+    d = h.propose(history, 5, Sampling(), np.random.default_rng(0))
+    assert d.tokens[:2] == [3, 4] and len(d.tokens) == 5 and d.source == "hybrid" and d.q is None
+    plain_draft = DraftModel(draft).propose(history + [3, 4], 3, Sampling(), np.random.default_rng(0))
+    assert d.tokens[2:] == plain_draft.tokens  # the draft model continued from lookup's tokens
+    assert h.peek(history, 8, lambda key: worth.get(key, 0.9))[:3] == ["lookup:2", "lookup:2+1", "lookup:4?"]
