@@ -2,7 +2,7 @@
 (plain decoding), built once from the llama.cpp sources vendored in the llama-cpp-python sdist that spectool runs
 on, so both tools run the same llama.cpp.
 
-    python benchmarks/llamacpp.py            # build (about 6 minutes on 2 cores, cached) and print the binaries
+    python benchmarks/llamacpp.py            # build (345 s on 2 cores, once; cached) and print the binaries
 
 The build goes to ~/.cache/spectool-bench/llama.cpp-<version>/ (SPECTOOL_BENCH_CACHE moves it): the sdist is
 fetched with pip, configured as a native Release build (as pip builds llama-cpp-python), and only the two targets
