@@ -63,11 +63,16 @@ def special_texts(model) -> tuple[str, str]:
     return bos, eos
 
 
+def tokenize_rendered(model, text: str, bos: str) -> list[int]:
+    """A rendered conversation as tokens, with a BOS in front unless the template wrote one."""
+    return model.tokenize(text, add_special=not (bos and text.startswith(bos)), parse_special=True)
+
+
 def prompt_tokens(model, messages: list[dict]) -> list[int]:
     """A whole conversation, rendered with the model's chat template and a generation prompt, as tokens."""
     bos, eos = special_texts(model)
-    text = render(model.chat_template(), messages, add_generation_prompt=True, bos=bos, eos=eos)
-    return model.tokenize(text, add_special=not (bos and text.startswith(bos)), parse_special=True)
+    return tokenize_rendered(model, render(model.chat_template(), messages, add_generation_prompt=True, bos=bos,
+                                           eos=eos), bos)
 
 
 @dataclass
@@ -101,8 +106,7 @@ class Chat:
         m = self.gen.target
         if self.anchor and text.startswith(self.anchor):  # only what the template added since the last reply
             return self.tokens + m.tokenize(text[len(self.anchor):], add_special=False, parse_special=True), text
-        add_bos = not (self.bos and text.startswith(self.bos))
-        return m.tokenize(text, add_special=add_bos, parse_special=True), text
+        return tokenize_rendered(m, text, self.bos), text
 
     def _fit(self, user: str) -> tuple[list[int], str, int]:
         """The prompt for `user` after dropping the oldest turns, as ollama does (never the system prompt), until

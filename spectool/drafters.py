@@ -262,8 +262,9 @@ class Hybrid:
     def peek(self, history: Sequence[int], k_max: int = 16, estimate: Estimate | None = None) -> list[str]:
         keys = self.lookup.peek(history, k_max)
         model = self.draft.peek(history, k_max)
+        bar = {key: estimate(key) for key in set(model)} if estimate is not None else {}
         j = 0
-        while j < len(keys) and j < len(model) and (estimate is None or estimate(keys[j]) >= estimate(model[j])):
+        while j < len(keys) and j < len(model) and (estimate is None or estimate(keys[j]) >= bar[model[j]]):
             j += 1
         self._n_lookup = j
         return keys[:j] + model[j:]

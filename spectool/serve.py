@@ -24,6 +24,9 @@ class ApiError(Exception):
         super().__init__(message)
         self.status, self.message, self.type, self.code = status, message, type_, code
 
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "code": self.code}}
+
 
 @dataclass
 class Totals:
@@ -38,15 +41,12 @@ class Totals:
 
     def prometheus(self) -> str:
         lines = []
-        for name, kind, value in (("requests_total", "counter", self.requests),
-                                  ("requests_rejected_total", "counter", self.rejected),
-                                  ("requests_cancelled_total", "counter", self.cancelled),
-                                  ("prompt_tokens_total", "counter", self.prompt_tokens),
-                                  ("completion_tokens_total", "counter", self.completion_tokens),
-                                  ("drafted_tokens_total", "counter", self.drafted),
-                                  ("accepted_tokens_total", "counter", self.accepted),
-                                  ("decode_seconds_total", "counter", round(self.decode_seconds, 6))):
-            lines += [f"# TYPE spectool_{name} {kind}", f"spectool_{name} {value}"]
+        for name, value in (("requests_total", self.requests), ("requests_rejected_total", self.rejected),
+                            ("requests_cancelled_total", self.cancelled), ("prompt_tokens_total", self.prompt_tokens),
+                            ("completion_tokens_total", self.completion_tokens),
+                            ("drafted_tokens_total", self.drafted), ("accepted_tokens_total", self.accepted),
+                            ("decode_seconds_total", round(self.decode_seconds, 6))):
+            lines += [f"# TYPE spectool_{name} counter", f"spectool_{name} {value}"]
         return "\n".join(lines) + "\n"
 
 
@@ -103,7 +103,7 @@ class Server:
                            repeat_penalty=_number(body, "repeat_penalty", float, s.repeat_penalty, 0.0))
         if sampling.top_p <= 0.0:
             raise ApiError(400, "'top_p' must be in (0, 1]", code="invalid_top_p")
-        seed = body.get("seed", self.options.seed)
+        seed = body.get("seed", o.seed)
         if seed is not None and not isinstance(seed, int):
             raise ApiError(400, "'seed' must be an integer", code="invalid_seed")
         gen = replace(self.session.gen, sampling=sampling, max_tokens=max_tokens, seed=seed, rng=None,
@@ -157,8 +157,7 @@ class Server:
         from starlette.routing import Route
 
         def error(e: ApiError) -> JSONResponse:
-            return JSONResponse({"error": {"message": e.message, "type": e.type, "code": e.code}},
-                                status_code=e.status)
+            return JSONResponse(e.body(), status_code=e.status)
 
         def authorised(request: Request) -> None:
             if self.api_key and request.headers.get("authorization", "") != f"Bearer {self.api_key}":
@@ -250,10 +249,11 @@ class Server:
     async def _events(self, request, queue, cancelled, rid, created, chat):
         kind = "chat.completion.chunk" if chat else "text_completion"
 
-        def chunk(text: str | None, finish: str | None, usage: dict | None = None) -> str:
+        def chunk(text: str | None, finish: str | None = None, usage: dict | None = None,
+                  delta: dict | None = None) -> str:
             if chat:
-                choice = {"index": 0, "delta": {"content": text} if text is not None else {},
-                          "finish_reason": finish}
+                delta = delta if delta is not None else {"content": text} if text is not None else {}
+                choice = {"index": 0, "delta": delta, "finish_reason": finish}
             else:
                 choice = {"index": 0, "text": text or "", "finish_reason": finish}
             obj = {"id": rid, "object": kind, "created": created, "model": self.model_id, "choices": [choice]}
@@ -262,7 +262,7 @@ class Server:
             return f"data: {json.dumps(obj)}\n\n"
 
         if chat:
-            yield f"data: {json.dumps({'id': rid, 'object': kind, 'created': created, 'model': self.model_id, 'choices': [{'index': 0, 'delta': {'role': 'assistant', 'content': ''}, 'finish_reason': None}]})}\n\n"
+            yield chunk(None, delta={"role": "assistant", "content": ""})
         try:
             while True:
                 try:
@@ -273,10 +273,10 @@ class Server:
                         return
                     continue
                 if piece is not None:
-                    yield chunk(piece, None)
+                    yield chunk(piece)
                     continue
                 if isinstance(end, Exception):
-                    yield f"data: {json.dumps({'error': {'message': f'generation failed: {end}', 'type': 'server_error', 'code': None}})}\n\n"
+                    yield f"data: {json.dumps(ApiError(500, f'generation failed: {end}', 'server_error').body())}\n\n"
                     return
                 yield chunk(None, _finish(end), self._usage(end, end.n_prompt_tokens))
                 yield "data: [DONE]\n\n"
