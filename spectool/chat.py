@@ -84,6 +84,7 @@ class Chat:
     tokens: list[int] = field(default_factory=list)  # the conversation so far, as the target saw it
     anchor: str = ""  # the rendered conversation up to the end of the last reply ("" = unknown)
     turns: list[Stats] = field(default_factory=list)
+    offload: dict | None = None  # where the weights went (session.Session.offload), for /stats
 
     def __post_init__(self):
         m = self.gen.target
@@ -136,7 +137,7 @@ class Chat:
         prompt, rendered, dropped = self._fit(user)
         notice = (f"the conversation outgrew the context ({self.gen.target.n_ctx} tokens): dropped the "
                   f"{dropped} oldest turn{'s' if dropped > 1 else ''}") if dropped else None
-        stats = Stats(mode=self.mode, target=str(self.gen.target.path))
+        stats = Stats(mode=self.mode, target=str(self.gen.target.path), offload=self.offload)
         self.turns.append(stats)
         reply: list[str] = []
         generated: list[int] = []

@@ -70,8 +70,37 @@ DraftPMin = Annotated[
 ]
 Ctx = Annotated[int, typer.Option("--ctx-size", "-c", min=0, help="Context size in tokens (0 = the model's).")]
 Threads = Annotated[Optional[int], typer.Option("--threads", "-t", min=1, help="CPU threads.")]
-Ngl = Annotated[int, typer.Option("--gpu-layers", "-ngl", help="Target layers to offload to the GPU (-1 = all).")]
-Ngld = Annotated[int, typer.Option("--gpu-layers-draft", "-ngld", help="Draft layers to offload to the GPU.")]
+
+
+def _gpu_layers(value: str) -> str:
+    from spectool.engine import parse_gpu_layers
+
+    try:
+        return str(parse_gpu_layers(value))
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+
+
+Ngl = Annotated[str, typer.Option(
+    "--gpu-layers", "-ngl", callback=_gpu_layers, metavar="N|auto|all",
+    help="Target layers to offload to the GPU or RPC workers; auto = all of them when there is a device to "
+    "offload to, none otherwise.")]
+Ngld = Annotated[str, typer.Option(
+    "--gpu-layers-draft", "-ngld", callback=_gpu_layers, metavar="N|auto|all",
+    help="Draft layers to offload; auto = all of them on a local GPU (the draft stays off RPC workers unless "
+    "there is no local GPU and a number is given).")]
+def _rpc(value: str | None) -> str | None:
+    from spectool.engine import RpcError, parse_endpoints
+
+    try:
+        return value and ",".join(f"{h}:{p}" for h, p in parse_endpoints(value))
+    except RpcError as e:
+        raise typer.BadParameter(str(e)) from None
+
+
+Rpc = Annotated[Optional[str], typer.Option(
+    "--rpc", metavar="HOST:PORT[,...]", callback=_rpc, help="Use the devices of these RPC workers (`spectool worker`) for the "
+    "target's layers, as llama.cpp's --rpc does.")]
 StatsJson = Annotated[Optional[Path], typer.Option("--stats-json", help="Write generation statistics here.")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No summary on stderr.")]
 Debug = Annotated[bool, typer.Option("--debug", help="Show tracebacks and llama.cpp's log.")]
@@ -98,7 +127,7 @@ def _root(
 
 # -- errors ------------------------------------------------------------------------------------------------------
 def _error_table():
-    from spectool.engine import DecodeError, ModelLoadError
+    from spectool.engine import DecodeError, ModelLoadError, RpcError
     from spectool.hub import HubError
     from spectool.registry import RegistryError
 
@@ -106,6 +135,7 @@ def _error_table():
         UserError: "",
         HubError: "",
         RegistryError: "",
+        RpcError: "",
         ModelLoadError: "check the path, or that the file is a complete GGUF model",
         DecodeError: "try a smaller --ctx-size or fewer --gpu-layers",
         UnicodeDecodeError: "spectool reads UTF-8 text",
@@ -245,8 +275,9 @@ def run(
     draft_vocab: DraftVocab = 0,
     ctx_size: Ctx = 4096,
     threads: Threads = None,
-    gpu_layers: Ngl = 0,
-    gpu_layers_draft: Ngld = 0,
+    gpu_layers: Ngl = "auto",
+    gpu_layers_draft: Ngld = "auto",
+    rpc: Rpc = None,
     stop: Stop = None,
     truncate: Annotated[bool, typer.Option("--truncate", help="Keep the end of a prompt too long for the context.")] = False,
     color_drafts: ColorDrafts = False,
@@ -289,7 +320,7 @@ def _run(o: Options, prompt: str | None, stop: list[str] | None, truncate: bool,
         for n in s.notices:
             print(f"spectool: {n}", file=sys.stderr)
         gen = s.gen
-        stats = Stats(mode=s.mode, target=s.target_name, draft=s.draft_name)
+        stats = Stats(mode=s.mode, target=s.target_name, draft=s.draft_name, offload=s.offload)
         tokens = fit_prompt(gen.target.tokenize(text, add_special=True, parse_special=True), gen.target.n_ctx,
                             o.max_tokens, truncate, gen.target.vocab_info().bos)
         display = Display(stats, quiet=quiet, color_drafts=color_drafts)
@@ -421,6 +452,97 @@ def models(
     console.print(t)
 
 
+# -- info and worker ---------------------------------------------------------------------------------------------
+@app.command(epilog="Examples:\n\n  spectool info\n\n  spectool info --json --rpc 192.168.1.20:50052")
+def info(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
+    rpc: Rpc = None,
+    debug: Debug = False,
+) -> None:
+    """What this installation can do: versions, CPU features, backends and devices, GPU offload and RPC, threads,
+    and the folders spectool uses."""
+    with cli_errors(debug):
+        from huggingface_hub import constants
+
+        from spectool import engine
+        from spectool.cache import cache_dir
+        from spectool.registry import user_file
+
+        engine.set_verbose(debug)
+        if rpc:
+            engine.add_rpc_workers(engine.parse_endpoints(rpc))
+        b = engine.backend_info()
+        data = {"spectool": __version__, **engine.versions(), "system_info": b["system_info"],
+                # gpu_offload: a local GPU to offload to (what -ngl auto uses); llama.cpp's own
+                # llama_supports_gpu_offload() also says yes for a CPU build with RPC in it
+                "gpu_offload": any(d.offloads and not d.remote for d in engine.devices()), "rpc": b["rpc"],
+                "threads": os.cpu_count() or 1, "devices": [d.to_json() for d in engine.devices()],
+                "paths": {"cache": str(cache_dir("")), "models_cache": constants.HF_HUB_CACHE,
+                          "config": str(user_file())}}
+    if as_json:
+        print(json.dumps(data, indent=2))
+        return
+    mib = 1 << 20
+    rows = [("spectool", data["spectool"]),
+            ("llama.cpp", f"llama-cpp-python {data['llama_cpp_python']}, ggml {data['ggml']} ({data['ggml_commit']})"),
+            ("CPU", data["system_info"]),
+            ("GPU offload", "yes: -ngl auto offloads every layer" if data["gpu_offload"] else
+             "no GPU device (a CPU-only build, or no driver): -ngl auto keeps the layers on the CPU"),
+            ("RPC", "built in (spectool worker, --rpc)" if data["rpc"] else engine.REINSTALL_RPC),
+            ("threads", f"{data['threads']} by default (-t)")]
+    rows += [(f"device {d['name']}", f"{d['type']}, {d['backend']}: {d['description']}; "
+              f"{d['memory_total'] // mib} MiB, {d['memory_free'] // mib} MiB free") for d in data["devices"]]
+    rows += [(f"{k} folder", v) for k, v in data["paths"].items()]
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k:<{width}}  {v}")
+
+
+@app.command(epilog="Examples:\n\n  spectool worker\n\n  spectool worker --host 0.0.0.0 --port 50052 -t 8\n\n"
+             "then, on the machine that runs the models:  spectool run --rpc HOST:50052 ...")
+def worker(
+    host: Annotated[str, typer.Option("--host", help="Address to listen on (127.0.0.1: this machine only).")]
+    = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Port to listen on.")] = 50052,
+    threads: Threads = None,
+    debug: Debug = False,
+) -> None:
+    """Lend this machine's GPUs (else its CPU) to `spectool run --rpc` elsewhere: llama.cpp's RPC server."""
+    with cli_errors(debug):
+        import socket
+        import threading
+
+        from spectool import engine
+
+        engine.set_verbose(debug)
+        if not engine.backend_info()["rpc"]:
+            raise UserError(engine.REINSTALL_RPC)
+        try:
+            with socket.create_server((host, port)):
+                pass
+        except OSError as e:
+            raise UserError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+        if host not in ("127.0.0.1", "localhost"):
+            print(f"WARNING: Host ('{host}') is != '127.0.0.1'\n         Never expose the RPC server to an open "
+                  "network!\n         This is an experimental feature and is not secure!", file=sys.stderr)
+        n = threads or os.cpu_count() or 1
+        names = ", ".join(f"{d.name} ({d.description})" for d in engine.worker_devices())
+        print(f"spectool worker: serving {names} with {n} threads on {host}:{port}; Ctrl-C stops",
+              file=sys.stderr, flush=True)
+        server = threading.Thread(target=engine.serve_rpc, args=(host, port, n), daemon=True)
+        old = signal.signal(signal.SIGTERM, _on_sigterm)
+        try:
+            server.start()
+            while server.is_alive():
+                server.join(0.2)
+        except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: the server thread cannot be joined, so leave now
+            print("spectool worker: stopped", file=sys.stderr, flush=True)
+            engine.exit_now(143 if isinstance(e, Terminated) else 130)
+        finally:
+            signal.signal(signal.SIGTERM, old)
+        raise UserError(f"llama.cpp's RPC server stopped: {engine.last_log_error() or 'see --debug'}")
+
+
 # -- bench -------------------------------------------------------------------------------------------------------
 @app.command(epilog="Examples:\n\n  spectool bench --pair demo\n\n"
              "  spectool bench -m big.gguf -md small.gguf --prompts prompts.txt --plot speed.png")
@@ -435,8 +557,9 @@ def bench(
         "--draft-vocab", min=0, help="Also try the draft pruned to this many tokens (0 = not).")] = 65536,
     ctx_size: Ctx = 4096,
     threads: Threads = None,
-    gpu_layers: Ngl = 0,
-    gpu_layers_draft: Ngld = 0,
+    gpu_layers: Ngl = "auto",
+    gpu_layers_draft: Ngld = "auto",
+    rpc: Rpc = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG chart of the speedups.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
     sampled: Annotated[bool, typer.Option(
@@ -474,8 +597,9 @@ def _bench(o: Options, prompts: Path | None, draft_vocab: int, plot: Path | None
             from spectool import prune
 
             path = prune.pruned_draft(draft.path, pruned_vocab, n_threads=o.threads)
-            drafts[pruned_vocab] = (stack.enter_context(engine.Model(path, n_ctx=target.n_ctx,
-                                                                     n_threads=o.threads)), prune.read_ids(path))
+            drafts[pruned_vocab] = (stack.enter_context(engine.Model(
+                path, n_ctx=target.n_ctx, n_threads=o.threads, n_gpu_layers=o.gpu_layers_draft, local_only=True)),
+                prune.read_ids(path))
         contenders = B.default_contenders(with_draft=draft is not None, pruned_vocab=pruned_vocab)
         adaptive = [c for c in contenders if not c.fixed] if with_sampled else []
         tokens = [target.tokenize(t) for t in texts]
@@ -536,8 +660,9 @@ def serve(
     draft_vocab: DraftVocab = 0,
     ctx_size: Ctx = 4096,
     threads: Threads = None,
-    gpu_layers: Ngl = 0,
-    gpu_layers_draft: Ngld = 0,
+    gpu_layers: Ngl = "auto",
+    gpu_layers_draft: Ngld = "auto",
+    rpc: Rpc = None,
     host: Annotated[str, typer.Option("--host", help="Address to listen on (127.0.0.1: this machine only).")]
     = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Port to listen on.")] = 8080,
@@ -597,8 +722,9 @@ def chat(
     draft_vocab: DraftVocab = 0,
     ctx_size: Ctx = 4096,
     threads: Threads = None,
-    gpu_layers: Ngl = 0,
-    gpu_layers_draft: Ngld = 0,
+    gpu_layers: Ngl = "auto",
+    gpu_layers_draft: Ngld = "auto",
+    rpc: Rpc = None,
     color_drafts: ColorDrafts = False,
     yes: Yes = False,
     quiet: Quiet = False,
@@ -615,7 +741,7 @@ def _chat(o: Options, system: str | None, color_drafts: bool, quiet: bool) -> No
     from spectool.engine import EngineError
     from spectool.session import open_session
     from spectool.stats import Stats
-    from spectool.ui import Display, WaitBar, stats_table, summary_line
+    from spectool.ui import Display, WaitBar, offload_text, stats_table, summary_line
 
     try:
         import readline  # noqa: F401 - line editing and history for input()
@@ -625,12 +751,12 @@ def _chat(o: Options, system: str | None, color_drafts: bool, quiet: bool) -> No
         for n in s.notices:
             print(f"spectool: {n}", file=sys.stderr)
         gen, mode = s.gen, s.mode
-        session = Chat(gen, system=system, mode=mode)
+        session = Chat(gen, system=system, mode=mode, offload=s.offload)
         if session.template is None:
             print("spectool: the model has no chat template; using a plain User:/Assistant: format",
                   file=sys.stderr)
-        print(f"spectool chat: {gen.target.path.name} ({mode}). /help for commands, /exit to leave.",
-              file=sys.stderr)
+        print(f"spectool chat: {gen.target.path.name} ({mode}, {offload_text(s.offload)}). /help for commands, "
+              "/exit to leave.", file=sys.stderr)
         while True:
             try:
                 line = input("> ")

@@ -88,9 +88,224 @@ def backend_info() -> dict:
     lib = _lib()
     return {
         "gpu_offload": bool(lib.llama_supports_gpu_offload()),
+        "rpc": bool(lib.llama_supports_rpc()),
         "system_info": lib.llama_print_system_info().decode("utf-8", errors="replace").strip(),
         "llama_cpp_python": getattr(lib, "__version__", "?"),
     }
+
+
+# --------------------------------------------------------------------------------------------------------------
+# ggml's devices and its RPC backend. llama-cpp-python binds neither, so they are bound here with ctypes, against
+# the libggml that llama-cpp-python loaded (dlsym on its handle also finds what libggml-base defines).
+
+DEVICE_TYPES = ("CPU", "GPU", "IGPU", "ACCEL")  # enum ggml_backend_dev_type
+REINSTALL_RPC = ('this llama-cpp-python was built without RPC; reinstall it with: '
+                 'CMAKE_ARGS="-DGGML_RPC=on" pip install --force-reinstall --no-cache-dir llama-cpp-python')
+
+
+class RpcError(EngineError):
+    """An RPC worker is unreachable, or this build has no RPC backend."""
+
+
+_ABORT_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
+
+
+def _ggml():
+    if _STATE.get("ggml") is None:
+        llama = _lib()
+        libdir = Path(llama.__file__).parent / "lib"
+        path = next((libdir / n for n in ("libggml.so", "libggml.dylib", "ggml.dll") if (libdir / n).exists()), None)
+        g = ctypes.CDLL(str(path) if path else "libggml.so")
+        p, size = ctypes.c_void_p, ctypes.c_size_t
+        for name, res, args in (
+            ("ggml_backend_dev_count", size, []), ("ggml_backend_dev_get", p, [size]),
+            ("ggml_backend_dev_name", ctypes.c_char_p, [p]), ("ggml_backend_dev_description", ctypes.c_char_p, [p]),
+            ("ggml_backend_dev_memory", None, [p, ctypes.POINTER(size), ctypes.POINTER(size)]),
+            ("ggml_backend_dev_type", ctypes.c_int, [p]), ("ggml_backend_dev_backend_reg", p, [p]),
+            ("ggml_backend_reg_name", ctypes.c_char_p, [p]), ("ggml_backend_reg_by_name", p, [ctypes.c_char_p]),
+            ("ggml_backend_reg_get_proc_address", p, [p, ctypes.c_char_p]), ("ggml_backend_register", None, [p]),
+            ("ggml_set_abort_callback", p, [_ABORT_CALLBACK]), ("ggml_version", ctypes.c_char_p, []),
+            ("ggml_commit", ctypes.c_char_p, []),
+        ):
+            fn = getattr(g, name)
+            fn.restype, fn.argtypes = res, args
+        _STATE["ggml"] = g
+    return _STATE["ggml"]
+
+
+@dataclass(frozen=True)
+class Device:
+    """One of llama.cpp's devices: CPU, a GPU, or a remote device behind an RPC worker."""
+
+    name: str
+    description: str
+    type: str  # CPU | GPU | IGPU | ACCEL
+    backend: str  # CPU, CUDA, Metal, RPC, ...
+    free: int  # bytes
+    total: int
+    handle: int = 0
+
+    @property
+    def offloads(self) -> bool:
+        """Whether model layers can go here (llama.cpp offloads to GPU and integrated GPU devices)."""
+        return self.type in ("GPU", "IGPU")
+
+    @property
+    def remote(self) -> bool:
+        return self.backend == "RPC"
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "description": self.description, "type": self.type, "backend": self.backend,
+                "memory_free": self.free, "memory_total": self.total}
+
+
+def devices() -> list[Device]:
+    """Every device llama.cpp can use now, RPC workers that were added included."""
+    g = _ggml()
+    out = []
+    for i in range(g.ggml_backend_dev_count()):
+        d = g.ggml_backend_dev_get(i)
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        g.ggml_backend_dev_memory(d, ctypes.byref(free), ctypes.byref(total))
+        kind = g.ggml_backend_dev_type(d)
+        reg = g.ggml_backend_dev_backend_reg(d)
+        out.append(Device(g.ggml_backend_dev_name(d).decode(), (g.ggml_backend_dev_description(d) or b"").decode(),
+                          DEVICE_TYPES[kind] if 0 <= kind < len(DEVICE_TYPES) else str(kind),
+                          g.ggml_backend_reg_name(reg).decode() if reg else "?", free.value, total.value, d))
+    return out
+
+
+def versions() -> dict:
+    """llama-cpp-python's version, and the llama.cpp and ggml it was built from."""
+    lib, g = _lib(), _ggml()
+    return {"llama_cpp_python": getattr(lib, "__version__", "?"), "llama_cpp": lib.llama_version().decode(),
+            "ggml": g.ggml_version().decode(), "ggml_commit": g.ggml_commit().decode()}
+
+
+def parse_gpu_layers(value: str | int) -> int | str:
+    """`-ngl` as llama.cpp reads it: a number of layers, `auto` or `all` (a negative number also means all)."""
+    text = str(value).strip().lower()
+    if text in ("auto", "all"):
+        return text
+    try:
+        n = int(text)
+    except ValueError:
+        raise ValueError(f"expected a number of layers, 'auto' or 'all', not {value!r}") from None
+    return "all" if n < 0 else n
+
+
+def parse_endpoints(text: str) -> list[tuple[str, int]]:
+    """`--rpc HOST:PORT[,HOST:PORT...]`."""
+    out = []
+    for item in (t.strip() for t in text.split(",")):
+        host, sep, port = item.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise RpcError(f"--rpc expects HOST:PORT[,HOST:PORT...], not {item!r}")
+        out.append((host.strip("[]"), int(port)))
+    return out
+
+
+def _reachable(host: str, port: int, timeout: float) -> str | None:
+    """None when a TCP connection to the worker opens, else why not."""
+    import socket
+
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+        return None
+    except OSError as e:
+        return e.strerror or str(e) or type(e).__name__
+
+
+def _rpc_proc(name: str):
+    g = _ggml()
+    reg = g.ggml_backend_reg_by_name(b"RPC")
+    if not reg:
+        raise RpcError(REINSTALL_RPC)
+    return g.ggml_backend_reg_get_proc_address(reg, name.encode())
+
+
+def _on_abort(message: bytes) -> None:
+    """ggml is about to abort(): with RPC workers in use, that is almost always a worker gone mid-run. Say which,
+    in one line, keep the text written so far, and exit 1 instead of dumping core."""
+    lost = [f"{h}:{p}" for h, p in _STATE.get("rpc", []) if _reachable(h, p, timeout=1.0)]
+    # ggml's message reads "path/to/file.cpp:566: what happened"
+    why = [ln.split(": ", 1)[-1] if ".c" in ln.split(": ", 1)[0] else ln
+           for ln in (message or b"").decode("utf-8", errors="replace").strip().splitlines()]
+    line = (f"error: lost the RPC worker {', '.join(lost)} ({why[0] if why else 'connection closed'})" if lost
+            else f"error: llama.cpp aborted: {why[0] if why else '?'}")
+    if _STATE["verbose"]:
+        os.write(2, (message or b"") + b"\n")
+    os.write(2, (line + "\n").encode())
+    exit_now(1)
+
+
+def add_rpc_workers(endpoints: Sequence[tuple[str, int]]) -> list[Device]:
+    """Register RPC workers as llama.cpp devices before any model loads, as llama.cpp's `--rpc` does. A worker
+    that does not answer is an error naming it; a worker lost later ends the process with one line (_on_abort)."""
+    add = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)(_rpc_proc("ggml_backend_rpc_add_server"))
+    for host, port in endpoints:
+        why = _reachable(host, port, timeout=5.0)
+        if why:
+            raise RpcError(f"cannot reach the RPC worker {host}:{port} ({why}); is `spectool worker` running there?")
+    g = _ggml()
+    if _STATE.get("abort") is None:
+        _STATE["abort"] = _ABORT_CALLBACK(_on_abort)
+        g.ggml_set_abort_callback(_STATE["abort"])
+    _STATE.setdefault("rpc", [])
+    for host, port in endpoints:
+        if (host, port) in _STATE["rpc"]:
+            continue
+        _STATE["rpc"].append((host, port))
+        reg = add(f"{host}:{port}".encode())
+        if not reg:
+            raise RpcError(f"the RPC worker {host}:{port} offers no devices")
+        g.ggml_backend_register(reg)
+    names = {f"{h}:{p}" for h, p in endpoints}
+    return [d for d in devices() if d.remote and d.description in names]
+
+
+def serve_rpc(host: str, port: int, threads: int) -> None:
+    """Run llama.cpp's RPC server here (what its `rpc-server` tool does): the local GPUs, else the CPU, offered to
+    clients on host:port. Blocks; run it in a thread."""
+    start = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t,
+                             ctypes.POINTER(ctypes.c_void_p))(_rpc_proc("ggml_backend_rpc_start_server"))
+    chosen = worker_devices()
+    arr = (ctypes.c_void_p * len(chosen))(*[d.handle for d in chosen])
+    start(f"{host}:{port}".encode(), None, threads, len(chosen), arr)
+
+
+def exit_now(code: int) -> None:
+    """Leave at once (a thread is inside llama.cpp and cannot be joined), flushing C's stdout and Python's."""
+    import sys
+
+    try:
+        sys.stdout.flush()
+        ctypes.CDLL(None).fflush(None)
+    except Exception:  # noqa: BLE001 - leaving regardless
+        pass
+    os._exit(code)
+
+
+def last_log_error() -> str:
+    return _last_log_error()
+
+
+def worker_devices() -> list[Device]:
+    """What a worker offers: its GPUs, else its CPU (llama.cpp's rpc-server rule)."""
+    local = [d for d in devices() if not d.remote]
+    return [d for d in local if d.type not in ("CPU", "ACCEL")] or [d for d in local if d.type == "CPU"][:1]
+
+
+def resolve_gpu_layers(value: int | str, *, local_only: bool = False) -> tuple[int, list[Device]]:
+    """(n_gpu_layers for llama.cpp, the devices the layers may go to). `auto`: every layer when there is a device
+    to offload to (a GPU, or an RPC worker unless `local_only`), none otherwise."""
+    value = parse_gpu_layers(value)
+    usable = [d for d in devices() if d.offloads and not (local_only and d.remote)]
+    if value == "auto":
+        return (-1, usable) if usable else (0, [])
+    if local_only and not usable:  # asked for explicitly, with no local GPU: the remote devices it names
+        usable = [d for d in devices() if d.offloads]
+    return (-1 if value == "all" else value), usable
 
 
 def avoid_amx() -> bool:
@@ -153,17 +368,24 @@ class Model:
         *,
         n_ctx: int = 4096,
         n_threads: int | None = None,
-        n_gpu_layers: int = 0,
+        n_gpu_layers: int | str = 0,
+        local_only: bool = False,
         n_batch: int = 512,
         flash_attn: bool | None = None,
         progress: Callable[[float], None] | None = None,
     ):
-        """`progress(fraction)` hears how far loading the weights has come (llama.cpp's progress_callback)."""
+        """`progress(fraction)` hears how far loading the weights has come (llama.cpp's progress_callback).
+        `n_gpu_layers`: a number, `auto` or `all` (resolve_gpu_layers); `local_only` keeps the layers off RPC
+        workers (the draft's rule) unless no local GPU exists and a number was asked for."""
         self.path = check_gguf_file(path)
         lib = self.lib = _lib()
         self._model = self._ctx = self._batch = None
         mparams = lib.llama_model_default_params()
-        mparams.n_gpu_layers = n_gpu_layers
+        ngl, usable = resolve_gpu_layers(n_gpu_layers, local_only=local_only) if n_gpu_layers != 0 else (0, [])
+        mparams.n_gpu_layers = ngl
+        if usable:  # exactly these devices (NULL-terminated); without a list llama.cpp would use every GPU and worker
+            device_list = (ctypes.c_void_p * (len(usable) + 1))(*[d.handle for d in usable], None)
+            mparams.devices = ctypes.cast(device_list, ctypes.c_void_p)
         if avoid_amx():
             mparams.use_extra_bufts = False
         interrupted = []
@@ -186,10 +408,18 @@ class Model:
             raise KeyboardInterrupt
         if not model:
             why = _last_log_error()
+            if ngl and usable and any(w in " ".join(_RECENT_LOG).lower() for w in ("alloc", "out of memory")):
+                raise ModelLoadError(self._does_not_fit(usable))
             raise ModelLoadError(
                 f"llama.cpp could not load {self.path.name}: {why or 'truncated, corrupt or unsupported file'}"
             )
         self._model = model
+        n_layer = lib.llama_model_n_layer(model)
+        layers = 0 if not usable else (n_layer + 1 if ngl < 0 else min(ngl, n_layer + 1))
+        # where the weights went, for the live panel and --stats-json (llama.cpp counts the output layer too)
+        self.offload = {"backend": ", ".join(d.name for d in usable) if layers else "CPU",
+                        "devices": [f"{d.name} ({d.description})" for d in usable] if layers else [],
+                        "layers": layers, "of": n_layer + 1}
         self._vocab = lib.llama_model_get_vocab(model)
         self.n_vocab = lib.llama_vocab_n_tokens(self._vocab)
         self.can_rollback = not (lib.llama_model_is_recurrent(model) or lib.llama_model_is_hybrid(model))
@@ -220,6 +450,22 @@ class Model:
         self.tokens: list[int] = []  # what the KV cache holds, position by position
         self._n_out = 0
         self._pieces: dict[int, bytes] = {}
+
+    def _does_not_fit(self, usable: list[Device]) -> str:
+        """The one-line answer to an offload that ran out of device memory: how much was free, and a number of
+        layers that should fit (the free share of the file, less a tenth for the context)."""
+        lib = self.lib
+        mparams = lib.llama_model_default_params()
+        mparams.vocab_only = True
+        model = lib.llama_model_load_from_file(str(self.path).encode(), mparams)
+        n_layer = lib.llama_model_n_layer(model) if model else 0
+        if model:
+            lib.llama_model_free(model)
+        free, size = sum(d.free for d in usable), self.path.stat().st_size
+        fit = max(0, min(n_layer, int(0.9 * n_layer * free / size))) if size else 0
+        where = ", ".join(d.name for d in usable)
+        return (f"{self.path.name} ({size >> 20} MiB) does not fit {where} ({free >> 20} MiB free): "
+                f"try -ngl {fit} (of its {n_layer} layers), or -ngl 0 for the CPU")
 
     # -- lifetime ------------------------------------------------------------------------------------------
     def close(self) -> None:

@@ -57,8 +57,9 @@ class Options:
     draft_vocab: int = 0  # > 0: prune the draft to this many tokens
     ctx_size: int = 4096
     threads: int | None = None
-    gpu_layers: int = 0
-    gpu_layers_draft: int = 0
+    gpu_layers: int | str = "auto"  # a number, auto or all (engine.resolve_gpu_layers)
+    gpu_layers_draft: int | str = "auto"
+    rpc: str | None = None  # HOST:PORT[,HOST:PORT...]: RPC workers to register before loading
     yes: bool = False  # download without asking
     debug: bool = False
 
@@ -118,6 +119,13 @@ class Session:
     target_name: str
     draft_name: str | None
     notices: list[str] = field(default_factory=list)  # one-line messages for the user (fallbacks, pruning)
+    draft_model: object | None = None  # engine.Model in use by the drafter, if any
+
+    @property
+    def offload(self) -> dict:
+        """Where the weights went: backend and layers of the target and of the draft model (Model.offload)."""
+        draft = self.draft_model
+        return {"target": self.gen.target.offload, "draft": draft.offload if draft is not None else None}
 
 
 def resolve_models(o: Options):
@@ -150,6 +158,8 @@ def load_models(o: Options, stack: contextlib.ExitStack, refs: tuple, want_draft
 
     engine.set_verbose(o.debug)
     hub.VERBOSE["on"] = o.debug
+    if o.rpc:
+        engine.add_rpc_workers(engine.parse_endpoints(o.rpc))
     target_ref, draft_ref, _ = refs
     path = hub.ensure(target_ref, yes=o.yes, ask=hooks.ask)
     with hooks.bar(f"loading {Path(path).name}", "") as bar:
@@ -162,7 +172,8 @@ def load_models(o: Options, stack: contextlib.ExitStack, refs: tuple, want_draft
         path = hub.ensure(draft_ref, yes=o.yes, ask=hooks.ask)
         with hooks.bar(f"loading {Path(path).name}", "") as bar:
             draft = stack.enter_context(engine.Model(path, n_ctx=target.n_ctx, n_threads=o.threads,
-                                                     n_gpu_layers=o.gpu_layers_draft, progress=bar.fraction))
+                                                     n_gpu_layers=o.gpu_layers_draft, local_only=True,
+                                                     progress=bar.fraction))
     except (engine.EngineError, hub.HubError) as e:
         out.draft_error, out.draft_notice = e, f"draft model not loaded ({e})"
         return out
@@ -204,7 +215,7 @@ def pruned_draft(stack: contextlib.ExitStack, draft_model, vocab: int, o: Option
     with hooks.bar("preparing the draft", "texts") as bar:
         path = prune.pruned_draft(draft_model.path, vocab, progress=bar.update, n_threads=o.threads)
     pruned = stack.enter_context(engine.Model(path, n_ctx=draft_model.n_ctx, n_threads=o.threads,
-                                              n_gpu_layers=o.gpu_layers_draft))
+                                              n_gpu_layers=o.gpu_layers_draft, local_only=True))
     draft_model.close()
     return pruned, prune.read_ids(path), f"draft pruned to {pruned.n_vocab} tokens ({path})"
 
@@ -245,7 +256,7 @@ def open_session(o: Options, hooks: Hooks = Hooks()) -> Iterator[Session]:
         gen = Generation(target, drafter, sampling, controller, max_tokens=o.max_tokens, seed=o.seed)
         try:
             yield Session(gen, mode, str(m.target_ref), str(m.draft_ref) if draft_model is not None else None,
-                          notices)
+                          notices, draft_model if mode in ("draft", "hybrid") else None)
         finally:
             if costs_file is not None:
                 _save_costs(costs_file, controller.costs)
@@ -259,8 +270,9 @@ def _costs_file(target, draft, o: Options) -> Path:
     from spectool.cache import cache_dir, file_tag
     from spectool.engine import backend_info
 
-    tag = file_tag(target.path, draft.path if draft is not None else "", o.threads, o.gpu_layers,
-                   o.gpu_layers_draft, o.ctx_size, backend_info(), platform.machine(), os.cpu_count())
+    tag = file_tag(target.path, draft.path if draft is not None else "", o.threads, target.offload,
+                   draft.offload if draft is not None else None, o.rpc or "", o.ctx_size, backend_info(),
+                   platform.machine(), os.cpu_count())
     return cache_dir("costs") / f"{Path(target.path).stem}-{tag}.json"
 
 

@@ -23,6 +23,7 @@ class Stats:
     decode_seconds: float = 0.0
     finish_reason: str | None = None
     last_k: int = 0
+    offload: dict | None = None  # where the weights went (session.Session.offload)
 
     def add_step(self, step) -> None:
         self.n_steps += 1
@@ -69,4 +70,5 @@ class Stats:
             "decode_seconds": round(self.decode_seconds, 6),
             "tokens_per_second": round(self.tokens_per_second, 3),
             "finish_reason": self.finish_reason,
+            "offload": self.offload,
         }

@@ -35,6 +35,16 @@ def summary_line(st: Stats) -> str:
     )
 
 
+def offload_text(offload: dict) -> str:
+    """`CPU` or `CUDA0 25/25 layers`, and the draft's after `draft`."""
+    parts = []
+    for role, o in offload.items():
+        if o:
+            where = o["backend"] + (f" {o['layers']}/{o['of']} layers" if o["layers"] else "")
+            parts.append(where if role == "target" else f"{role} {where}")
+    return ";  ".join(parts)
+
+
 def _bar(frac: float, width: int = 12) -> str:
     full = int(round(frac * width))
     return "█" * full + "·" * (width - full)
@@ -46,6 +56,8 @@ def stats_table(st: Stats, elapsed: float | None = None) -> Table:
     t.add_column()
     t.add_row("mode", st.mode + (f"  (draft length {st.last_k})" if st.mode != "none" else ""))
     t.add_row("speed", f"{st.tokens_per_second:.1f} tok/s  ({st.n_generated} tokens, {st.n_steps} steps)")
+    if st.offload:
+        t.add_row("backend", offload_text(st.offload))
     if st.n_drafted:
         t.add_row("accepted", f"{100 * st.acceptance_rate:.0f}%  of {st.n_drafted} drafted;  "
                   f"{st.mean_accepted_length:.2f} tokens/step")

@@ -2,7 +2,6 @@
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -12,12 +11,7 @@ import urllib.request
 
 import openai
 import pytest
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from procs import free_port, other_addresses, refuses, stop
 
 
 class Server:
@@ -57,13 +51,7 @@ class Server:
         return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=120)
 
     def stop(self):
-        self.proc.terminate()
-        try:
-            _, err = self.proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            _, err = self.proc.communicate()
-        return self.proc.returncode, err
+        return stop(self.proc)
 
 
 @pytest.fixture(scope="module")
@@ -177,17 +165,14 @@ def test_an_api_key_is_required_when_set_and_the_default_is_loopback(tiny):
         assert [m.id for m in s.client("s3cret").models.list().data]
         assert s.request("GET", "/health")[0] == 200
         # bound to 127.0.0.1 only: another address of this machine is refused
-        others = {a[4][0] for a in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)} - {"127.0.0.1"}
-        for addr in others:
-            if not addr.startswith("127."):
-                with pytest.raises(OSError):
-                    socket.create_connection((addr, s.port), timeout=2).close()
+        assert other_addresses() and all(refuses(addr, s.port) for addr in other_addresses())
     finally:
         code, err = s.stop()
     assert code == 143 and "127.0.0.1" in err and "warning" not in err and "Traceback" not in err  # SIGTERM
     open_server = Server(tiny["target"], "--host", "0.0.0.0")
     try:
         assert open_server.request("GET", "/health")[0] == 200
+        assert not any(refuses(addr, open_server.port) for addr in other_addresses())  # the check above can fail
     finally:
         code, err = open_server.stop()
     assert "warning: serving on 0.0.0.0 without --api-key" in err

@@ -294,7 +294,7 @@ def test_stats_json_schema(target, draft):
     assert list(j) == [
         "mode", "target", "draft", "n_prompt_tokens", "n_generated", "n_steps", "n_drafted", "n_accepted",
         "acceptance_rate", "mean_accepted_length", "accepted_per_position", "prompt_seconds", "decode_seconds",
-        "tokens_per_second", "finish_reason",
+        "tokens_per_second", "finish_reason", "offload",
     ]
     assert j["n_generated"] == 60 and j["finish_reason"] == "length"
     assert sum(j["accepted_per_position"]) == j["n_accepted"]
