@@ -127,7 +127,7 @@ def _root(
 
 # -- errors ------------------------------------------------------------------------------------------------------
 def _error_table():
-    from spectool.engine import DecodeError, ModelLoadError, RpcError
+    from spectool.engine import DecodeError, DoesNotFit, ModelLoadError, RpcError
     from spectool.hub import HubError
     from spectool.registry import RegistryError
 
@@ -136,6 +136,7 @@ def _error_table():
         HubError: "",
         RegistryError: "",
         RpcError: "",
+        DoesNotFit: "",
         ModelLoadError: "check the path, or that the file is a complete GGUF model",
         DecodeError: "try a smaller --ctx-size or fewer --gpu-layers",
         UnicodeDecodeError: "spectool reads UTF-8 text",

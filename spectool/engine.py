@@ -31,6 +31,10 @@ class ModelLoadError(EngineError):
     """A model file is missing, not GGUF, truncated, or of an unsupported kind."""
 
 
+class DoesNotFit(ModelLoadError):
+    """The weights offloaded to a device did not fit its memory."""
+
+
 class DecodeError(EngineError):
     """llama_decode failed (no KV slot, out of memory, aborted)."""
 
@@ -409,7 +413,7 @@ class Model:
         if not model:
             why = _last_log_error()
             if ngl and usable and any(w in " ".join(_RECENT_LOG).lower() for w in ("alloc", "out of memory")):
-                raise ModelLoadError(self._does_not_fit(usable))
+                raise DoesNotFit(self._does_not_fit(usable, ngl))
             raise ModelLoadError(
                 f"llama.cpp could not load {self.path.name}: {why or 'truncated, corrupt or unsupported file'}"
             )
@@ -451,18 +455,20 @@ class Model:
         self._n_out = 0
         self._pieces: dict[int, bytes] = {}
 
-    def _does_not_fit(self, usable: list[Device]) -> str:
+    def _does_not_fit(self, usable: list[Device], ngl: int) -> str:
         """The one-line answer to an offload that ran out of device memory: how much was free, and a number of
-        layers that should fit (the free share of the file, less a tenth for the context)."""
+        layers that should fit (the free share of the file, less a tenth for the context; fewer than failed)."""
         lib = self.lib
         mparams = lib.llama_model_default_params()
-        mparams.vocab_only = True
+        mparams.vocab_only = True  # the metadata only
         model = lib.llama_model_load_from_file(str(self.path).encode(), mparams)
-        n_layer = lib.llama_model_n_layer(model) if model else 0
+        n_layer = 0
         if model:
+            n_layer = int(_meta(lib, model, f"{_meta(lib, model, 'general.architecture')}.block_count") or 0)
             lib.llama_model_free(model)
         free, size = sum(d.free for d in usable), self.path.stat().st_size
-        fit = max(0, min(n_layer, int(0.9 * n_layer * free / size))) if size else 0
+        tried = n_layer + 1 if ngl < 0 else ngl
+        fit = max(0, min(tried - 1, int(0.9 * n_layer * free / size) if size else 0))
         where = ", ".join(d.name for d in usable)
         return (f"{self.path.name} ({size >> 20} MiB) does not fit {where} ({free >> 20} MiB free): "
                 f"try -ngl {fit} (of its {n_layer} layers), or -ngl 0 for the CPU")
@@ -527,14 +533,7 @@ class Model:
 
     # -- facts ---------------------------------------------------------------------------------------------
     def meta(self, key: str) -> str | None:
-        buf = ctypes.create_string_buffer(1024)
-        n = self.lib.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
-        if n < 0:
-            return None
-        if n >= len(buf):
-            buf = ctypes.create_string_buffer(n + 1)
-            self.lib.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
-        return buf.value.decode("utf-8", errors="replace")
+        return _meta(self.lib, self._model, key)
 
     @property
     def architecture(self) -> str:
@@ -633,6 +632,18 @@ class Model:
             common = 0
         self.eval(history[common:], logits=logits, progress=progress)
         return len(history) - common
+
+
+def _meta(lib, model, key: str) -> str | None:
+    """A GGUF metadata value of a loaded model, as text (None when absent)."""
+    buf = ctypes.create_string_buffer(1024)
+    n = lib.llama_model_meta_val_str(model, key.encode(), buf, len(buf))
+    if n < 0:
+        return None
+    if n >= len(buf):
+        buf = ctypes.create_string_buffer(n + 1)
+        lib.llama_model_meta_val_str(model, key.encode(), buf, len(buf))
+    return buf.value.decode("utf-8", errors="replace")
 
 
 class Detokenizer:

@@ -171,3 +171,28 @@ def test_the_worker_binds_loopback_unless_told_and_warns_when_told(tiny):
         assert p.returncode == 1 and f"cannot listen on 127.0.0.1:{busy.port}" in p.stderr
     finally:
         busy.stop()
+
+
+@pytest.mark.realmodel
+def test_weights_that_do_not_fit_the_device_are_one_line_with_a_number_to_try(gemma_q4):
+    """A device that runs out of memory while the weights load. The device is a worker whose address space is
+    capped (RLIMIT_AS) 64 MiB above what it uses idle, so the 241 MiB of Gemma 3 270M Q4_K_M cannot be allocated
+    there, as on a GPU too small for the model."""
+    import re
+    import resource
+
+    w = Worker()
+    try:
+        vm = int(re.search(r"VmSize:\s+(\d+) kB", open(f"/proc/{w.proc.pid}/status").read()).group(1)) << 10
+        resource.prlimit(w.proc.pid, resource.RLIMIT_AS, (vm + (64 << 20), resource.RLIM_INFINITY))
+        p = spectool("run", "-m", str(gemma_q4), "--rpc", w.endpoint, "-n", "4", PROMPT)
+        assert p.returncode == 1 and p.stdout == "" and "Traceback" not in p.stderr
+        line = p.stderr.strip()
+        assert "\n" not in line and re.fullmatch(
+            r"error: gemma-3-270m-q4_k_m\.gguf \(\d+ MiB\) does not fit RPC0 \(\d+ MiB free\): "
+            r"try -ngl (\d+) \(of its 18 layers\), or -ngl 0 for the CPU", line), line
+        assert int(re.search(r"try -ngl (\d+)", line).group(1)) < 19  # fewer layers than failed
+        assert spectool("run", "-m", str(gemma_q4), "--rpc", w.endpoint, "-ngl", "0", "-n", "4",
+                        PROMPT).returncode == 0  # and what it says to try instead works
+    finally:
+        w.stop()
