@@ -39,9 +39,15 @@ class Costs:
     slope_prior: float = 0.2  # extra cost of each further batched token, relative to one token, until measured
     unmeasured: float = 0.9  # sizes not yet measured are priced this much below their estimate, so they get tried
     timed: bool = True
+    # a batch size not verified in this many verifications is forgotten: priced again from the sizes in use, and
+    # measured afresh when next tried. A size measured while the machine was busy (or on another day) must not
+    # keep the controller away from it for good.
+    forget_after: int = 256
     verify: dict[int, float] = field(default_factory=dict)  # batch size -> seconds
     draft: dict[str, float] = field(default_factory=dict)  # drafter key -> seconds per drafted token
     _warm: set = field(default_factory=set)
+    _seen: dict[int, int] = field(default_factory=dict)  # batch size -> the verification that last used it
+    _n: int = 0  # verifications observed
 
     def to_json(self) -> dict:
         return {"verify": {str(b): c for b, c in sorted(self.verify.items())}, "draft": dict(self.draft)}
@@ -54,7 +60,12 @@ class Costs:
 
     def observe_verify(self, batch_size: int, seconds: float) -> None:
         if self.timed:
+            self._n += 1
+            self._seen[batch_size] = self._n
             self._ema(self.verify, batch_size, seconds)
+            if self._n % 32 == 0:
+                for b in [b for b in self.verify if b > 1 and self._n - self._seen.get(b, 0) > self.forget_after]:
+                    del self.verify[b]
 
     def observe_draft(self, key: str, n_drafted: int, seconds: float) -> None:
         if self.timed and n_drafted > 0:

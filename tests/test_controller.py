@@ -126,6 +126,22 @@ def test_costs_are_shared_and_survive_a_round_trip():
     assert Costs.from_json({"verify": {"2": -1.0}}).verify == {}  # nonsense is dropped
 
 
+def test_a_size_measured_on_a_busy_machine_is_forgotten_and_tried_again():
+    """Batches of 8 measured at 3x their price (the machine was busy then) keep the controller at short drafts;
+    once the machine is quiet and 8 has not been used in `forget_after` verifications, it is priced from the sizes
+    in use, drafted again, and measured at its true price."""
+    true = {b: 10.0 + 3.0 * (b - 1) for b in range(1, 17)}
+    ctl = Controller(k_max=7, costs=Costs(verify={**{b: true[b] for b in range(1, 5)}, 8: 3 * true[8]}))
+    for _ in range(30):
+        ctl.observe_accept(["lookup:8"] * 7, 7, 7)
+    keys = ["lookup:8"] * 7
+    assert ctl.choose(keys) == 3  # 8 looks dear: a batch of 4
+    for _ in range(400):  # steps at the true prices of the sizes chosen (forget_after is 256)
+        k = ctl.choose(keys)
+        ctl.observe_verify(k + 1, true[k + 1])
+    assert ctl.costs.verify.get(8) == true[8] and ctl.choose(keys) == 7  # tried again, measured, chosen
+
+
 def test_untimed_controllers_ignore_shared_costs():
     costs = Costs(verify={1: 5.0, 2: 6.0})
     ctl = Controller(costs=costs, timed=False)

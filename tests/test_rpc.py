@@ -196,3 +196,16 @@ def test_weights_that_do_not_fit_the_device_are_one_line_with_a_number_to_try(ge
                         PROMPT).returncode == 0  # and what it says to try instead works
     finally:
         w.stop()
+
+
+def test_the_live_panel_names_the_backend_and_the_layers(worker, tiny, tmp_path):
+    from rich.console import Console
+
+    from spectool.stats import Stats
+    from spectool.ui import stats_table
+
+    _, stats = generate(tiny, tmp_path, "-md", str(tiny["draft"]), "--spec", "draft", "--rpc", worker.endpoint)
+    console = Console(width=120, record=True, file=open(os.devnull, "w"))
+    console.print(stats_table(Stats(mode="draft", n_generated=1, offload=stats["offload"])))
+    n = stats["offload"]["target"]["of"]
+    assert f"backend  RPC0 {n}/{n} layers;  draft CPU" in console.export_text()
