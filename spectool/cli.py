@@ -89,6 +89,8 @@ Ngld = Annotated[str, typer.Option(
     "--gpu-layers-draft", "-ngld", callback=_gpu_layers, metavar="N|auto|all",
     help="Draft layers to offload; auto = all of them on a local GPU (the draft stays off RPC workers unless "
     "there is no local GPU and a number is given).")]
+
+
 def _rpc(value: str | None) -> str | None:
     from spectool.engine import RpcError, parse_endpoints
 
@@ -99,8 +101,9 @@ def _rpc(value: str | None) -> str | None:
 
 
 Rpc = Annotated[Optional[str], typer.Option(
-    "--rpc", metavar="HOST:PORT[,...]", callback=_rpc, help="Use the devices of these RPC workers (`spectool worker`) for the "
-    "target's layers, as llama.cpp's --rpc does.")]
+    "--rpc", metavar="HOST:PORT[,...]", callback=_rpc,
+    help="Use the devices of these RPC workers (`spectool worker`) for the target's layers, as llama.cpp's --rpc "
+    "does.")]
 StatsJson = Annotated[Optional[Path], typer.Option("--stats-json", help="Write generation statistics here.")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No summary on stderr.")]
 Debug = Annotated[bool, typer.Option("--debug", help="Show tracebacks and llama.cpp's log.")]
@@ -472,12 +475,12 @@ def info(
         engine.set_verbose(debug)
         if rpc:
             engine.add_rpc_workers(engine.parse_endpoints(rpc))
-        b = engine.backend_info()
+        b, devices = engine.backend_info(), engine.devices()
         data = {"spectool": __version__, **engine.versions(), "system_info": b["system_info"],
                 # gpu_offload: a local GPU to offload to (what -ngl auto uses); llama.cpp's own
                 # llama_supports_gpu_offload() also says yes for a CPU build with RPC in it
-                "gpu_offload": any(d.offloads and not d.remote for d in engine.devices()), "rpc": b["rpc"],
-                "threads": os.cpu_count() or 1, "devices": [d.to_json() for d in engine.devices()],
+                "gpu_offload": any(d.offloads and not d.remote for d in devices), "rpc": b["rpc"],
+                "threads": os.cpu_count() or 1, "devices": [d.to_json() for d in devices],
                 "paths": {"cache": str(cache_dir("")), "models_cache": constants.HF_HUB_CACHE,
                           "config": str(user_file())}}
     if as_json:

@@ -77,7 +77,7 @@ def _lib():
     return _STATE["lib"]
 
 
-def _last_log_error() -> str:
+def last_log_error() -> str:
     """The most telling line llama.cpp logged recently (for error messages), without its function prefix."""
     lines = [ln.strip() for ln in _RECENT_LOG if ln.strip()]
     for words in (("error",), ("failed", "unknown", "invalid", "unsupported", "truncat")):
@@ -209,8 +209,8 @@ def parse_endpoints(text: str) -> list[tuple[str, int]]:
     return out
 
 
-def _reachable(host: str, port: int, timeout: float) -> str | None:
-    """None when a TCP connection to the worker opens, else why not."""
+def _unreachable(host: str, port: int, timeout: float) -> str | None:
+    """Why a TCP connection to the worker does not open (None when it does)."""
     import socket
 
     try:
@@ -231,7 +231,7 @@ def _rpc_proc(name: str):
 def _on_abort(message: bytes) -> None:
     """ggml is about to abort(): with RPC workers in use, that is almost always a worker gone mid-run. Say which,
     in one line, keep the text written so far, and exit 1 instead of dumping core."""
-    lost = [f"{h}:{p}" for h, p in _STATE.get("rpc", []) if _reachable(h, p, timeout=1.0)]
+    lost = [f"{h}:{p}" for h, p in _STATE.get("rpc", []) if _unreachable(h, p, timeout=1.0)]
     # ggml's message reads "path/to/file.cpp:566: what happened"
     why = [ln.split(": ", 1)[-1] if ".c" in ln.split(": ", 1)[0] else ln
            for ln in (message or b"").decode("utf-8", errors="replace").strip().splitlines()]
@@ -243,12 +243,12 @@ def _on_abort(message: bytes) -> None:
     exit_now(1)
 
 
-def add_rpc_workers(endpoints: Sequence[tuple[str, int]]) -> list[Device]:
+def add_rpc_workers(endpoints: Sequence[tuple[str, int]]) -> None:
     """Register RPC workers as llama.cpp devices before any model loads, as llama.cpp's `--rpc` does. A worker
     that does not answer is an error naming it; a worker lost later ends the process with one line (_on_abort)."""
     add = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)(_rpc_proc("ggml_backend_rpc_add_server"))
     for host, port in endpoints:
-        why = _reachable(host, port, timeout=5.0)
+        why = _unreachable(host, port, timeout=5.0)
         if why:
             raise RpcError(f"cannot reach the RPC worker {host}:{port} ({why}); is `spectool worker` running there?")
     g = _ggml()
@@ -264,8 +264,6 @@ def add_rpc_workers(endpoints: Sequence[tuple[str, int]]) -> list[Device]:
         if not reg:
             raise RpcError(f"the RPC worker {host}:{port} offers no devices")
         g.ggml_backend_register(reg)
-    names = {f"{h}:{p}" for h, p in endpoints}
-    return [d for d in devices() if d.remote and d.description in names]
 
 
 def serve_rpc(host: str, port: int, threads: int) -> None:
@@ -290,10 +288,6 @@ def exit_now(code: int) -> None:
     os._exit(code)
 
 
-def last_log_error() -> str:
-    return _last_log_error()
-
-
 def worker_devices() -> list[Device]:
     """What a worker offers: its GPUs, else its CPU (llama.cpp's rpc-server rule)."""
     local = [d for d in devices() if not d.remote]
@@ -304,11 +298,14 @@ def resolve_gpu_layers(value: int | str, *, local_only: bool = False) -> tuple[i
     """(n_gpu_layers for llama.cpp, the devices the layers may go to). `auto`: every layer when there is a device
     to offload to (a GPU, or an RPC worker unless `local_only`), none otherwise."""
     value = parse_gpu_layers(value)
-    usable = [d for d in devices() if d.offloads and not (local_only and d.remote)]
+    if value == 0:
+        return 0, []
+    offloading = [d for d in devices() if d.offloads]
+    usable = [d for d in offloading if not (local_only and d.remote)]
     if value == "auto":
         return (-1, usable) if usable else (0, [])
-    if local_only and not usable:  # asked for explicitly, with no local GPU: the remote devices it names
-        usable = [d for d in devices() if d.offloads]
+    if not usable:  # asked for explicitly, with no local GPU: the remote devices, if any
+        usable = offloading
     return (-1 if value == "all" else value), usable
 
 
@@ -385,7 +382,7 @@ class Model:
         lib = self.lib = _lib()
         self._model = self._ctx = self._batch = None
         mparams = lib.llama_model_default_params()
-        ngl, usable = resolve_gpu_layers(n_gpu_layers, local_only=local_only) if n_gpu_layers != 0 else (0, [])
+        ngl, usable = resolve_gpu_layers(n_gpu_layers, local_only=local_only)
         mparams.n_gpu_layers = ngl
         if usable:  # exactly these devices (NULL-terminated); without a list llama.cpp would use every GPU and worker
             device_list = (ctypes.c_void_p * (len(usable) + 1))(*[d.handle for d in usable], None)
@@ -411,7 +408,7 @@ class Model:
                 lib.llama_model_free(model)
             raise KeyboardInterrupt
         if not model:
-            why = _last_log_error()
+            why = last_log_error()
             if ngl and usable and any(w in " ".join(_RECENT_LOG).lower() for w in ("alloc", "out of memory")):
                 raise DoesNotFit(self._does_not_fit(usable, ngl))
             raise ModelLoadError(
@@ -444,7 +441,7 @@ class Model:
             self.close()
             raise ModelLoadError(
                 f"llama.cpp could not create a context of {n_ctx} tokens for {self.path.name}: "
-                f"{_last_log_error() or 'out of memory?'}"
+                f"{last_log_error() or 'out of memory?'}"
             )
         self._ctx = ctx
         self._mem = lib.llama_get_memory(ctx)
@@ -582,7 +579,7 @@ class Model:
             if rc != 0:
                 # the failed batch may be partly in the cache: drop it so `tokens` stays the truth
                 lib.llama_memory_seq_rm(self._mem, 0, pos0, -1)
-                raise DecodeError(f"llama_decode failed (code {rc}) at position {pos0}: {_last_log_error()}")
+                raise DecodeError(f"llama_decode failed (code {rc}) at position {pos0}: {last_log_error()}")
             self.tokens.extend(chunk)
             if final:
                 self._n_out = {"all": len(chunk), "last": 1}.get(logits, 0)
@@ -677,7 +674,7 @@ def quantize(src: str | os.PathLike, dst: str | os.PathLike, ftype: str, *, thre
     rc = lib.llama_model_quantize(str(src).encode(), str(tmp).encode(), ctypes.byref(params))
     if rc != 0:
         tmp.unlink(missing_ok=True)
-        raise EngineError(f"quantizing {src.name} to {ftype} failed: {_last_log_error()}")
+        raise EngineError(f"quantizing {src.name} to {ftype} failed: {last_log_error()}")
     os.replace(tmp, dst)
     return dst
 
