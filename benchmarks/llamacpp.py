@@ -64,7 +64,7 @@ def build(version: str | None = None, quiet: bool = False) -> dict[str, Path]:
 @dataclass
 class Run:
     text: str  # the generated text
-    tokens: int  # tokens decoded, as the tool counts them
+    tokens: int  # new tokens counted in `seconds`
     seconds: float  # decode time, as the tool measures it (prompt processing excluded)
     drafted: int = 0
     accepted: int = 0
@@ -88,24 +88,34 @@ def _prompt_file(directory: str, prompt: str) -> Path:
 
 
 def lookup(binary: Path, model: Path, prompt: str, tokens: int, n_draft: int = 8, threads: int = 2,
-           ctx: int = 4096, repack: bool = True) -> Run:
-    """`llama-lookup`, greedy, drafting at most `n_draft` tokens from its n-gram caches."""
+           ctx: int = 4096, repack: bool = True, first_decode: float = 0.0) -> Run:
+    """`llama-lookup`, greedy, drafting at most `n_draft` tokens from its n-gram caches, asked for `tokens` new
+    tokens and timed as spectool is (see parse_lookup; `first_decode`: the seconds of one single-token decode at
+    this prompt, such as llama-completion's eval time per token). Its `-n` counts the first token and it stops after
+    the step that takes that count past `-n`: `-n tokens-1` ends with the step that brings token `tokens`."""
     with tempfile.TemporaryDirectory() as tmp:
         # the dynamic cache file (-lcd) stays empty per run: only the prompt and the output are drafted from
-        args = [str(binary), *_common(model, _prompt_file(tmp, prompt), tokens, threads, ctx, repack),
+        args = [str(binary), *_common(model, _prompt_file(tmp, prompt), tokens - 1, threads, ctx, repack),
                 "--spec-draft-n-max", str(n_draft), "-lcd", str(Path(tmp) / "dynamic.bin")]
         p = subprocess.run(args, capture_output=True, text=True)
     if p.returncode:
         raise RuntimeError(f"llama-lookup failed ({p.returncode}): {p.stderr[-500:]}")
-    return parse_lookup(_generated(p.stdout, prompt), p.stdout + p.stderr)
+    return parse_lookup(_generated(p.stdout, prompt), p.stdout + p.stderr, tokens, first_decode)
 
 
-def parse_lookup(text: str, log: str) -> Run:
-    """llama-lookup's report (examples/lookup/lookup.cpp): `decoded N tokens in T seconds`, n_drafted, n_accept."""
+def parse_lookup(text: str, log: str, asked: int | None = None, first_decode: float = 0.0) -> Run:
+    """llama-lookup's report (examples/lookup/lookup.cpp): `decoded N tokens in T seconds`, n_drafted, n_accept.
+
+    spectool's decoding is timed from the end of the prompt's first n-1 tokens until the `asked` new tokens are
+    out: its first step decodes the last prompt token with the first draft. llama-lookup decodes the last prompt
+    token before its clock starts and samples its first token from it, then counts that token in N; its last step
+    may run past `asked` (N is about 100 for 96 asked). Read alike: the `asked` tokens (N when fewer: the text
+    ended) in T plus `first_decode`, the time of the decode T leaves out."""
     m = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", log)
     drafted = int(re.search(r"n_drafted\s*=\s*(\d+)", log).group(1))
     accepted = int(re.search(r"n_accept\s*=\s*(\d+)", log).group(1))
-    return Run(text, int(m.group(1)), float(m.group(2)), drafted, accepted)
+    n = int(m.group(1))
+    return Run(text, n if asked is None else min(n, asked), float(m.group(2)) + first_decode, drafted, accepted)
 
 
 def completion(binary: Path, model: Path, prompt: str, tokens: int, threads: int = 2, ctx: int = 4096,

@@ -6,9 +6,12 @@ baseline, on the same prompts in the same run.
 
 F16 Gemma 3 270M, greedy, 8 prompts a set, 96 new tokens, 2 threads; `llama-lookup` drafts at most 8 tokens
 (`--spec-draft-n-max 8`, as in llama.cpp's examples) from its context n-gram cache. The four contenders run prompt by
-prompt, interleaved, so slow drift of the machine hits all alike. Each tool's decode speed is its own: llama.cpp's
-tools report theirs (`decoded N tokens in T seconds`; the `eval time` of the perf report), spectool's is timed
-from its first token out to its last (bench.py). Writes benchmarks/results/vs_llamacpp.md.
+prompt, interleaved, so slow drift of the machine hits all alike. Decode speed is tokens per second of decoding:
+llama-completion's `eval time` (single-token decodes), spectool's own clock from the end of prompt processing to
+its last token, and llama-lookup's `decoded N tokens in T seconds` read the same way as spectool's: the 96 tokens
+asked for, from the end of the prompt's first n-1 tokens to the 96th (llamacpp.parse_lookup: it decodes the last
+prompt token before its clock starts, counts the token that gives, and runs its last step past -n). Writes
+benchmarks/results/vs_llamacpp.md.
 """
 
 from __future__ import annotations
@@ -61,11 +64,14 @@ def run_set(name: str, texts: list[str], model: Path, bins: dict, args) -> list[
                 g = c.generation(target, {}, args.tokens, costs[c.name])
                 results[c.name].add(st, *decode(g, prompt, st))
             plain_texts.append(target.detokenize(results["spectool plain"].outputs[-1]))
+            # llama-lookup's clock leaves out its decode of the last prompt token (llamacpp.parse_lookup): priced as
+            # one of llama-completion's single-token decodes on this prompt (on the earlier ones if that failed)
+            one_decode = theirs[0].seconds / theirs[0].tokens if theirs[0].tokens else 0.0
             for r, run in zip(theirs, (
                     lambda: llamacpp.completion(bins["llama-completion"], model, text, args.tokens, args.threads,
                                                 repack=repack),
                     lambda: llamacpp.lookup(bins["llama-lookup"], model, text, args.tokens, args.n_draft,
-                                            args.threads, repack=repack))):
+                                            args.threads, repack=repack, first_decode=one_decode))):
                 try:
                     out = run()
                 except RuntimeError as e:
@@ -76,6 +82,8 @@ def run_set(name: str, texts: list[str], model: Path, bins: dict, args) -> list[
                 r.generated += out.tokens
                 r.tokens += out.tokens
                 r.seconds += out.seconds
+                if r is theirs[0] and out.tokens:
+                    one_decode = out.seconds / out.tokens
                 r.drafted += out.drafted
                 r.accepted += out.accepted
                 # the same text as spectool's plain decoding, as far as both went (llama-lookup can overshoot)

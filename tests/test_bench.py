@@ -145,6 +145,11 @@ def test_llama_cpp_tools_reports_and_prompt_files(tmp_path):
            + "t_draft      = %.2f ms, %.2f us per token, %.2f tokens per second\nn_accept     = %d\n" % (3.1, 33.3, 30000, 79))
     r = LC.parse_lookup("text", log)
     assert (r.tokens, r.seconds, r.drafted, r.accepted) == (97, 1.812, 93, 79) and r.text == "text"
+    # timed as spectool is: the 96 asked for (its last step went 6 past), with the decode of the last prompt
+    # token that its clock leaves out
+    r = LC.parse_lookup("", log.replace("decoded   97", "decoded  102"), 96, first_decode=0.04)
+    assert r.tokens == 96 and abs(r.seconds - 1.852) < 1e-9
+    assert LC.parse_lookup("", log.replace("decoded   97", "decoded   60"), 96).tokens == 60  # the text ended
     perf = ("llama_perf_context_print: prompt eval time = %10.2f ms / %5d tokens (%8.2f ms per token, %8.2f tokens per second)\n"
             % (401.0, 157, 2.55, 391.5)
             + "llama_perf_context_print:        eval time = %10.2f ms / %5d runs   (%8.2f ms per token, %8.2f tokens per second)\n"
@@ -155,3 +160,4 @@ def test_llama_cpp_tools_reports_and_prompt_files(tmp_path):
         path = LC._prompt_file(str(tmp_path), prompt)
         text = path.read_text()
         assert (text[:-1] if text.endswith("\n") else text) == prompt  # what llama.cpp's -f makes of it
+
