@@ -160,4 +160,3 @@ def test_llama_cpp_tools_reports_and_prompt_files(tmp_path):
         path = LC._prompt_file(str(tmp_path), prompt)
         text = path.read_text()
         assert (text[:-1] if text.endswith("\n") else text) == prompt  # what llama.cpp's -f makes of it
-
