@@ -20,8 +20,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
@@ -29,8 +27,9 @@ sys.path.insert(0, str(HERE.parent))
 import prompts as P  # noqa: E402
 from run import models  # noqa: E402
 
-from spectool import engine  # noqa: E402
+from spectool import engine  # noqa: E402 (llama.cpp's libraries before numpy: spectool/native.py)
 from spectool.controller import Controller, Costs  # noqa: E402
+import numpy as np  # noqa: E402
 from spectool.drafters import PromptLookup  # noqa: E402
 from spectool.speculative import Generation, speculative_generate  # noqa: E402
 

@@ -13,7 +13,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
-import numpy as np
+from spectool import native  # noqa: F401, I001 - llama.cpp's libraries before numpy (native.py)
+import numpy as np  # noqa: E402
 
 from spectool.engine import Model
 from spectool.verify import Dist, Sampling, distribution, greedy_token, top_probability

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
-import numpy as np
+from spectool import native  # noqa: F401, I001 - llama.cpp's libraries before numpy (native.py)
+import numpy as np  # noqa: E402
 
 GGUF_MAGIC = b"GGUF"
 
@@ -67,7 +68,7 @@ def _lib():
         return _STATE["lib"]
     with _LOCK:
         if _STATE["lib"] is None:
-            import llama_cpp  # noqa: PLC0415 - lazy on purpose: `spectool --help` must stay instant
+            llama_cpp = native.lib
 
             callback = llama_cpp.llama_log_callback(_on_log)
             _STATE["callback"] = callback  # keep a reference: ctypes would free it

@@ -14,7 +14,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import numpy as np
+from spectool import native  # noqa: F401, I001 - llama.cpp's libraries before numpy (native.py)
+import numpy as np  # noqa: E402
 
 from spectool.cache import cache_dir, file_tag
 

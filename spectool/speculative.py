@@ -11,7 +11,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
-import numpy as np
+from spectool import native  # noqa: F401, I001 - llama.cpp's libraries before numpy (native.py)
+import numpy as np  # noqa: E402
 
 from spectool.controller import Controller
 from spectool.drafters import EMPTY, Drafter, PromptLookup

@@ -5,6 +5,9 @@ from pathlib import Path
 
 import pytest
 
+NUMPY_BEFORE_LLAMA = "numpy" in sys.modules  # test_load_order.py: nothing the test run loads first imports numpy
+import spectool.native  # noqa: F401, E402 - llama.cpp's libraries before numpy, as in spectool (native.py)
+
 sys.path.insert(0, str(Path(__file__).parent))
 # what spectool caches (measured costs, pruned drafts) goes to a scratch directory, never the user's
 os.environ.setdefault("SPECTOOL_CACHE", tempfile.mkdtemp(prefix="spectool-test-cache-"))
