@@ -17,7 +17,7 @@ from spectool import native  # noqa: F401, I001 - llama.cpp's libraries before n
 import numpy as np  # noqa: E402
 
 from spectool.engine import Model
-from spectool.verify import Dist, Sampling, distribution, greedy_token, top_probability
+from spectool.verify import Dist, Sampling, backend_chain, dist_at, token_at, top_probability
 
 
 @dataclass
@@ -105,29 +105,30 @@ class DraftModel:
         if k <= 0:
             return EMPTY
         t0 = time.perf_counter()
+        banned = self.map.banned if self.map is not None and len(self.map.banned) else None
+        # llama.cpp samples in the graph, but p_min at temperature 0 needs the whole row's softmax
+        on_graph = None if sampling.greedy and self.p_min > 0 else backend_chain(sampling, banned)
         # usually 1-2 new tokens (the target's own, after the accepted drafts); many after steps without drafts
         mapped = self._map(history)
-        caught_up = m.sync(mapped)
+        caught_up = m.sync(mapped, sample=on_graph)
         catch_up = time.perf_counter() - t0 if caught_up > 2 else 0.0
-        banned = self.map.banned if self.map is not None and len(self.map.banned) else None
         recent = mapped[-sampling.window:] if sampling.window else []
         tokens: list[int] = []  # in the draft's own ids
         qs: list[Dist] = []
         for i in range(k):
-            logits = m.logits(-1)
             if sampling.greedy:
-                if self.p_min > 0 and top_probability(logits) < self.p_min:
+                if self.p_min > 0 and top_probability(m.logits(-1)) < self.p_min:
                     break
-                t = greedy_token(logits, sampling, recent + tokens, banned)
+                t = token_at(m, -1, sampling, recent + tokens, banned)
             else:
-                q = distribution(logits, sampling, recent + tokens, banned)
+                q = dist_at(m, -1, sampling, recent + tokens, banned)
                 if self.p_min > 0 and q.p.max() < self.p_min:  # decided before the draw: keeps sampling exact
                     break
                 t = q.sample(rng)
                 qs.append(q)
             tokens.append(t)
             if i < k - 1:
-                m.eval([t])
+                m.eval([t], sample=on_graph)
         if self.map is not None:  # back to the target's ids
             tokens = self.map.to_target[tokens].tolist()
             qs = [self._on_target(q) for q in qs]

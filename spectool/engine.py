@@ -374,11 +374,14 @@ class Model:
         local_only: bool = False,
         n_batch: int = 512,
         flash_attn: bool | None = None,
+        graph_sampling: bool | None = None,
         progress: Callable[[float], None] | None = None,
     ):
         """`progress(fraction)` hears how far loading the weights has come (llama.cpp's progress_callback).
         `n_gpu_layers`: a number, `auto` or `all` (resolve_gpu_layers); `local_only` keeps the layers off RPC
-        workers (the draft's rule) unless no local GPU exists and a number was asked for."""
+        workers (the draft's rule) unless no local GPU exists and a number was asked for. `graph_sampling`: whether
+        decodes that ask for it are sampled inside llama.cpp's graph (see sample_on_backend); None: where the
+        output layer runs on a GPU or a worker, not on the CPU."""
         self.path = check_gguf_file(path)
         lib = self.lib = _lib()
         self._model = self._ctx = self._batch = None
@@ -418,6 +421,11 @@ class Model:
         self._model = model
         n_layer = lib.llama_model_n_layer(model)
         layers = 0 if not usable else (n_layer + 1 if ngl < 0 else min(ngl, n_layer + 1))
+        # Sampling in the graph pays where the logits live on a device: a GPU's argmax is nearly free beside copying
+        # 1 MiB rows to the host. On the CPU backend it costs more than it saves: ggml's argmax is a scalar loop on
+        # one thread after a copy of the logits (ggml_pad), and a greedy 9-token verification of Gemma 3 270M took
+        # 8 ms longer inside llama_decode than copying the rows out for numpy (benchmarks/step_cost.py).
+        self.graph_sampling = bool(usable) and layers == n_layer + 1 if graph_sampling is None else graph_sampling
         # where the weights went, for the live panel and --stats-json (llama.cpp counts the output layer too)
         self.offload = {"backend": ", ".join(d.name for d in usable) if layers else "CPU",
                         "devices": [f"{d.name} ({d.description})" for d in usable] if layers else [],
@@ -432,6 +440,7 @@ class Model:
         cparams = lib.llama_context_default_params()
         cparams.n_ctx = n_ctx
         cparams.n_batch = cparams.n_ubatch = min(n_batch, n_ctx)
+        cparams.n_outputs_max_per_seq = cparams.n_batch  # sampling in the graph for every row of a verification
         cparams.n_threads = cparams.n_threads_batch = n_threads
         cparams.no_perf = True
         if flash_attn is not None:  # None: llama.cpp decides (on for CPU); its kernel sums in batch-dependent order
@@ -448,10 +457,27 @@ class Model:
         self._mem = lib.llama_get_memory(ctx)
         self.n_ctx = lib.llama_n_ctx(ctx)
         self.n_batch = lib.llama_n_batch(ctx)
-        self._batch = lib.llama_batch_init(self.n_batch, 0, 1)
+        self._batch = b = lib.llama_batch_init(self.n_batch, 0, 1)
+        # A decode writes the batch with slice assignments to numpy views of its arrays (a single token: two
+        # stores), not a ctypes call per token and field. Every token belongs to sequence 0 (written once here),
+        # and which outputs a batch asks for is written only when it changes (`_asked`).
+        self._b_token = np.ctypeslib.as_array(b.token, shape=(self.n_batch,))
+        self._b_pos = np.ctypeslib.as_array(b.pos, shape=(self.n_batch,))
+        self._b_out = np.ctypeslib.as_array(b.logits, shape=(self.n_batch,))
+        self._token0, self._pos0 = b.token, b.pos
+        self._positions = np.arange(self.n_ctx, dtype=np.int32)
+        self._asked: tuple = ()
+        np.ctypeslib.as_array(b.n_seq_id, shape=(self.n_batch,))[:] = 1
+        for i in range(self.n_batch):
+            b.seq_id[i][0] = 0
         self.tokens: list[int] = []  # what the KV cache holds, position by position
         self._n_out = 0
+        self._rows: np.ndarray | None = None  # the last decode's logits rows, one view for all (see logits)
+        self._chain = None  # the sampler chain llama.cpp runs inside the graph, if any (see sample_on_backend)
+        self._chain_k: int | None = None  # ... and what it is: 0 greedy, k > 0 top-k, None none
+        self.sampled: int | None = None  # how the last decode's outputs were sampled in the graph (None: rows)
         self._pieces: dict[int, bytes] = {}
+        self._eog: dict[int, bool] = {}
 
     def _does_not_fit(self, usable: list[Device], ngl: int) -> str:
         """The one-line answer to an offload that ran out of device memory: how much was free, and a number of
@@ -480,6 +506,9 @@ class Model:
         if self._ctx:
             lib.llama_free(self._ctx)
             self._ctx = None
+        if self._chain is not None:  # after the context that ran it
+            lib.llama_sampler_free(self._chain)
+            self._chain = None
         if self._model:
             lib.llama_model_free(self._model)
             self._model = None
@@ -527,7 +556,10 @@ class Model:
         return Detokenizer(self.piece)
 
     def is_eog(self, token: int) -> bool:
-        return bool(self.lib.llama_vocab_is_eog(self._vocab, token))
+        eog = self._eog.get(token)
+        if eog is None:
+            eog = self._eog[token] = bool(self.lib.llama_vocab_is_eog(self._vocab, token))
+        return eog
 
     # -- facts ---------------------------------------------------------------------------------------------
     def meta(self, key: str) -> str | None:
@@ -554,50 +586,110 @@ class Model:
         )
 
     # -- decoding ------------------------------------------------------------------------------------------
-    def eval(self, tokens: Sequence[int], *, logits: str = "last",
+    def eval(self, tokens: Sequence[int], *, logits: str = "last", sample: int | None = None,
              progress: Callable[[int, int], None] | None = None) -> None:
         """Append `tokens` to the sequence. `logits`: "last" (only the final token), "all", or "none".
 
-        Long inputs are decoded in chunks of n_batch, and `progress(done, total)` hears of each; logits of the
-        final chunk are then available through `logits(i)`, i indexing the final chunk's requested outputs."""
+        Long inputs are decoded in chunks of n_batch, and `progress(done, total)` hears of each; the outputs of the
+        final chunk are then available, i indexing its requested outputs: whole rows through `logits(i)`, or, with
+        `sample` (see sample_on_backend), what llama.cpp sampled inside its graph through `sampled_token(i)` or
+        `candidates(i)`."""
         if not tokens:
             return
         if len(self.tokens) + len(tokens) > self.n_ctx:
             raise DecodeError(f"context full: {len(self.tokens)} + {len(tokens)} tokens > n_ctx {self.n_ctx}")
-        lib, b = self.lib, self._batch
+        if logits != "none":
+            self.sample_on_backend(sample if self.graph_sampling else None)
+        self._n_out, self._rows = 0, None  # the last decode's outputs are gone from here on
+        lib = self.lib
         for start in range(0, len(tokens), self.n_batch):
             chunk = tokens[start : start + self.n_batch]
-            final = start + len(chunk) == len(tokens)
+            n = len(chunk)
+            final = start + n == len(tokens)
             pos0 = len(self.tokens)
-            for i, t in enumerate(chunk):
-                b.token[i] = t
-                b.pos[i] = pos0 + i
-                b.n_seq_id[i] = 1
-                b.seq_id[i][0] = 0
-                b.logits[i] = final and (logits == "all" or (logits == "last" and i == len(chunk) - 1))
-            b.n_tokens = len(chunk)
-            rc = lib.llama_decode(self._ctx, b)
+            if n == 1:
+                self._token0[0], self._pos0[0] = chunk[0], pos0
+            else:
+                self._b_token[:n] = chunk
+                self._b_pos[:n] = self._positions[pos0 : pos0 + n]
+            asked = (n, final and logits)
+            if asked != self._asked:
+                out = self._b_out[:n]
+                out[:] = final and logits == "all"
+                if final and logits == "last":
+                    out[-1] = 1
+                self._batch.n_tokens, self._asked = n, asked
+            rc = lib.llama_decode(self._ctx, self._batch)
             if rc != 0:
                 # the failed batch may be partly in the cache: drop it so `tokens` stays the truth
                 lib.llama_memory_seq_rm(self._mem, 0, pos0, -1)
                 raise DecodeError(f"llama_decode failed (code {rc}) at position {pos0}: {last_log_error()}")
             self.tokens.extend(chunk)
             if final:
-                self._n_out = {"all": len(chunk), "last": 1}.get(logits, 0)
+                self._n_out, self._rows = {"all": n, "last": 1}.get(logits, 0), None
+                self.sampled = self._chain_k
             if progress is not None:
-                progress(start + len(chunk), len(tokens))
+                progress(start + n, len(tokens))
+
+    def sample_on_backend(self, top_k: int | None) -> int | None:
+        """Have llama.cpp sample inside its graph, where the logits are, so that a decode hands back a few numbers
+        per output instead of a whole vocabulary row (1 MiB for Gemma's 262k tokens): `top_k` 0, the argmax's id
+        (`sampled_token`); k > 0, the k best ids with their logits (`candidates`); None, whole rows (`logits`).
+        A change takes effect at the next decode (llama.cpp then plans its graph anew). Returns what is in
+        effect: None where llama.cpp cannot sample on this backend (it then hands back rows)."""
+        if top_k == self._chain_k or (top_k is not None and not 0 <= top_k < self.n_vocab):
+            return self._chain_k
+        lib, old = self.lib, self._chain
+        chain = None
+        if top_k is not None:
+            chain = lib.llama_sampler_chain_init(lib.llama_sampler_chain_default_params())
+            lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_greedy() if top_k == 0
+                                        else lib.llama_sampler_init_top_k(top_k))
+        if not lib.llama_set_sampler(self._ctx, 0, chain) and chain is not None:
+            lib.llama_sampler_free(chain)  # not offloadable here: llama.cpp keeps handing back rows
+            lib.llama_set_sampler(self._ctx, 0, None)
+            chain, top_k = None, None
+        if old is not None:
+            lib.llama_sampler_free(old)
+        self._chain, self._chain_k = chain, top_k
+        return top_k
+
+    def _row(self, i: int, what: str) -> int:
+        """llama.cpp's index of output `i` of the last decode (negative: from the end)."""
+        if not -self._n_out <= i < self._n_out:
+            raise IndexError(f"no {what} at output {i} (last decode produced {self._n_out})")
+        return (i if i < 0 else i - self._n_out)
 
     def logits(self, i: int = -1) -> np.ndarray:
         """Zero-copy float32 view of the logits of output `i` of the last decoded chunk (valid until the next
         decode)."""
-        if not -self._n_out <= i < self._n_out:
-            raise IndexError(f"no logits at output {i} (last decode produced {self._n_out})")
-        if i < 0:
-            i += self._n_out
-        ptr = self.lib.llama_get_logits_ith(self._ctx, i - self._n_out)
-        if not ptr:
-            raise DecodeError(f"llama.cpp returned no logits for output {i}")
-        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+        if self.sampled is not None:
+            raise DecodeError("the last decode was sampled inside llama.cpp's graph: it has no logits rows")
+        j = self._row(i, "logits")
+        if self._rows is None:  # one view of every output's row, made at the first read
+            ptr = self.lib.llama_get_logits(self._ctx)
+            if not ptr:
+                raise DecodeError(f"llama.cpp returned no logits for output {i}")
+            self._rows = np.ctypeslib.as_array(ptr, shape=(self._n_out, self.n_vocab))
+        return self._rows[j]
+
+    def sampled_token(self, i: int = -1) -> int:
+        """The token llama.cpp's greedy sampler picked, inside the graph, for output `i` (sample=0)."""
+        if self.sampled != 0:
+            raise DecodeError("the last decode was not sampled greedily inside llama.cpp's graph")
+        return self.lib.llama_get_sampled_token_ith(self._ctx, self._row(i, "sampled token"))
+
+    def candidates(self, i: int = -1) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, logits) of the k best tokens of output `i`, as llama.cpp's top-k picked them inside the graph
+        (sample=k), as zero-copy views valid until the next decode."""
+        if not self.sampled:
+            raise DecodeError("the last decode had no top-k sampled inside llama.cpp's graph")
+        lib, ctx, r = self.lib, self._ctx, self._row(i, "candidates")
+        n = lib.llama_get_sampled_candidates_count_ith(ctx, r)
+        ids, z = lib.llama_get_sampled_candidates_ith(ctx, r), lib.llama_get_sampled_logits_ith(ctx, r)
+        if not (n and ids and z):
+            raise DecodeError(f"llama.cpp returned no candidates for output {i}")
+        return np.ctypeslib.as_array(ids, shape=(n,)), np.ctypeslib.as_array(z, shape=(n,))
 
     def rollback(self, n: int) -> bool:
         """Keep the first `n` tokens of the sequence; False if this model cannot drop a partial sequence."""
@@ -614,7 +706,7 @@ class Model:
         self.tokens.clear()
         self._n_out = 0
 
-    def sync(self, history: Sequence[int], *, logits: str = "last",
+    def sync(self, history: Sequence[int], *, logits: str = "last", sample: int | None = None,
              progress: Callable[[int, int], None] | None = None) -> int:
         """Make the cache hold `history` exactly, reusing the longest common prefix; returns how many tokens
         were decoded. Unless `logits` is "none", the final token is decoded again so its logits are there."""
@@ -628,7 +720,7 @@ class Model:
         if not self.rollback(common):
             self.reset()
             common = 0
-        self.eval(history[common:], logits=logits, progress=progress)
+        self.eval(history[common:], logits=logits, sample=sample, progress=progress)
         return len(history) - common
 
 

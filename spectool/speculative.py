@@ -18,7 +18,7 @@ from spectool.controller import Controller
 from spectool.drafters import EMPTY, Drafter, PromptLookup
 from spectool.engine import EngineError, Model
 from spectool.stats import Stats
-from spectool.verify import Sampling, accept_greedy, accept_sampled, distribution, greedy_token
+from spectool.verify import Sampling, accept_greedy, accept_sampled, backend_chain, dist_at, greedy_rows
 
 
 @dataclass
@@ -58,6 +58,7 @@ def speculative_generate(g: Generation, prompt: Sequence[int], stats: Stats | No
     ctl_suffix = "" if s.greedy else f"@T{s.temp:g}"  # acceptance is learnt per temperature (controller.py)
     rng = g.random()
     drafter = g.drafter
+    on_graph = backend_chain(s)  # what llama.cpp samples inside its graph: token ids or top-k, not whole rows
     x = list(prompt)
     if not x:
         raise ValueError("empty prompt")
@@ -71,7 +72,7 @@ def speculative_generate(g: Generation, prompt: Sequence[int], stats: Stats | No
         n_prefilled = 0
     notice = None
     if drafter is not None:
-        _calibrate(target, x, ctl)
+        _calibrate(target, x, ctl, on_graph)
         try:
             drafter.prefill(x)  # the draft model's prompt is prompt processing, not drafting
         except EngineError as e:
@@ -104,14 +105,13 @@ def speculative_generate(g: Generation, prompt: Sequence[int], stats: Stats | No
                         drafter, notice = _fallback(x, e)
             t1 = time.perf_counter()
             # 2. verify: one target pass over [x[-1], d_1..d_k]
-            target.eval([x[-1], *d.tokens], logits="all")
+            target.eval([x[-1], *d.tokens], logits="all", sample=on_graph)
             recent = x[-s.window:] if s.window else []  # p_i's penalties see x + d_1..d_i
             if s.greedy:
-                n_acc, t = accept_greedy((greedy_token(target.logits(i), s, recent + d.tokens[:i])
-                                          for i in range(len(d.tokens) + 1)), d.tokens)
+                n_acc, t = accept_greedy(greedy_rows(target, s, recent, d.tokens), d.tokens)
             else:
-                n_acc, t = accept_sampled(lambda i: distribution(target.logits(i), s, recent + d.tokens[:i]),
-                                          d.q, d.tokens, rng)
+                n_acc, t = accept_sampled(lambda i: dist_at(target, i, s, recent + d.tokens[:i]), d.q, d.tokens,
+                                          rng)
             target.rollback(len(x) + n_acc)  # keep x and the accepted drafts; t is fed next step
             t2 = time.perf_counter()
             ctl.observe_verify(len(d.tokens) + 1, t2 - t1)
@@ -144,7 +144,7 @@ def speculative_generate(g: Generation, prompt: Sequence[int], stats: Stats | No
 CALIBRATION_SIZES = (1, 2, 4, 8)
 
 
-def _calibrate(target: Model, x: list[int], ctl: Controller) -> None:
+def _calibrate(target: Model, x: list[int], ctl: Controller, sample: int | None) -> None:
     """A cost table that has measured no batch yet (a first run on this machine, with these settings) learns what
     batches cost before the first step, instead of trusting priors that may not fit this CPU or GPU: batches of
     1, 2, 4 and 8 tokens after the prompt, each twice (the first of a size is a warm-up), then rolled back. The
@@ -156,7 +156,7 @@ def _calibrate(target: Model, x: list[int], ctl: Controller) -> None:
             break
         for _ in range(2):
             t0 = time.perf_counter()
-            target.eval([x[-1]] * b, logits="all")
+            target.eval([x[-1]] * b, logits="all", sample=sample)
             ctl.observe_verify(b, time.perf_counter() - t0)
             target.rollback(len(x) - 1)
 

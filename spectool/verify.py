@@ -151,7 +151,14 @@ def distribution(logits: np.ndarray, s: Sampling, recent: Sequence[int] = (), ba
         ids = np.arange(n) if w.all() else np.flatnonzero(w)  # -inf (a banned token) has weight 0
         w = w if len(ids) == n else w[ids]
         return Dist(ids, w / w.sum(dtype=np.float64), n)
-    zc = z[c]
+    c = np.sort(c)
+    return _rest_of_chain(c, z[c], s, norm, n)
+
+
+def _rest_of_chain(c: np.ndarray, zc: np.ndarray, s: Sampling, norm, n: int) -> Dist:
+    """top-p -> min-p -> temperature on the candidates `c` (ids in increasing order) with logits `zc`; `norm` is
+    top-p's softmax normaliser over the whole row, or None when top-k ran before (then over the candidates)."""
+    f32 = np.float32
     if s.top_p < 1.0:
         c, zc = _top_p(c, zc, s.top_p, norm)
     if s.min_p > 0.0:  # on logits, before temperature, against the best surviving token
@@ -163,6 +170,47 @@ def distribution(logits: np.ndarray, s: Sampling, recent: Sequence[int] = (), ba
     c, w = c[keep], w[keep]
     order = np.argsort(c)
     return Dist(c[order].astype(np.int64), (w / w.sum())[order], n)
+
+
+# -- reading a model's outputs: whole rows, or what llama.cpp sampled inside its graph ---------------------------
+
+
+def backend_chain(s: Sampling, banned=None) -> int | None:
+    """How much of the chain llama.cpp can run inside its graph with the result unchanged (Model.sample_on_backend):
+    0, the argmax, at temperature 0; top_k, the k best candidates on which the host finishes the chain, when top-k
+    is on. None (whole rows to the host) when penalties are on (their history holds drafts the graph never saw),
+    when tokens are banned (a draft's tokens the target lacks), or without top-k (top-p's normaliser then runs
+    over the whole row)."""
+    if s.window or banned is not None:
+        return None
+    if s.greedy:
+        return 0
+    return s.top_k if s.top_k > 0 else None
+
+
+def greedy_rows(model, s: Sampling, recent: Sequence[int], draft: Sequence[int]):
+    """The chain's token at temperature 0 for each output of a verification [x[-1], d_1..d_k] (output i follows
+    x + d_1..d_i), lazily: the ids llama.cpp's graph picked, or the argmax of each penalised row."""
+    if model.sampled == 0:
+        return map(model.sampled_token, range(len(draft) + 1))
+    return (greedy_token(model.logits(i), s, [*recent, *draft[:i]]) for i in range(len(draft) + 1))
+
+
+def token_at(model, i: int, s: Sampling, recent: Sequence[int] = (), banned=None) -> int:
+    """The chain's token at temperature 0 for output i of the model's last decode."""
+    if model.sampled == 0:
+        return model.sampled_token(i)
+    return greedy_token(model.logits(i), s, recent, banned)
+
+
+def dist_at(model, i: int, s: Sampling, recent: Sequence[int] = (), banned=None) -> Dist:
+    """The chain's distribution for output i of the model's last decode: the rest of the chain on the top-k
+    candidates llama.cpp picked in its graph, or the whole chain on the row."""
+    if model.sampled:
+        ids, z = model.candidates(i)
+        order = np.argsort(ids)  # ties between equal logits fall as on the host path: by id
+        return _rest_of_chain(ids[order].astype(np.int64), z[order], s, None, model.n_vocab)
+    return distribution(model.logits(i), s, recent, banned)
 
 
 def _head_with_mass(z: np.ndarray, m, norm, top_p: float) -> np.ndarray:
