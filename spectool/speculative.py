@@ -7,6 +7,7 @@ target's distribution after x + d_1..d_i. q are the drafter's distributions (see
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
@@ -141,18 +142,24 @@ def speculative_generate(g: Generation, prompt: Sequence[int], stats: Stats | No
         target.rollback(len(x) - 1)  # whatever happened, the cache holds x[:-1] and nothing drafted
 
 
-CALIBRATION_SIZES = (1, 2, 4, 8)
+CALIBRATION_SIZES = (1, 2, 4, 8, 16, 32, 64)
+FLAT = 2.0  # past 8 tokens, calibration goes on doubling while a batch costs less than this many single tokens
 
 
 def _calibrate(target: Model, x: list[int], ctl: Controller, sample: int | None) -> None:
     """A cost table that has measured no batch yet (a first run on this machine, with these settings) learns what
     batches cost before the first step, instead of trusting priors that may not fit this CPU or GPU: batches of
-    1, 2, 4 and 8 tokens after the prompt, each twice (the first of a size is a warm-up), then rolled back. The
-    cache holds x[:-1] before and after. A few target steps, once; part of prompt processing."""
-    if not ctl.costs.timed or any(b >= 2 for b in ctl.costs.verify):
+    1, 2, 4 and 8 tokens after the prompt, each twice (the first of a size is a warm-up), then rolled back; and
+    16, 32, 64 while costs stay nearly flat (a GPU, where verifying 32 tokens costs about what one does), up to
+    the longest batch a step may verify. The cache holds x[:-1] before and after. A few target steps, once; part
+    of prompt processing."""
+    costs = ctl.costs
+    if not costs.timed or any(b >= 2 for b in costs.verify):
         return
     for b in CALIBRATION_SIZES:
         if b > ctl.k_max + 1 or len(x) - 1 + b > target.n_ctx:
+            break
+        if b > 8 and not costs.verify.get(b // 2, math.inf) < FLAT * costs.verify.get(1, 0.0):
             break
         for _ in range(2):
             t0 = time.perf_counter()

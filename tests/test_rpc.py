@@ -1,5 +1,9 @@
 """GPU-offload defaults, `spectool info`, and llama.cpp's RPC backend with a real `spectool worker` process on
-127.0.0.1: remote generation must be token-for-token the local one."""
+127.0.0.1: remote generation must be token-for-token the local one.
+
+On a host with a local GPU, `--rpc` with `-ngl auto` splits the target's layers over the local GPU(s) and the worker
+(backend "CUDA0, RPC0"), and the draft goes to the local GPU: the tests expect that split there, and the CPU-only
+layout elsewhere (`local_gpus()`). The worker itself serves its GPU there, its CPU here."""
 
 import json
 import os
@@ -19,11 +23,11 @@ PROMPT = "The quick brown fox"
 
 
 class Worker:
-    def __init__(self, *args):
+    def __init__(self, *args, env=None):
         self.port = free_port()
         self.endpoint = f"127.0.0.1:{self.port}"
         self.proc = subprocess.Popen([*SPECTOOL, "worker", "--port", str(self.port), "-t", "1", *args],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         deadline = time.time() + 60
         while time.time() < deadline:
             if self.proc.poll() is not None:
@@ -49,8 +53,12 @@ def worker():
     w.stop()
 
 
-def spectool(*args, timeout=180):
-    return subprocess.run([*SPECTOOL, *args], capture_output=True, text=True, timeout=timeout)
+def spectool(*args, timeout=180, env=None):
+    return subprocess.run([*SPECTOOL, *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def local_gpus() -> list:
+    return [d for d in engine.devices() if d.offloads and not d.remote]
 
 
 def generate(tiny, tmp_path, *args):
@@ -80,7 +88,7 @@ def test_gpu_layers_read_as_llama_cpp_reads_them(tiny):
 def test_auto_offloads_everything_to_a_gpu_and_nothing_without_one(tiny, tmp_path):
     """`-ngl auto` (the default) on this machine: all layers when llama.cpp sees a GPU device, none on a CPU build;
     `-ngl 0` always keeps them on the CPU. The stats name the backend and the layers."""
-    gpus = [d for d in engine.devices() if d.offloads and not d.remote]
+    gpus = local_gpus()
     _, auto = generate(tiny, tmp_path)
     _, cpu = generate(tiny, tmp_path, "-ngl", "0")
     n_layers = auto["offload"]["target"]["of"]
@@ -109,16 +117,19 @@ def test_info_json_names_versions_devices_and_folders():
 
 
 def test_greedy_output_through_a_worker_equals_the_local_output(worker, tiny, tmp_path):
-    """Plain, prompt lookup and draft-model decoding, each with the target's layers on the worker: the same text
-    as the same mode run locally; the draft stays local."""
+    """Plain, prompt lookup and draft-model decoding, each with the target's layers on the worker (and on the local
+    GPU, where there is one): the same text as the same mode run locally on the CPU; the draft stays local."""
+    gpus = local_gpus()
     for mode in (["--spec", "none"], ["--spec", "lookup"], ["-md", str(tiny["draft"]), "--spec", "draft"]):
         local, _ = generate(tiny, tmp_path, *mode, "-ngl", "0")
         remote, stats = generate(tiny, tmp_path, *mode, "--rpc", worker.endpoint)
         assert remote == local and len(local) > 20, mode
         target = stats["offload"]["target"]
-        assert target["layers"] == target["of"] and target["devices"] == [f"RPC0 ({worker.endpoint})"]
+        assert target["layers"] == target["of"]
+        assert target["devices"] == [f"{d.name} ({d.description})" for d in gpus] + [f"RPC0 ({worker.endpoint})"]
         if "draft" in mode:
-            assert stats["offload"]["draft"]["backend"] == "CPU" and stats["n_drafted"] > 0
+            draft = stats["offload"]["draft"]
+            assert draft["backend"] == (", ".join(d.name for d in gpus) or "CPU") and stats["n_drafted"] > 0
 
 
 def test_info_lists_the_remote_devices(worker):
@@ -177,15 +188,17 @@ def test_the_worker_binds_loopback_unless_told_and_warns_when_told(tiny):
 def test_weights_that_do_not_fit_the_device_are_one_line_with_a_number_to_try(gemma_q4):
     """A device that runs out of memory while the weights load. The device is a worker whose address space is
     capped (RLIMIT_AS) 64 MiB above what it uses idle, so the 241 MiB of Gemma 3 270M Q4_K_M cannot be allocated
-    there, as on a GPU too small for the model."""
+    there, as on a GPU too small for the model. On a GPU host both processes are kept off the GPU
+    (CUDA_VISIBLE_DEVICES empty), so that the worker is the only device, as here."""
     import re
     import resource
 
-    w = Worker()
+    cpu_only = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    w = Worker(env=cpu_only)
     try:
         vm = int(re.search(r"VmSize:\s+(\d+) kB", open(f"/proc/{w.proc.pid}/status").read()).group(1)) << 10
         resource.prlimit(w.proc.pid, resource.RLIMIT_AS, (vm + (64 << 20), resource.RLIM_INFINITY))
-        p = spectool("run", "-m", str(gemma_q4), "--rpc", w.endpoint, "-n", "4", PROMPT)
+        p = spectool("run", "-m", str(gemma_q4), "--rpc", w.endpoint, "-n", "4", PROMPT, env=cpu_only)
         assert p.returncode == 1 and p.stdout == "" and "Traceback" not in p.stderr
         line = p.stderr.strip()
         assert "\n" not in line and re.fullmatch(
@@ -193,7 +206,7 @@ def test_weights_that_do_not_fit_the_device_are_one_line_with_a_number_to_try(ge
             r"try -ngl (\d+) \(of its 18 layers\), or -ngl 0 for the CPU", line), line
         assert int(re.search(r"try -ngl (\d+)", line).group(1)) < 19  # fewer layers than failed
         assert spectool("run", "-m", str(gemma_q4), "--rpc", w.endpoint, "-ngl", "0", "-n", "4",
-                        PROMPT).returncode == 0  # and what it says to try instead works
+                        PROMPT, env=cpu_only).returncode == 0  # and what it says to try instead works
     finally:
         w.stop()
 
@@ -207,5 +220,7 @@ def test_the_live_panel_names_the_backend_and_the_layers(worker, tiny, tmp_path)
     _, stats = generate(tiny, tmp_path, "-md", str(tiny["draft"]), "--spec", "draft", "--rpc", worker.endpoint)
     console = Console(width=120, record=True, file=open(os.devnull, "w"))
     console.print(stats_table(Stats(mode="draft", n_generated=1, offload=stats["offload"])))
-    n = stats["offload"]["target"]["of"]
-    assert f"backend  RPC0 {n}/{n} layers;  draft CPU" in console.export_text()
+    n, gpus = stats["offload"]["target"]["of"], ", ".join(d.name for d in local_gpus())
+    m = stats["offload"]["draft"]["of"]
+    draft = f"{gpus} {m}/{m} layers" if gpus else "CPU"
+    assert f"backend  {gpus + ', ' if gpus else ''}RPC0 {n}/{n} layers;  draft {draft}" in console.export_text()

@@ -418,6 +418,32 @@ def test_a_fresh_cost_table_measures_batches_before_the_first_step(target):
     assert not seeded.verify  # seeded sampling keeps its priors, so that it reproduces
 
 
+@pytest.mark.parametrize("shape,measured", [("gpu", {1, 2, 4, 8, 16, 32}), ("cpu", {1, 2, 4, 8})])
+def test_calibration_measures_long_batches_where_costs_are_flat(monkeypatch, shape, measured):
+    """On a GPU verifying 32 tokens costs about what one does: calibration finds that and measures batches up to
+    the longest a step may verify (k_max + 1 = 33), so the controller drafts long there; where a batch of 8 already
+    costs more than two tokens (a CPU) it stops at 8. The batch costs come from a fake clock the fake model
+    advances: a flat 1.0 + 0.01 per token, or a CPU-like 1.0 + 0.5 per token."""
+    import spectool.speculative as spec
+
+    clock = [0.0]
+    monkeypatch.setattr(spec.time, "perf_counter", lambda: clock[0])
+
+    class Fake:
+        n_ctx, sizes = 4096, []
+
+        def eval(self, tokens, logits="last", sample=None):
+            self.sizes.append(len(tokens))
+            clock[0] += 1.0 + (0.01 if shape == "gpu" else 0.5) * len(tokens)
+
+        def rollback(self, n):
+            return True
+
+    ctl = Controller(k_max=32)
+    spec._calibrate(Fake(), [1, 2, 3], ctl, None)
+    assert set(ctl.costs.verify) == measured and set(Fake.sizes) == measured
+
+
 def test_hybrid_hands_over_to_the_draft_model_where_lookup_is_worth_less(draft):
     """Lookup's tokens are offered while each is worth at least a draft-model token (the controller's estimate,
     see Controller.worth), and the draft model drafts the rest of the same step."""
