@@ -1,11 +1,12 @@
-"""llama.cpp's own C++ tools as contenders: `llama-lookup` (its n-gram cache drafting) and `llama-completion`
-(plain decoding), built once from the llama.cpp sources vendored in the llama-cpp-python sdist that spectool runs
+"""llama.cpp's own C++ tools as contenders: `llama-lookup` (its n-gram cache drafting), `llama-speculative-simple`
+with its self-speculative n-gram drafters (`--spec-type ngram-simple | ngram-map-k | ngram-mod`) and
+`llama-completion` (plain decoding), built once from the llama.cpp sources vendored in the llama-cpp-python sdist that spectool runs
 on, so both tools run the same llama.cpp.
 
     python benchmarks/llamacpp.py            # build (345 s on 2 cores, once; cached) and print the binaries
 
 The build goes to ~/.cache/spectool-bench/llama.cpp-<version>/ (SPECTOOL_BENCH_CACHE moves it): the sdist is
-fetched with pip, configured as a native Release build (as pip builds llama-cpp-python), and only the two targets
+fetched with pip, configured as a native Release build (as pip builds llama-cpp-python), and only these targets
 are compiled.
 """
 
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CACHE = Path(os.environ.get("SPECTOOL_BENCH_CACHE", Path.home() / ".cache" / "spectool-bench"))
-TARGETS = ("llama-lookup", "llama-completion")
+TARGETS = ("llama-lookup", "llama-completion", "llama-speculative-simple")
 
 
 def llama_cpp_version() -> str:
@@ -74,9 +75,11 @@ class Run:
         return self.tokens / self.seconds if self.seconds else 0.0
 
 
-def _common(model: Path, prompt_file: Path, tokens: int, threads: int, ctx: int, repack: bool) -> list[str]:
+def _common(model: Path, prompt_file: Path, tokens: int, threads: int, ctx: int, repack: bool,
+            gpu: bool = False) -> list[str]:
+    """The flags every tool gets: greedy, the same context and threads; every layer on the GPU with `gpu`."""
     args = ["-m", str(model), "-f", str(prompt_file), "-n", str(tokens), "-t", str(threads), "-c", str(ctx),
-            "--temp", "0", "--seed", "0"]
+            "--temp", "0", "--seed", "0", "-ngl", "99" if gpu else "0"]
     return args + ([] if repack else ["--no-repack"])
 
 
@@ -88,14 +91,14 @@ def _prompt_file(directory: str, prompt: str) -> Path:
 
 
 def lookup(binary: Path, model: Path, prompt: str, tokens: int, n_draft: int = 8, threads: int = 2,
-           ctx: int = 4096, repack: bool = True, first_decode: float = 0.0) -> Run:
+           ctx: int = 4096, repack: bool = True, first_decode: float = 0.0, gpu: bool = False) -> Run:
     """`llama-lookup`, greedy, drafting at most `n_draft` tokens from its n-gram caches, asked for `tokens` new
     tokens and timed as spectool is (see parse_lookup; `first_decode`: the seconds of one single-token decode at
     this prompt, such as llama-completion's eval time per token). Its `-n` counts the first token and it stops after
     the step that takes that count past `-n`: `-n tokens-1` ends with the step that brings token `tokens`."""
     with tempfile.TemporaryDirectory() as tmp:
         # the dynamic cache file (-lcd) stays empty per run: only the prompt and the output are drafted from
-        args = [str(binary), *_common(model, _prompt_file(tmp, prompt), tokens - 1, threads, ctx, repack),
+        args = [str(binary), *_common(model, _prompt_file(tmp, prompt), tokens - 1, threads, ctx, repack, gpu),
                 "--spec-draft-n-max", str(n_draft), "-lcd", str(Path(tmp) / "dynamic.bin")]
         p = subprocess.run(args, capture_output=True, text=True)
     if p.returncode:
@@ -118,11 +121,35 @@ def parse_lookup(text: str, log: str, asked: int | None = None, first_decode: fl
     return Run(text, n if asked is None else min(n, asked), float(m.group(2)) + first_decode, drafted, accepted)
 
 
+# llama.cpp's self-speculative n-gram drafters, sized for prompts of a few hundred tokens (their defaults, such as
+# ngram-simple's 12-token lookup and ngram-mod's 24-token match, are made for long contexts and rarely fire here)
+NGRAM = {
+    "ngram-simple": ["--spec-ngram-simple-size-n", "3", "--spec-ngram-simple-size-m", "8"],
+    "ngram-map-k": ["--spec-ngram-map-k-size-n", "3", "--spec-ngram-map-k-size-m", "8"],
+    "ngram-mod": ["--spec-ngram-mod-n-match", "4", "--spec-ngram-mod-n-min", "1", "--spec-ngram-mod-n-max", "16"],
+}
+
+
+def speculative_ngram(binary: Path, model: Path, prompt: str, tokens: int, kind: str, threads: int = 2,
+                      ctx: int = 4096, repack: bool = True, gpu: bool = False) -> Run:
+    """`llama-speculative-simple --spec-type KIND` (examples/speculative-simple): drafts from the text so far, no
+    draft model. Its clock starts, as spectool's does, after the prompt's first n-1 tokens (the last one is decoded
+    with the first draft), and it counts every token it makes: with `-n tokens-1` it makes `tokens` (it stops
+    once its count passes -n), read as parse_lookup reads llama-lookup."""
+    with tempfile.TemporaryDirectory() as tmp:
+        args = [str(binary), *_common(model, _prompt_file(tmp, prompt), tokens - 1, threads, ctx, repack, gpu),
+                "--spec-type", kind, *NGRAM[kind]]
+        p = subprocess.run(args, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if p.returncode:
+        raise RuntimeError(f"llama-speculative-simple --spec-type {kind} failed ({p.returncode}): {p.stderr[-500:]}")
+    return parse_lookup(_generated(p.stdout, prompt), p.stdout + p.stderr, tokens)
+
+
 def completion(binary: Path, model: Path, prompt: str, tokens: int, threads: int = 2, ctx: int = 4096,
-               repack: bool = True) -> Run:
+               repack: bool = True, gpu: bool = False) -> Run:
     """`llama-completion`, greedy plain decoding; its decode time is the "eval time" of llama.cpp's perf report."""
     with tempfile.TemporaryDirectory() as tmp:
-        args = [str(binary), *_common(model, _prompt_file(tmp, prompt), tokens, threads, ctx, repack),
+        args = [str(binary), *_common(model, _prompt_file(tmp, prompt), tokens, threads, ctx, repack, gpu),
                 "-no-cnv", "--simple-io"]
         p = subprocess.run(args, capture_output=True, text=True, stdin=subprocess.DEVNULL)
     if p.returncode:

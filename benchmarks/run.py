@@ -30,9 +30,16 @@ import prompts as P  # noqa: E402
 
 from spectool import bench, engine, prune  # noqa: E402
 from spectool.bench import Contender, Result  # noqa: E402
+from spectool.ui import offload_text  # noqa: E402
 from spectool.verify import Sampling  # noqa: E402
 
 CACHE = Path(os.environ.get("SPECTOOL_BENCH_CACHE", Path.home() / ".cache" / "spectool-bench"))
+
+
+def on_gpu() -> bool:
+    """Whether llama.cpp sees a GPU here: then every contender runs with all its layers there (spectool's default
+    `-ngl auto`, llama.cpp's tools with `-ngl 99`, llama-cpp-python with `n_gpu_layers=-1`)."""
+    return any(d.offloads and not d.remote for d in engine.devices())
 
 
 def models() -> dict[str, Path]:
@@ -57,12 +64,15 @@ def run_set(name: str, model: Path, texts: list[str], contenders: list[Contender
           flush=True)
     baseline = None
     if not sampling.greedy:
-        baseline = bench.reference("llama-cpp-python plain", model, texts, args.tokens, sampling, args.threads)
-    with engine.Model(model, n_ctx=4096, n_threads=args.threads) as target, contextlib.ExitStack() as stack:
+        baseline = bench.reference("llama-cpp-python plain", model, texts, args.tokens, sampling, args.threads,
+                                   n_gpu_layers=-1 if on_gpu() else 0)
+    with engine.Model(model, n_ctx=4096, n_threads=args.threads, n_gpu_layers="auto") as target, \
+            contextlib.ExitStack() as stack:
+        print(f"   backend: {offload_text({'target': target.offload})}", flush=True)
         drafts = {}
         for vocab in sorted({c.draft_vocab for c in contenders if c.mode in ("draft", "hybrid")}):
             path = prune.pruned_draft(draft_path, vocab, n_threads=args.threads) if vocab else draft_path
-            m = stack.enter_context(engine.Model(path, n_ctx=4096, n_threads=args.threads))
+            m = stack.enter_context(engine.Model(path, n_ctx=4096, n_threads=args.threads, n_gpu_layers="auto"))
             drafts[vocab] = (m, prune.read_ids(path) if vocab else None)
         prompts = [target.tokenize(t) for t in texts]
         results = bench.run(target, drafts, prompts, contenders, args.tokens, sampling=sampling, baseline=baseline,
@@ -72,7 +82,7 @@ def run_set(name: str, model: Path, texts: list[str], contenders: list[Contender
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
         ext = bench.drain(bench.reference("llama-cpp-python lookup", model, texts, args.tokens, sampling,
-                                          args.threads, expected=plain_texts,
+                                          args.threads, expected=plain_texts, n_gpu_layers=-1 if on_gpu() else 0,
                                           draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10)))
         ext.speedup = ext.tokens_per_second / results[0].tokens_per_second
         results.append(ext)
@@ -121,7 +131,8 @@ def main() -> None:
               if args.only in name and (name.startswith("sampled") or not args.sampled_only)}
     args.out.mkdir(parents=True, exist_ok=True)
     header = (f"Machine: {platform.machine()}, {os.cpu_count()} cores ({args.threads} threads), "
-              f"{platform.system()}; llama.cpp CPU backend. Gemma 3 270M; greedy, and sampled at temperature 0.8 "
+              f"{platform.system()}; llama.cpp {'GPU (every layer)' if on_gpu() else 'CPU'} backend. Gemma 3 270M; "
+              f"greedy, and sampled at temperature 0.8 "
               f"with llama.cpp's defaults (top-k 40, top-p 0.95, min-p 0.05; speedups over llama-cpp-python's own "
               f"plain sampling); {args.prompts} prompts a set, {args.tokens} new tokens each. "
               f"Command: `python benchmarks/run.py`.")

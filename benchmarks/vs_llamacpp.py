@@ -1,17 +1,20 @@
-"""spectool's prompt lookup against llama.cpp's own `llama-lookup`, with plain decoding by both tools as the
-baseline, on the same prompts in the same run.
+"""spectool's prompt lookup against llama.cpp's own n-gram drafting (`llama-lookup`, and `llama-speculative-simple`
+with `--spec-type ngram-simple | ngram-map-k | ngram-mod`), with plain decoding by both tools as the baseline, on
+the same prompts in the same run.
 
     pip install -e ".[test,bench]"
     python benchmarks/vs_llamacpp.py         # builds llama.cpp's tools once (see llamacpp.py), then ~10 minutes
 
-F16 Gemma 3 270M, greedy, 8 prompts a set, 96 new tokens, 2 threads; `llama-lookup` drafts at most 8 tokens
-(`--spec-draft-n-max 8`, as in llama.cpp's examples) from its context n-gram cache. The four contenders run prompt by
-prompt, interleaved, so slow drift of the machine hits all alike. Decode speed is tokens per second of decoding:
+F16 Gemma 3 270M, greedy, 8 prompts a set, 96 new tokens, 2 threads, every layer on the GPU where llama.cpp sees one
+(spectool's `-ngl auto`, the tools' `-ngl 99`; the report names the backend); `llama-lookup` drafts at most 8 tokens
+(`--spec-draft-n-max 8`, as in llama.cpp's examples) from its context n-gram cache; the n-gram drafters of
+`llama-speculative-simple` are sized for short contexts (llamacpp.NGRAM). The contenders run prompt by prompt,
+interleaved, so slow drift of the machine hits all alike. Decode speed is tokens per second of decoding:
 llama-completion's `eval time` (single-token decodes), spectool's own clock from the end of prompt processing to
-its last token, and llama-lookup's `decoded N tokens in T seconds` read the same way as spectool's: the 96 tokens
-asked for, from the end of the prompt's first n-1 tokens to the 96th (llamacpp.parse_lookup: it decodes the last
-prompt token before its clock starts, counts the token that gives, and runs its last step past -n). Writes
-benchmarks/results/vs_llamacpp.md.
+its last token, and llama-lookup's and llama-speculative-simple's `decoded N tokens in T seconds` read the same way
+as spectool's: the 96 tokens asked for, from the end of the prompt's first n-1 tokens to the 96th
+(llamacpp.parse_lookup: llama-lookup decodes the last prompt token before its clock starts, counts the token that
+gives, and runs its last step past -n). Writes benchmarks/results/vs_llamacpp.md.
 """
 
 from __future__ import annotations
@@ -29,13 +32,14 @@ sys.path.insert(0, str(HERE.parent))
 
 import llamacpp  # noqa: E402
 import prompts as P  # noqa: E402
-from run import models  # noqa: E402
+from run import models, on_gpu  # noqa: E402
 
 from spectool import engine  # noqa: E402
 from spectool.bench import Contender, Result  # noqa: E402
 from spectool.controller import Costs  # noqa: E402
 from spectool.speculative import Generation, speculative_generate  # noqa: E402
 from spectool.stats import Stats  # noqa: E402
+from spectool.ui import offload_text  # noqa: E402
 
 SETS = {"code editing (HumanEval)": P.humaneval_prompts, "grounded chat (ShareGPT)": P.grounded_prompts,
         "free-form (ShareGPT)": P.freeform_prompts}
@@ -51,11 +55,15 @@ def decode(g: Generation, prompt: list[int], st: Stats) -> tuple[list[int], int,
 
 def run_set(name: str, texts: list[str], model: Path, bins: dict, args) -> list[Result]:
     ours = [Contender("spectool plain", "none"), Contender("spectool lookup", "lookup", 32)]
-    theirs = [Result("llama-completion"), Result(f"llama-lookup ({args.n_draft})")]
+    theirs = [Result("llama-completion"), Result(f"llama-lookup ({args.n_draft})"),
+              *[Result(f"llama.cpp {kind}") for kind in llamacpp.NGRAM]]
     results = {c.name: Result(c.name) for c in ours}
     costs = {c.name: Costs() for c in ours}
     repack = not engine.avoid_amx()  # the same weights layout as spectool's (see engine.avoid_amx)
-    with engine.Model(model, n_ctx=4096, n_threads=args.threads) as target:
+    gpu = on_gpu()
+    with engine.Model(model, n_ctx=4096, n_threads=args.threads, n_gpu_layers="auto") as target:
+        print(f"   spectool's backend: {offload_text({'target': target.offload})}; llama.cpp's tools: "
+              f"-ngl {99 if gpu else 0}", flush=True)
         plain_texts = []
         for i, text in enumerate(texts):
             prompt = target.tokenize(text)
@@ -67,11 +75,14 @@ def run_set(name: str, texts: list[str], model: Path, bins: dict, args) -> list[
             # llama-lookup's clock leaves out its decode of the last prompt token (llamacpp.parse_lookup): priced as
             # one of llama-completion's single-token decodes on this prompt (on the earlier ones if that failed)
             one_decode = theirs[0].seconds / theirs[0].tokens if theirs[0].tokens else 0.0
-            for r, run in zip(theirs, (
-                    lambda: llamacpp.completion(bins["llama-completion"], model, text, args.tokens, args.threads,
-                                                repack=repack),
+            runs = [lambda: llamacpp.completion(bins["llama-completion"], model, text, args.tokens, args.threads,
+                                                repack=repack, gpu=gpu),
                     lambda: llamacpp.lookup(bins["llama-lookup"], model, text, args.tokens, args.n_draft,
-                                            args.threads, repack=repack, first_decode=one_decode))):
+                                            args.threads, repack=repack, first_decode=one_decode, gpu=gpu)]
+            runs += [lambda kind=kind: llamacpp.speculative_ngram(bins["llama-speculative-simple"], model, text,
+                                                                  args.tokens, kind, args.threads, repack=repack,
+                                                                  gpu=gpu) for kind in llamacpp.NGRAM]
+            for r, run in zip(theirs, runs):
                 try:
                     out = run()
                 except RuntimeError as e:
@@ -90,7 +101,7 @@ def run_set(name: str, texts: list[str], model: Path, bins: dict, args) -> list[
                 n = min(len(out.text), len(plain_texts[-1]))
                 r.identical += n > 0 and out.text[:n] == plain_texts[-1][:n]
             print(f"  prompt {i + 1}/{len(texts)}", end="\r", flush=True)
-    rows = [theirs[0], results["spectool plain"], theirs[1], results["spectool lookup"]]
+    rows = [theirs[0], results["spectool plain"], *theirs[1:], results["spectool lookup"]]
     for r in results.values():
         r.identical = sum(a == b for a, b in zip(r.outputs, results["spectool plain"].outputs))
     for r in rows:
@@ -103,13 +114,16 @@ def table(groups: dict[str, list[Result]]) -> str:
              "|---|---|---:|---:|---:|---:|---:|"]
     for name, rows in groups.items():
         for r in rows:
-            drafted = f"{r.drafted}" if "lookup" in r.contender else ""
-            accepted = f"{r.accepted}" if "lookup" in r.contender else ""
+            drafted = f"{r.drafted}" if r.drafted else ""
+            accepted = f"{r.accepted}" if r.drafted else ""
             lines.append(f"| {name} | {r.contender} | {r.tokens_per_second:.1f} | {r.speedup:.2f}x | {drafted} | "
                          f"{accepted} | {r.identical}/{r.prompts} |")
-    lines += ["", "| set | spectool lookup / llama-lookup | spectool plain / llama-completion |", "|---|---:|---:|"]
+    lines += ["", "| set | spectool lookup / llama-lookup | spectool lookup / llama.cpp's best n-gram drafter | "
+                  "spectool plain / llama-completion |", "|---|---:|---:|---:|"]
     for name, rows in groups.items():
-        lines.append(f"| {name} | {rows[3].tokens_per_second / rows[2].tokens_per_second:.2f}x | "
+        ours, best = rows[-1], max(rows[3:-1], key=lambda r: r.tokens_per_second)
+        lines.append(f"| {name} | {ours.tokens_per_second / rows[2].tokens_per_second:.2f}x | "
+                     f"{ours.tokens_per_second / best.tokens_per_second:.2f}x ({best.contender}) | "
                      f"{rows[1].tokens_per_second / rows[0].tokens_per_second:.2f}x |")
     return "\n".join(lines)
 
@@ -133,7 +147,8 @@ def main() -> None:
             groups[name] = run_set(name, make(args.prompts), model, bins, args)
             print(table({name: groups[name]}), flush=True)
     md = (f"Machine: {platform.machine()}, {os.cpu_count()} cores ({args.threads} threads); llama.cpp "
-          f"{llamacpp.llama_cpp_version()} (llama-cpp-python's vendored sources) CPU backend. Gemma 3 270M F16, greedy, "
+          f"{llamacpp.llama_cpp_version()} (llama-cpp-python's vendored sources) "
+          f"{'GPU backend, every layer on the GPU' if on_gpu() else 'CPU backend'}. Gemma 3 270M F16, greedy, "
           f"{args.prompts} prompts a set, {args.tokens} new tokens. Command: `python benchmarks/vs_llamacpp.py`.\n\n"
           + table(groups) + "\n")
     args.out.mkdir(parents=True, exist_ok=True)

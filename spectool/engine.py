@@ -774,7 +774,7 @@ def quantize(src: str | os.PathLike, dst: str | os.PathLike, ftype: str, *, thre
 
 def reference_completions(path: str | os.PathLike, texts: Sequence[str], max_tokens: int, *, temp: float = 0.0,
                           top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05, seed: int = 0,
-                          n_threads: int | None = None, n_ctx: int = 4096, draft_model=None):
+                          n_threads: int | None = None, n_ctx: int = 4096, draft_model=None, n_gpu_layers: int = 0):
     """llama-cpp-python's own high-level generation (`Llama.create_completion`, its sampler chain in C++), the
     baseline benchmarks compare against. Yields (text, tokens after the first, seconds from the first streamed
     token to the last) per prompt, or the exception a prompt raised. The model is loaded with the same buffer
@@ -792,7 +792,7 @@ def reference_completions(path: str | os.PathLike, texts: Sequence[str], max_tok
     try:
         n_threads = n_threads or max(1, os.cpu_count() or 1)
         llm = high.Llama(str(path), n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads, seed=seed,
-                         verbose=False, draft_model=draft_model)
+                         verbose=False, draft_model=draft_model, n_gpu_layers=n_gpu_layers)
     finally:
         high.llama_cpp.llama_model_default_params = default_params
     lib.llama_log_set(_STATE["callback"], ctypes.c_void_p(0))  # Llama(verbose=False) took the log over

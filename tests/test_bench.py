@@ -150,6 +150,11 @@ def test_llama_cpp_tools_reports_and_prompt_files(tmp_path):
     r = LC.parse_lookup("", log.replace("decoded   97", "decoded  102"), 96, first_decode=0.04)
     assert r.tokens == 96 and abs(r.seconds - 1.852) < 1e-9
     assert LC.parse_lookup("", log.replace("decoded   97", "decoded   60"), 96).tokens == 60  # the text ended
+    # llama-speculative-simple's report (examples/speculative-simple/speculative-simple.cpp), -n 95: 96 made
+    spec = ("decoded %4d tokens in %8.3f seconds, speed: %8.3f t/s\n" % (96, 1.5, 64.0)
+            + "\nn_draft   = %d\nn_predict = %d\nn_drafted = %d\nn_accept  = %d\naccept    = %.3f%%\n" % (16, 96, 70, 55, 78.571))
+    r = LC.parse_lookup("", spec, 96)
+    assert (r.tokens, r.seconds, r.drafted, r.accepted) == (96, 1.5, 70, 55)
     perf = ("llama_perf_context_print: prompt eval time = %10.2f ms / %5d tokens (%8.2f ms per token, %8.2f tokens per second)\n"
             % (401.0, 157, 2.55, 391.5)
             + "llama_perf_context_print:        eval time = %10.2f ms / %5d runs   (%8.2f ms per token, %8.2f tokens per second)\n"
