@@ -473,6 +473,9 @@ class Model:
         self.tokens: list[int] = []  # what the KV cache holds, position by position
         self._n_out = 0
         self._rows: np.ndarray | None = None  # the last decode's logits rows, one view for all (see logits)
+        self._view: tuple[int, np.ndarray] = (0, np.empty((0, 0), np.float32))  # (address, rows) of that view
+        self._logits_address = lib.llama_cpp._lib["llama_get_logits"]  # a binding of our own: the bare address
+        self._logits_address.restype, self._logits_address.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
         self._chain = None  # the sampler chain llama.cpp runs inside the graph, if any (see sample_on_backend)
         self._chain_k: int | None = None  # ... and what it is: 0 greedy, k > 0 top-k, None none
         self.sampled: int | None = None  # how the last decode's outputs were sampled in the graph (None: rows)
@@ -665,12 +668,15 @@ class Model:
         decode)."""
         if self.sampled is not None:
             raise DecodeError("the last decode was sampled inside llama.cpp's graph: it has no logits rows")
-        j = self._row(i, "logits")
-        if self._rows is None:  # one view of every output's row, made at the first read
-            ptr = self.lib.llama_get_logits(self._ctx)
-            if not ptr:
+        j = self._n_out + self._row(i, "logits")
+        if self._rows is None:  # one view of every output's row, kept while llama.cpp keeps its output buffer
+            addr = self._logits_address(self._ctx)
+            if not addr:
                 raise DecodeError(f"llama.cpp returned no logits for output {i}")
-            self._rows = np.ctypeslib.as_array(ptr, shape=(self._n_out, self.n_vocab))
+            if addr != self._view[0] or self._n_out > len(self._view[1]):
+                buf = (ctypes.c_float * (self._n_out * self.n_vocab)).from_address(addr)
+                self._view = (addr, np.frombuffer(buf, np.float32).reshape(self._n_out, self.n_vocab))
+            self._rows = self._view[1]
         return self._rows[j]
 
     def sampled_token(self, i: int = -1) -> int:
