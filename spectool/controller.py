@@ -20,6 +20,7 @@ the tokens seen.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -155,6 +156,7 @@ class Controller:
     costs: Costs | None = None  # shared with other controllers of the same target; None: a table of our own
     _acc: dict[str, _Acceptance] = field(default_factory=dict)
     _memo: dict[str, float] = field(default_factory=dict)
+    _parsed: dict[str, tuple] = field(default_factory=dict)  # key -> (the key before it in its stretch, prior, weight)
 
     def __post_init__(self):
         if self.costs is None:
@@ -209,13 +211,16 @@ class Controller:
     def prior(self, key: str) -> tuple[float, float]:
         """(prior acceptance, its weight in observations) of a key. A continuation's ("lookup:2+3", see
         PromptLookup.keys) is what the controller now estimates for the token before it in its stretch."""
-        base, at, temp = key.partition("@")
-        anchor, plus, pos = base.partition("+")
-        prior, w = self.priors.get(anchor, self.prior_other)
-        w = min(w, self.sampled_prior[1]) if at else w
-        if plus:
-            return self.acceptance(anchor + (f"+{int(pos) - 1}" if int(pos) > 1 else "") + at + temp), w
-        return (prior ** self.sampled_prior[0] if at else prior), w
+        parsed = self._parsed.get(key)
+        if parsed is None:  # keys recur step after step: read each once
+            base, at, temp = key.partition("@")
+            anchor, plus, pos = base.partition("+")
+            prior, w = self.priors.get(anchor, self.prior_other)
+            before = anchor + (f"+{int(pos) - 1}" if int(pos) > 1 else "") + at + temp if plus else None
+            parsed = self._parsed[key] = (before, prior ** self.sampled_prior[0] if at else prior,
+                                          min(w, self.sampled_prior[1]) if at else w)
+        before, prior, w = parsed
+        return (self.acceptance(before) if before is not None else prior), w
 
     def verify_cost(self, batch_size: int) -> float:
         return self.costs.verify_cost(batch_size)
@@ -246,6 +251,7 @@ class Controller:
         return cost
 
     @staticmethod
+    @functools.lru_cache(maxsize=1 << 14)
     def source(key: str) -> str:
         """The drafter a key belongs to, with its temperature: "lookup:3?@T0.8" -> "lookup@T0.8"."""
         base, at, temp = key.partition("@")

@@ -183,8 +183,11 @@ class PromptLookup:
         for n in range(min(self.n_max, len(seq)), self.n_min - 1, -1):
             f = self.follow[n].get(tuple(seq[-n:]))
             if f:
+                if len(f) == 1:  # the usual case: one follower
+                    ((t, (c, _)),) = f.items()
+                    return t, n, c, c
                 t, (c, _) = max(f.items(), key=lambda kv: kv[1])
-                return t, n, c, sum(v[0] for v in f.values()) if len(f) > 1 else c
+                return t, n, c, sum(v[0] for v in f.values())
         return None
 
     def evidence(self, history: Sequence[int], k: int) -> list[tuple[int, int, int, int]]:
