@@ -424,7 +424,7 @@ class Model:
         # Sampling in the graph pays where the logits live on a device: a GPU's argmax is nearly free beside copying
         # 1 MiB rows to the host. On the CPU backend it costs more than it saves: ggml's argmax is a scalar loop on
         # one thread after a copy of the logits (ggml_pad), and a greedy 9-token verification of Gemma 3 270M took
-        # 8 ms longer inside llama_decode than copying the rows out for numpy (benchmarks/step_cost.py).
+        # 6-8 ms longer inside llama_decode than copying the rows out for numpy (benchmarks/step_cost.py).
         self.graph_sampling = bool(usable) and layers == n_layer + 1 if graph_sampling is None else graph_sampling
         # where the weights went, for the live panel and --stats-json (llama.cpp counts the output layer too)
         self.offload = {"backend": ", ".join(d.name for d in usable) if layers else "CPU",
