@@ -535,6 +535,9 @@ def worker(
               file=sys.stderr, flush=True)
         server = threading.Thread(target=engine.serve_rpc, args=(host, port, n), daemon=True)
         old = signal.signal(signal.SIGTERM, _on_sigterm)
+        # Ctrl-C (SIGINT) stops it even when started from a script's background job, where SIGINT comes ignored and
+        # Python then sets no handler of its own
+        old_int = signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
             server.start()
             while server.is_alive():
@@ -544,6 +547,7 @@ def worker(
             engine.exit_now(143 if isinstance(e, Terminated) else 130)
         finally:
             signal.signal(signal.SIGTERM, old)
+            signal.signal(signal.SIGINT, old_int)
         raise UserError(f"llama.cpp's RPC server stopped: {engine.last_log_error() or 'see --debug'}")
 
 

@@ -221,6 +221,18 @@ def _unreachable(host: str, port: int, timeout: float) -> str | None:
         return e.strerror or str(e) or type(e).__name__
 
 
+def _gone(host: str, port: int, probes: int = 4) -> bool:
+    """Whether a worker no longer answers. A worker that was just killed can still accept a connection for a moment
+    (its process closes the connection ggml used before its listening socket), so one answer is not taken as
+    proof of life: it is probed again, 0.1 s apart."""
+    for i in range(probes):
+        if _unreachable(host, port, timeout=1.0):
+            return True
+        if i < probes - 1:
+            time.sleep(0.1)
+    return False
+
+
 def _rpc_proc(name: str):
     g = _ggml()
     reg = g.ggml_backend_reg_by_name(b"RPC")
@@ -232,7 +244,7 @@ def _rpc_proc(name: str):
 def _on_abort(message: bytes) -> None:
     """ggml is about to abort(): with RPC workers in use, that is almost always a worker gone mid-run. Say which,
     in one line, keep the text written so far, and exit 1 instead of dumping core."""
-    lost = [f"{h}:{p}" for h, p in _STATE.get("rpc", []) if _unreachable(h, p, timeout=1.0)]
+    lost = [f"{h}:{p}" for h, p in _STATE.get("rpc", []) if _gone(h, p)]
     # ggml's message reads "path/to/file.cpp:566: what happened"
     why = [ln.split(": ", 1)[-1] if ".c" in ln.split(": ", 1)[0] else ln
            for ln in (message or b"").decode("utf-8", errors="replace").strip().splitlines()]

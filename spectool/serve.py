@@ -72,11 +72,11 @@ class Server:
         if chat:
             messages = body.get("messages")
             if not isinstance(messages, list) or not messages or not all(
-                    isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-                    for m in messages):
+                    isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
                 raise ApiError(400, "'messages' must be a non-empty list of {role, content} objects",
                                code="invalid_messages")
-            tokens = prompt_tokens(target, [{"role": m["role"], "content": m["content"]} for m in messages])
+            tokens = prompt_tokens(target, [{"role": m["role"], "content": _content(m, i)}
+                                            for i, m in enumerate(messages)])
             stop = [FALLBACK_STOP] if target.chat_template() is None else []
         else:
             prompt = body.get("prompt")
@@ -173,9 +173,7 @@ class Server:
                     raise ApiError(400, "the request body is not valid JSON", code="invalid_json") from None
                 if not isinstance(body, dict):
                     raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
-                if body.get("model") not in (None, "", self.model_id):
-                    raise ApiError(404, f"model '{body.get('model')}' not found; this server has "
-                                        f"'{self.model_id}'", code="model_not_found")
+                # one model is served: any `model` names it, as with llama-server (responses name the real one)
                 gen, tokens, stop = self.generation(body, chat)
                 with self.counting:
                     if self.waiting >= self.queue_size:
@@ -306,6 +304,23 @@ class Server:
 
 def _finish(stats) -> str:
     return "length" if stats.finish_reason in ("length", "context") else "stop"
+
+
+def _content(m: dict, i: int) -> str:
+    """A message's content: a string, or OpenAI's array of content parts, whose text parts are joined with
+    newlines as llama.cpp's server joins them (common/chat.cpp, concat_content_parts). Other parts are refused by
+    type: this server reads text only."""
+    c = m.get("content")
+    if isinstance(c, str):
+        return c
+    if isinstance(c, list) and c and all(isinstance(part, dict) for part in c):
+        other = sorted({str(part.get("type")) for part in c
+                        if part.get("type") != "text" or not isinstance(part.get("text"), str)})
+        if other:
+            raise ApiError(400, f"messages[{i}].content has parts of type {', '.join(other)}; this server takes "
+                                "text parts only", code="unsupported_content")
+        return "\n".join(part["text"] for part in c)
+    raise ApiError(400, f"messages[{i}].content must be a string or a list of text parts", code="invalid_messages")
 
 
 def _number(body: dict, name: str, kind, default, lo=None, hi=None):

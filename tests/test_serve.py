@@ -146,14 +146,36 @@ def test_errors_are_openai_shaped_with_the_right_status(server):
         ("POST", "/v1/chat/completions", {"messages": []}, None, 400, "invalid_messages"),
         ("POST", "/v1/completions", {"prompt": "word " * 2000}, None, 400, "context_length_exceeded"),
         ("POST", "/v1/completions", {"prompt": "hi", "temperature": "hot"}, None, 400, "invalid_temperature"),
-        ("POST", "/v1/completions", {"prompt": "hi", "model": "gpt-9"}, None, 404, "model_not_found"),
+        ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": [
+            {"type": "text", "text": "hi"}, {"type": "image_url", "image_url": {"url": "x"}}]}]}, None, 400,
+         "unsupported_content"),
+        ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": 7}]}, None, 400,
+         "invalid_messages"),
         ("GET", "/v1/nothing", None, None, 404, "not_found"),
     ]:
         got, text = server.request(method, path, body, raw=raw)
         err = json.loads(text)["error"]
         assert got == status and err["code"] == code and err["message"] and "Traceback" not in text, (path, text)
-    with pytest.raises(openai.NotFoundError):
-        server.client().completions.create(model="gpt-9", prompt="hi", max_tokens=2)
+    _, text = server.request("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": [
+        {"type": "input_audio", "input_audio": {"data": "x"}}]}]})
+    assert "input_audio" in json.loads(text)["error"]["message"]  # the refused part is named
+
+
+def test_content_parts_and_any_model_name_get_a_normal_answer(server):
+    """What editors and chat UIs send: content as an array of text parts, and a model name of their own. The
+    parts read as their texts joined by newlines (as llama-server joins them), so the answer equals the one to
+    the same text as a string; the response names the served model."""
+    c = server.client()
+    served = c.models.list().data[0].id
+    parts = [{"type": "text", "text": "Say something"}, {"type": "text", "text": "about foxes."}]
+    a = c.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": parts}], max_tokens=12,
+                                  temperature=0)
+    b = c.chat.completions.create(model=served, max_tokens=12, temperature=0,
+                                  messages=[{"role": "user", "content": "Say something\nabout foxes."}])
+    assert a.model == served and a.choices[0].message.content == b.choices[0].message.content
+    assert a.choices[0].message.content and a.usage.prompt_tokens == b.usage.prompt_tokens
+    r = c.completions.create(model="made-up", prompt="The quick brown fox", max_tokens=4)
+    assert r.model == served and r.choices[0].text
 
 
 def test_an_api_key_is_required_when_set_and_the_default_is_loopback(tiny):
