@@ -28,7 +28,8 @@ sys.path.insert(0, str(HERE.parent))
 
 import prompts as P  # noqa: E402
 
-from spectool import bench, engine, prune  # noqa: E402
+from derive import quantize  # noqa: E402
+from spectool import bench, devices, engine, prune  # noqa: E402
 from spectool.bench import Contender, Result  # noqa: E402
 from spectool.ui import offload_text  # noqa: E402
 from spectool.verify import Sampling  # noqa: E402
@@ -39,7 +40,7 @@ CACHE = Path(os.environ.get("SPECTOOL_BENCH_CACHE", Path.home() / ".cache" / "sp
 def on_gpu() -> bool:
     """Whether llama.cpp sees a GPU here: then every contender runs with all its layers there (spectool's default
     `-ngl auto`, llama.cpp's tools with `-ngl 99`, llama-cpp-python with `n_gpu_layers=-1`)."""
-    return any(d.offloads and not d.remote for d in engine.devices())
+    return any(d.offloads and not d.remote for d in devices.devices())
 
 
 def models() -> dict[str, Path]:
@@ -51,7 +52,7 @@ def models() -> dict[str, Path]:
     for ftype in ("F16", "F32"):
         path = CACHE / f"gemma-3-270m-{ftype}-from-Q4_K_M.gguf"
         if not path.exists():
-            engine.quantize(q4, path, ftype)
+            quantize(q4, path, ftype)
         out[ftype] = path
     return out
 

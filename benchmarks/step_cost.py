@@ -31,7 +31,7 @@ sys.path.insert(0, str(HERE.parent))
 import prompts as P  # noqa: E402
 from run import models  # noqa: E402
 
-from spectool import engine, speculative  # noqa: E402
+from spectool import devices, engine, speculative  # noqa: E402
 from spectool.bench import Contender  # noqa: E402
 from spectool.controller import Costs  # noqa: E402
 from spectool.stats import Stats  # noqa: E402
@@ -131,7 +131,7 @@ def main() -> None:
         rows_ms = 1000 * verify_cost(target, prompts[0], None)
         ids_ms = 1000 * verify_cost(target, prompts[0], 0)
     md = (f"Machine: {platform.machine()}, {os.cpu_count()} cores ({args.threads} threads), backend {backend}; "
-          f"llama-cpp-python {engine.versions()['llama_cpp_python']}. Gemma 3 270M F16 (draft: Q4_K_M), greedy, "
+          f"llama-cpp-python {devices.versions()['llama_cpp_python']}. Gemma 3 270M F16 (draft: Q4_K_M), greedy, "
           f"{args.prompts} HumanEval prompts, {args.tokens} new tokens. Outputs read "
           f"{'as sampled inside the graph' if sampled_in_graph else 'as whole rows on the host'}. "
           f"Command: `python benchmarks/step_cost.py --graph {args.graph}`.\n\n"

@@ -13,12 +13,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterator, Sequence
 
 from spectool.controller import Controller, Costs
-from spectool.drafters import DraftModel, Hybrid, PromptLookup
+from spectool.options import DRAFT_MAX, Spec, llama_cpp_sampling
+from spectool.registry import PAIR_DRAFT_MAX
+from spectool.session import build_drafter
 from spectool.speculative import Generation, speculative_generate
 from spectool.stats import Stats
 from spectool.verify import Sampling
 
-LLAMA_CPP_SAMPLING = Sampling(temp=0.8, top_k=40, top_p=0.95, min_p=0.05)  # llama-cli's and ollama's defaults
+LLAMA_CPP_SAMPLING = llama_cpp_sampling()  # llama.cpp's defaults (temperature 0.8, top-k 40, top-p 0.95, min-p 0.05)
 
 BUILTIN_PROMPTS = [
     "def bubble_sort(items):\n    n = len(items)\n    for i in range(n):\n        for j in range(n - i - 1):\n"
@@ -34,8 +36,8 @@ BUILTIN_PROMPTS = [
 @dataclass
 class Contender:
     name: str
-    mode: str  # none | lookup | draft | hybrid
-    k_max: int = 8
+    mode: Spec  # none | lookup | draft | hybrid
+    k_max: int = 0  # most drafts per step (0 with mode none)
     fixed: bool = False
     draft_vocab: int = 0  # > 0: the draft pruned to this many tokens (see prune.py)
 
@@ -43,39 +45,33 @@ class Contender:
                    sampling: Sampling = Sampling(), seed: int | None = None) -> Generation:
         """`drafts` maps a draft vocabulary size (0: the full draft) to (Model, kept ids or None); `costs` is
         the table of measured batch costs to start from and add to."""
-        def draft_model():
-            model, ids = drafts[self.draft_vocab]
-            return DraftModel(model, ids=ids, n_target=target.n_vocab)
-
-        drafter = {
-            "none": lambda: None,
-            "lookup": lambda: PromptLookup(),
-            "draft": draft_model,
-            "hybrid": lambda: Hybrid(PromptLookup(), draft_model()),
-        }[self.mode]()
+        model, ids = drafts.get(self.draft_vocab, (None, None))
+        drafter, _ = build_drafter(Spec(self.mode), model, ids=ids, n_target=target.n_vocab)
         ctl = Controller(k_max=self.k_max, k_min=self.k_max if self.fixed else 0, adaptive=not self.fixed,
                          costs=costs)
         return Generation(target, drafter, sampling, ctl, max_tokens=max_tokens, seed=seed)
 
-
     @property
     def flags(self) -> str:
         """The `spectool run` options that reproduce this contender."""
-        if self.mode == "none":
+        if self.mode == Spec.none:
             return "--spec none"
         k = f"--draft-min {self.k_max} --draft-max {self.k_max}" if self.fixed else f"--draft-max {self.k_max}"
-        return f"--spec {self.mode} {k}" + (f" --draft-vocab {self.draft_vocab}" if self.draft_vocab else "")
+        return f"--spec {Spec(self.mode).value} {k}" + (f" --draft-vocab {self.draft_vocab}" if self.draft_vocab else "")
 
 
-def default_contenders(with_draft: bool, pruned_vocab: int = 0) -> list[Contender]:
-    out = [Contender("plain", "none"), Contender("lookup", "lookup", 32)]
-    out += [Contender(f"lookup k={k}", "lookup", k, True) for k in (4, 8)]
+def default_contenders(with_draft: bool, pruned_vocab: int = 0, pair_draft_max: int = PAIR_DRAFT_MAX) -> list[Contender]:
+    """spectool's modes as `spectool run` runs them (lookup up to DRAFT_MAX, the draft model up to the pair's
+    draft_max, hybrid twice that), and fixed draft lengths beside them."""
+    L, D, H = Spec.lookup, Spec.draft, Spec.hybrid
+    out = [Contender("plain", Spec.none), Contender("lookup", L, DRAFT_MAX)]
+    out += [Contender(f"lookup k={k}", L, k, True) for k in (4, 8)]
     if with_draft:
-        out += [Contender("draft", "draft", 8), Contender("hybrid", "hybrid", 16)]
-        out += [Contender(f"draft k={k}", "draft", k, True) for k in (2, 4)]
+        out += [Contender("draft", D, pair_draft_max), Contender("hybrid", H, 2 * pair_draft_max)]
+        out += [Contender(f"draft k={k}", D, k, True) for k in (2, 4)]
     if with_draft and pruned_vocab:
-        out += [Contender(f"draft, {pruned_vocab} tokens", "draft", 8, draft_vocab=pruned_vocab),
-                Contender(f"hybrid, {pruned_vocab} tokens", "hybrid", 16, draft_vocab=pruned_vocab)]
+        out += [Contender(f"draft, {pruned_vocab} tokens", D, pair_draft_max, draft_vocab=pruned_vocab),
+                Contender(f"hybrid, {pruned_vocab} tokens", H, 2 * pair_draft_max, draft_vocab=pruned_vocab)]
     return out
 
 
@@ -171,18 +167,14 @@ def run(target, drafts: dict, prompts: Sequence[list[int]], contenders: Sequence
 
 def reference(name: str, path, texts: Sequence[str], max_tokens: int, sampling: Sampling, threads: int | None,
               expected: Sequence[str] = (), **options) -> tuple[Result, Iterator[None]]:
-    """llama-cpp-python's own generation as a contender (see engine.reference_completions): its Result, and an
+    """llama-cpp-python's own generation as a contender (see reference_completions): its Result, and an
     iterator that runs one prompt a step and adds it to the Result (`run` interleaves it with its contenders;
     `drain` runs them all). A prompt it crashes on counts as failed; `identical` counts the outputs equal to
     `expected` (plain decoding's texts)."""
-    from spectool import engine
-
     r = Result(name)
 
     def steps():
-        outs = engine.reference_completions(path, texts, max_tokens, temp=sampling.temp, top_k=sampling.top_k,
-                                            top_p=sampling.top_p, min_p=sampling.min_p, n_threads=threads,
-                                            **options)
+        outs = reference_completions(path, texts, max_tokens, sampling, n_threads=threads, **options)
         for i, out in enumerate(outs):
             if isinstance(out, Exception):
                 r.failed += 1
@@ -275,3 +267,105 @@ def read_prompts(path: str) -> list[str]:
                 out.append(obj if isinstance(obj, str) else obj["prompt"])
         return out
     return [p.strip("\n") for p in text.split("\n---\n") if p.strip()]
+
+
+def reference_completions(path, texts: Sequence[str], max_tokens: int, sampling: Sampling, *, seed: int = 0,
+                          n_threads: int | None = None, n_ctx: int = 4096, draft_model=None, n_gpu_layers: int = 0):
+    """llama-cpp-python's own high-level generation (`Llama.create_completion`, its sampler chain in C++), the
+    baseline benchmarks compare against. Yields (text, tokens after the first, seconds from the first streamed
+    token to the last) per prompt, or the exception a prompt raised. The model is loaded with the same buffer
+    types as `Model` (see avoid_amx)."""
+    import ctypes
+    import os
+
+    from llama_cpp import llama as high  # noqa: PLC0415
+
+    from spectool.native import _STATE, _lib, avoid_amx
+
+    lib, default_params = _lib(), high.llama_cpp.llama_model_default_params
+
+    def params():
+        p = default_params()
+        p.use_extra_bufts = not avoid_amx()
+        return p
+
+    high.llama_cpp.llama_model_default_params = params
+    try:
+        n_threads = n_threads or max(1, os.cpu_count() or 1)
+        llm = high.Llama(str(path), n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads, seed=seed,
+                         verbose=False, draft_model=draft_model, n_gpu_layers=n_gpu_layers)
+    finally:
+        high.llama_cpp.llama_model_default_params = default_params
+    lib.llama_log_set(_STATE["callback"], ctypes.c_void_p(0))  # Llama(verbose=False) took the log over
+    try:
+        for i, text in enumerate(texts):
+            llm.reset()
+            pieces, t_first, n = [], None, 0
+            try:
+                for chunk in llm.create_completion(text, max_tokens=max_tokens, temperature=sampling.temp,
+                                                   top_k=sampling.top_k, top_p=sampling.top_p,
+                                                   min_p=sampling.min_p, repeat_penalty=1.0, seed=seed + i,
+                                                   stream=True):
+                    t_first = t_first or time.perf_counter()
+                    pieces.append(chunk["choices"][0]["text"])
+                    n += chunk["choices"][0]["finish_reason"] is None  # the last chunk only says why
+            except Exception as e:  # noqa: BLE001 - llama-cpp-python's lookup does crash on some long prompts
+                yield e
+                continue
+            yield "".join(pieces), max(0, n - 1), (time.perf_counter() - t_first) if t_first else 0.0
+    finally:
+        llm.close() if hasattr(llm, "close") else None
+
+
+@dataclass
+class Comparison:
+    target: str
+    draft: str | None
+    model_name: str
+    prompts: int
+    max_tokens: int
+    contenders: list[Contender]
+    results: list[Result]
+    sampled: list[Result]
+
+    def to_json(self) -> dict:
+        return {"target": self.target, "draft": self.draft, "prompts": self.prompts, "max_tokens": self.max_tokens,
+                "results": [r.to_json() for r in self.results], "sampled": [r.to_json() for r in self.sampled],
+                "recommendation": recommend(self.results, self.contenders)}
+
+
+def compare(o, texts: Sequence[str], draft_vocab: int, with_sampled: bool, hooks, progress=None) -> Comparison:
+    """`spectool bench`: the models of options `o` loaded through the session layer (its draft pruning too), every
+    default contender on every prompt, greedy, then (with_sampled) the adaptive ones sampled with llama.cpp's
+    defaults against llama-cpp-python's own sampling. `progress(description, advance, total)` hears each prompt."""
+    import contextlib
+
+    from spectool.session import load_models, pruned_draft, resolve_models
+
+    progress = progress or (lambda description, advance, total: None)
+    refs = resolve_models(o)
+    with contextlib.ExitStack() as stack:
+        m = load_models(o, stack, refs, want_draft=True, hooks=hooks)
+        if m.draft_error is not None:
+            raise m.draft_error
+        target, draft = m.target, m.draft
+        drafts = {0: (draft, None)}
+        pruned_vocab = draft_vocab if draft is not None and 0 < draft_vocab < draft.n_vocab else 0
+        if pruned_vocab:
+            pruned, ids, _ = pruned_draft(stack, draft, pruned_vocab, o, hooks, keep_original=True)
+            drafts[pruned_vocab] = (pruned, ids)
+        contenders = default_contenders(draft is not None, pruned_vocab, refs[2])
+        adaptive = [c for c in contenders if not c.fixed] if with_sampled else []
+        tokens = [target.tokenize(t) for t in texts]
+        total = len(tokens) * (len(contenders) + len(adaptive))
+        progress("benchmarking", 0, total)
+        done = lambda name, i: progress(f"{name}, prompt {i + 1}", 1, total)  # noqa: E731
+        results = run(target, drafts, tokens, contenders, o.max_tokens, on_done=done)
+        sampled = []
+        if adaptive:
+            progress("llama-cpp-python, sampled", 0, total)
+            base = reference("llama-cpp-python plain", target.path, texts, o.max_tokens, LLAMA_CPP_SAMPLING, o.threads)
+            sampled = run(target, drafts, tokens, adaptive, o.max_tokens, on_done=done, sampling=LLAMA_CPP_SAMPLING,
+                          baseline=base)
+        return Comparison(str(m.target_ref), str(m.draft_ref) if m.draft_ref else None, target.path.name, len(texts),
+                          o.max_tokens, contenders, results, sampled)

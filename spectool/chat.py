@@ -15,7 +15,9 @@ from spectool.engine import EngineError
 from spectool.speculative import Generation, Step, generate_text
 from spectool.stats import Stats
 
-FALLBACK_STOP = "\nUser:"
+# without a chat template the conversation is "User: ... / Assistant: ..." lines: a reply ends where the model
+# starts the next turn, of either side (a base model, asked something, tends to write both)
+FALLBACK_STOP = ["\nUser:", "\nAssistant:"]
 
 
 class TemplateError(EngineError):
@@ -90,7 +92,7 @@ class Chat:
         m = self.gen.target
         self.template = m.chat_template()
         self.bos, self.eos = special_texts(m)
-        self.stop = [FALLBACK_STOP] if self.template is None else []
+        self.stop = list(FALLBACK_STOP) if self.template is None else []
         self.reset()
 
     def reset(self) -> None:
@@ -155,3 +157,91 @@ class Chat:
                 self.tokens, self.anchor = prompt + generated, rendered + out
             else:  # cut by a stop string: re-tokenize next turn (the KV cache prefix is still reused)
                 self.tokens, self.anchor = [], ""
+
+
+HELP = """commands:
+  /help          this help
+  /stats         statistics of the last reply and of the session
+  /reset         forget the conversation (keeps the system prompt)
+  /system TEXT   set the system prompt and start over
+  /exit          leave (Ctrl-D too); Ctrl-C stops a reply and keeps the session"""
+
+
+def repl(s, system: str | None, color_drafts: bool, quiet: bool, say: Callable[[str], None]) -> int:
+    """`spectool chat` over a loaded session.Session: read a line, stream the reply to stdout, the summary and
+    messages to stderr (`say`). Returns the exit code (0; 143 after SIGTERM)."""
+    import sys
+
+    from spectool.signals import SigintFlag
+    from spectool.ui import Display, WaitBar, offload_text, summary_line
+
+    try:
+        import readline  # noqa: F401 - line editing and history for input()
+    except ImportError:
+        pass
+    chat = Chat(s.gen, system=system, mode=s.mode, offload=s.offload)
+    if chat.template is None:
+        say("the model has no chat template; using a plain User:/Assistant: format")
+    print(f"spectool chat: {s.gen.target.path.name} ({s.mode}, {offload_text(s.offload)}). /help for commands, "
+          "/exit to leave.", file=sys.stderr)
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            print(file=sys.stderr)
+            return 0
+        except KeyboardInterrupt:
+            print(file=sys.stderr)
+            continue
+        if not line.strip():
+            continue
+        if line.startswith("/"):
+            cmd, _, arg = line.strip().partition(" ")
+            if cmd in ("/exit", "/quit"):
+                return 0
+            elif cmd == "/help":
+                print(HELP, file=sys.stderr)
+            elif cmd == "/reset":
+                chat.reset()
+                say("conversation cleared")
+            elif cmd == "/system":
+                chat.set_system(arg.strip())
+                say("system prompt set; conversation cleared")
+            elif cmd == "/stats":
+                _stats(chat)
+            else:
+                say(f"unknown command {cmd} (/help lists them)")
+            continue
+        display = Display(Stats(), quiet=True, color_drafts=color_drafts, live=False)
+        bar = WaitBar("prompt")  # a long pasted message takes a while
+        chat.gen.on_prefill = bar.update
+        with SigintFlag() as interrupted, display, bar:
+            try:
+                display.stream(chat.send(line, interrupted))
+            except KeyboardInterrupt:
+                chat.turns[-1].finish_reason = "interrupted"
+            except EngineError as e:
+                say(str(e))
+                continue
+        if interrupted.terminated:
+            return 143
+        if not quiet:
+            print(summary_line(chat.turns[-1]), file=sys.stderr)
+
+
+def _stats(chat: Chat) -> None:
+    from rich.console import Console
+
+    from spectool.ui import stats_table
+
+    console = Console(stderr=True)
+    if not chat.turns:
+        console.print("no replies yet")
+        return
+    last = chat.turns[-1]
+    console.print(f"last reply: prompt {last.n_prompt_tokens} tokens, {last.n_prefilled} of them prefilled")
+    console.print(stats_table(last))
+    n = sum(t.n_generated for t in chat.turns)
+    secs = sum(t.decode_seconds for t in chat.turns)
+    console.print(f"session: {len(chat.turns)} replies, {n} tokens, {n / secs if secs else 0:.1f} tok/s, "
+                  f"{len(chat.gen.target.tokens)} tokens in the KV cache")

@@ -20,9 +20,11 @@ the tokens seen.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 from typing import Sequence
+
+from spectool.keys import AGREED, DRAFT, MOSTLY, SPLIT, Key
+from spectool.options import DRAFT_MAX, Spec
 
 
 @dataclass
@@ -45,19 +47,22 @@ class Costs:
     # keep the controller away from it for good.
     forget_after: int = 256
     verify: dict[int, float] = field(default_factory=dict)  # batch size -> seconds
-    draft: dict[str, float] = field(default_factory=dict)  # drafter key -> seconds per drafted token
+    draft: dict[Key, float] = field(default_factory=dict)  # Key.drafter -> seconds per drafted token
     _warm: set = field(default_factory=set)
     _seen: dict[int, int] = field(default_factory=dict)  # batch size -> the verification that last used it
     _n: int = 0  # verifications observed
 
     def to_json(self) -> dict:
-        return {"verify": {str(b): c for b, c in sorted(self.verify.items())}, "draft": dict(self.draft)}
+        return {"verify": {str(b): c for b, c in sorted(self.verify.items())},
+                "draft": [{"source": k.source.value, "temp": k.temp, "seconds": c} for k, c in self.draft.items()]}
 
     @classmethod
     def from_json(cls, obj: dict) -> Costs:
         """Costs saved by an earlier run. Each size's first new sample is still dropped as a warm-up."""
+        draft = obj.get("draft", [])
         return cls(verify={int(b): float(c) for b, c in obj.get("verify", {}).items() if float(c) > 0},
-                   draft={str(k): float(c) for k, c in obj.get("draft", {}).items() if float(c) >= 0})
+                   draft={Key.of(Spec(d["source"]), temp=float(d["temp"])): float(d["seconds"])
+                          for d in (draft if isinstance(draft, list) else []) if float(d["seconds"]) >= 0})
 
     def observe_verify(self, batch_size: int, seconds: float) -> None:
         if self.timed:
@@ -68,7 +73,7 @@ class Costs:
                 for b in [b for b in self.verify if b > 1 and self._n - self._seen.get(b, 0) > self.forget_after]:
                     del self.verify[b]
 
-    def observe_draft(self, key: str, n_drafted: int, seconds: float) -> None:
+    def observe_draft(self, key: Key, n_drafted: int, seconds: float) -> None:
         if self.timed and n_drafted > 0:
             self._ema(self.draft, key, seconds / n_drafted)
 
@@ -126,7 +131,7 @@ class Costs:
 
 @dataclass
 class Controller:
-    k_max: int = 8
+    k_max: int = DRAFT_MAX  # the most tokens a step may draft (a pair's draft_max where it gives one)
     k_min: int = 0
     adaptive: bool = True
     decay: float = 0.99  # weight kept by older acceptance observations at each update
@@ -135,11 +140,11 @@ class Controller:
     # Gemma 3 270M F16 over 24 HumanEval / ShareGPT prompts (benchmarks' prompts 9-16 of each set: the benchmark's
     # 8 held out), pooled and rounded: longer matches, and followers that agreed, are right far more often. A draft
     # model's is a guess that its own first observations soon replace.
-    priors: dict[str, tuple[float, float]] = field(default_factory=lambda: {
-        **{f"lookup:{n}": (a, 8.0) for n, a in ((1, 0.4), (2, 0.7), (3, 0.8), (4, 0.9), (8, 0.97))},
-        **{f"lookup:{n}~": (a, 8.0) for n, a in ((1, 0.6), (2, 0.4), (3, 0.5), (4, 0.7), (8, 0.5))},
-        **{f"lookup:{n}?": (a, 8.0) for n, a in ((1, 0.15), (2, 0.25), (3, 0.25), (4, 0.3), (8, 0.2))},
-        "draft": (0.6, 2.0)})
+    priors: dict[Key, tuple[float, float]] = field(default_factory=lambda: {
+        **{Key.lookup(n, AGREED): (a, 8.0) for n, a in ((1, 0.4), (2, 0.7), (3, 0.8), (4, 0.9), (8, 0.97))},
+        **{Key.lookup(n, MOSTLY): (a, 8.0) for n, a in ((1, 0.6), (2, 0.4), (3, 0.5), (4, 0.7), (8, 0.5))},
+        **{Key.lookup(n, SPLIT): (a, 8.0) for n, a in ((1, 0.15), (2, 0.25), (3, 0.25), (4, 0.3), (8, 0.2))},
+        DRAFT: (0.6, 2.0)})
     prior_other: tuple[float, float] = (0.5, 2.0)  # for other keys
     # a sampled run's keys carry its temperature ("lookup:3@T0.8"): what greedy runs learnt does not carry over.
     # Their prior is the greedy one raised to this power, with at most this weight in observations: at temperature
@@ -147,16 +152,16 @@ class Controller:
     # to the square of the greedy one (lookup:1 0.27-0.56, lookup:1? 0.11-0.34, lookup:2 0.50-0.86, lookup:8 0.97+)
     sampled_prior: tuple[float, float] = (2.0, 4.0)
     # keys whose quality is unknown until tried (a user's draft model): draft this many times first
-    explore: dict[str, int] = field(default_factory=lambda: {"draft": 2})
+    explore: dict[Spec, int] = field(default_factory=lambda: {Spec.draft: 2})
     explore_k: int = 4
     optimism: float = 0.0  # an upper-confidence bonus on acceptance (it compounds over a draft: off)
     probe_every: int = 32
     draft_cost_prior: float = 0.15  # a draft-model token relative to one target decode, until measured
     timed: bool = True  # False: costs stay at their priors (see the module docstring)
     costs: Costs | None = None  # shared with other controllers of the same target; None: a table of our own
-    _acc: dict[str, _Acceptance] = field(default_factory=dict)
-    _memo: dict[str, float] = field(default_factory=dict)
-    _parsed: dict[str, tuple] = field(default_factory=dict)  # key -> (the key before it in its stretch, prior, weight)
+    _acc: dict[Key, _Acceptance] = field(default_factory=dict)
+    _memo: dict[Key, float] = field(default_factory=dict)
+    _priors: dict[Key, tuple[float, float]] = field(default_factory=dict)  # key -> (its own prior, weight)
 
     def __post_init__(self):
         if self.costs is None:
@@ -168,13 +173,13 @@ class Controller:
     def observe_verify(self, batch_size: int, seconds: float) -> None:
         self.costs.observe_verify(batch_size, seconds)
 
-    def observe_draft(self, keys: Sequence[str], seconds: float) -> None:
+    def observe_draft(self, keys: Sequence[Key], seconds: float) -> None:
         """Drafting the tokens under `keys` took `seconds`, charged to the source of the last: a hybrid draft's
         lookup tokens cost next to nothing beside its draft-model tokens."""
-        sources = [self.source(k) for k in keys]
-        self.costs.observe_draft(sources[-1], sources.count(sources[-1]), seconds)
+        last = keys[-1].source
+        self.costs.observe_draft(keys[-1].drafter, sum(k.source is last for k in keys), seconds)
 
-    def observe_accept(self, keys: Sequence[str], drafted: int, accepted: int) -> None:
+    def observe_accept(self, keys: Sequence[Key], drafted: int, accepted: int) -> None:
         """A step drafted `drafted` tokens, under keys[i] each, and the first `accepted` were accepted."""
         self._memo.clear()
         for i in range(min(drafted, accepted + 1)):  # token i was tried: all before it were accepted
@@ -183,13 +188,13 @@ class Controller:
             a.hits = a.hits * self.decay + (1.0 if i < accepted else 0.0)
 
     # -- estimates -----------------------------------------------------------------------------------------
-    def _stats(self, key: str) -> _Acceptance:
+    def _stats(self, key: Key) -> _Acceptance:
         a = self._acc.get(key)
         if a is None:
             a = self._acc[key] = _Acceptance()
         return a
 
-    def acceptance(self, key: str, optimism: float = 0.0) -> float:
+    def acceptance(self, key: Key, optimism: float = 0.0) -> float:
         """Estimated chance that a token drafted under `key` is accepted, given that the tokens before it were.
         `optimism` adds an upper-confidence bonus that shrinks as the key is tried (exploration)."""
         if not optimism and key in self._memo:
@@ -201,36 +206,32 @@ class Controller:
             self._memo[key] = est  # until the next observation (a stretch's keys chain through their priors)
         return est
 
-    def worth(self, key: str) -> float:
+    def worth(self, key: Key) -> float:
         """What a token drafted under `key` is worth, in tokens: its estimated acceptance less what drafting it
         costs, counted in single target steps (nothing for a lookup token; a draft-model token on a CPU can cost
         half a target step)."""
         one = self.costs.verify_cost(1)
         return self.acceptance(key) - self.draft_cost(key, one) / one
 
-    def prior(self, key: str) -> tuple[float, float]:
+    def prior(self, key: Key) -> tuple[float, float]:
         """(prior acceptance, its weight in observations) of a key. A continuation's ("lookup:2+3", see
         PromptLookup.keys) is what the controller now estimates for the token before it in its stretch."""
-        parsed = self._parsed.get(key)
-        if parsed is None:  # keys recur step after step: read each once
-            base, at, temp = key.partition("@")
-            anchor, plus, pos = base.partition("+")
-            prior, w = self.priors.get(anchor, self.prior_other)
-            before = anchor + (f"+{int(pos) - 1}" if int(pos) > 1 else "") + at + temp if plus else None
-            parsed = self._parsed[key] = (before, prior ** self.sampled_prior[0] if at else prior,
-                                          min(w, self.sampled_prior[1]) if at else w)
-        before, prior, w = parsed
-        return (self.acceptance(before) if before is not None else prior), w
+        own = self._priors.get(key)
+        if own is None:
+            prior, w = self.priors.get(key.anchor, self.prior_other)
+            own = self._priors[key] = ((prior ** self.sampled_prior[0], min(w, self.sampled_prior[1])) if key.temp
+                                       else (prior, w))
+        return (self.acceptance(key.before) if key.before is not None else own[0]), own[1]
 
     def verify_cost(self, batch_size: int) -> float:
         return self.costs.verify_cost(batch_size)
 
-    def outlook(self, keys: Sequence[str], optimism: float = 0.0) -> list[tuple[float, float]]:
+    def outlook(self, keys: Sequence[Key], optimism: float = 0.0) -> list[tuple[float, float]]:
         """(expected tokens, expected seconds) of a step drafting the first k of the tokens under `keys`, for
         k = 0..len(keys): each token is accepted, given that those before it were, with its key's estimated
         acceptance; a step costs its verification and its drafting."""
         costs = self.costs.verify_costs(len(keys) + 1)
-        estimates: dict[str, float] = {}
+        estimates: dict[Key, float] = {}
         out, expected, run, drafting = [(1.0, costs[1])], 1.0, 1.0, 0.0
         for k, key in enumerate(keys, 1):
             if key not in estimates:
@@ -241,31 +242,23 @@ class Controller:
             out.append((expected, costs[k + 1] + drafting))
         return out
 
-    def draft_cost(self, key: str, one: float) -> float:
+    def draft_cost(self, key: Key, one: float) -> float:
         """Seconds to draft one token under `key`: measured per source, else a guess (`draft_cost_prior` target
         steps a draft-model token, nothing for a lookup)."""
-        source = self.source(key)
-        cost = self.costs.draft.get(source)
+        cost = self.costs.draft.get(key.drafter)
         if cost is None:
-            cost = self.draft_cost_prior * one if source.partition("@")[0] == "draft" else 0.0
+            cost = self.draft_cost_prior * one if key.source is Spec.draft else 0.0
         return cost
 
-    @staticmethod
-    @functools.lru_cache(maxsize=1 << 14)
-    def source(key: str) -> str:
-        """The drafter a key belongs to, with its temperature: "lookup:3?@T0.8" -> "lookup@T0.8"."""
-        base, at, temp = key.partition("@")
-        return base.partition(":")[0] + at + temp
-
     # -- the decision --------------------------------------------------------------------------------------
-    def choose(self, keys: Sequence[str]) -> int:
+    def choose(self, keys: Sequence[Key]) -> int:
         """How many of the tokens on offer to draft; keys[i] is the key of token i (PromptLookup.key)."""
         hi = min(self.k_max, len(keys))
         if not self.adaptive or hi <= self.k_min:
             return max(0, hi)
         keys = keys[:hi]
         a = self._stats(keys[0])
-        if a.tries < self.explore.get(keys[0].partition("@")[0], 0):
+        if a.tries < self.explore.get(keys[0].source, 0):
             return max(self.k_min, min(hi, self.explore_k))
         outlook = self.outlook(keys, self.optimism)
         best = max(range(self.k_min, hi + 1), key=lambda k: outlook[k][0] / outlook[k][1])

@@ -2,7 +2,7 @@
 
 Protocol: `peek(history, k_max)` says cheaply what a draft of up to k_max tokens would offer: one key per token
 on offer (none: nothing to offer), each naming the evidence the controller keeps acceptance statistics under
-("draft", or for prompt lookup the match behind that token, see PromptLookup.key); the controller then picks how
+(keys.py: the draft model's, or for prompt lookup the match behind that token, see PromptLookup.key); the controller then picks how
 many to draft. `propose(history, k, sampling, rng)` returns up to k tokens, with the drafter's probability rows q
 when it samples (None, or None for a token, means deterministic: q is one-hot on that token).
 """
@@ -17,6 +17,8 @@ from spectool import native  # noqa: F401, I001 - llama.cpp's libraries before n
 import numpy as np  # noqa: E402
 
 from spectool.engine import Model
+from spectool.keys import AGREED, DRAFT, MOSTLY, SPLIT, Key
+from spectool.options import Spec
 from spectool.verify import Dist, Sampling, backend_chain, dist_at, token_at, top_probability
 
 
@@ -24,20 +26,20 @@ from spectool.verify import Dist, Sampling, backend_chain, dist_at, token_at, to
 class Draft:
     tokens: list[int]
     q: list[Dist | None] | None  # the drafter's rows, on the target's vocabulary (None: one-hot)
-    source: str  # "lookup" | "draft" | "hybrid" (lookup, then the draft model)
+    source: Spec  # lookup | draft | hybrid (lookup, then the draft model) | none
     catch_up_seconds: float = 0.0  # time a drafter spent catching up on tokens it missed while idle
 
 
-EMPTY = Draft([], None, "none")
+EMPTY = Draft([], None, Spec.none)
 
 
-Estimate = Callable[[str], float]  # key -> what the controller thinks a token drafted under it is worth
+Estimate = Callable[[Key], float]  # key -> what the controller thinks a token drafted under it is worth
 
 
 class Drafter(Protocol):
     def prefill(self, history: Sequence[int]) -> None: ...
 
-    def peek(self, history: Sequence[int], k_max: int, estimate: Estimate | None = None) -> list[str]: ...
+    def peek(self, history: Sequence[int], k_max: int, estimate: Estimate | None = None) -> list[Key]: ...
 
     def propose(self, history: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator) -> Draft: ...
 
@@ -95,8 +97,8 @@ class DraftModel:
         h = self._map(history)
         self.model.sync(h[:-1], logits="none") if len(h) > 1 else self.model.reset()
 
-    def peek(self, history: Sequence[int], k_max: int = 16, estimate: Estimate | None = None) -> list[str]:
-        return ["draft"] * max(0, min(k_max, self.model.n_ctx - len(history)))
+    def peek(self, history: Sequence[int], k_max: int, estimate: Estimate | None = None) -> list[Key]:
+        return [DRAFT] * max(0, min(k_max, self.model.n_ctx - len(history)))
 
     def propose(self, history: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator) -> Draft:
         m = self.model
@@ -132,7 +134,7 @@ class DraftModel:
         if self.map is not None:  # back to the target's ids
             tokens = self.map.to_target[tokens].tolist()
             qs = [self._on_target(q) for q in qs]
-        return Draft(tokens, None if sampling.greedy else qs, "draft", catch_up)
+        return Draft(tokens, None if sampling.greedy else qs, Spec.draft, catch_up)
 
     def _on_target(self, q: Dist) -> Dist:
         ids = self.map.to_target[q.ids]
@@ -203,41 +205,42 @@ class PromptLookup:
             seq.append(nxt[0])
         return out
 
-    def lookup(self, history: Sequence[int], k: int) -> tuple[list[int], list[str]]:
+    def lookup(self, history: Sequence[int], k: int) -> tuple[list[int], list[Key]]:
         """Up to k tokens predicted after `history`, and the controller key of each (see `keys`)."""
         ev = self.evidence(history, k)
         return [e[0] for e in ev], self.keys(ev)
 
-    def keys(self, evidence: Sequence[tuple[int, int, int, int]]) -> list[str]:
+    def keys(self, evidence: Sequence[tuple[int, int, int, int]]) -> list[Key]:
         """The controller key of each predicted token. A draft copies a stretch of the history: its first token
         comes from an n-gram match, and each next one usually from the same match one token longer, which by then
         includes drafted tokens and so proves nothing new. Such a continuation is keyed by where its stretch began
         and how far along it is ("lookup:2+3": the third token after a 2-gram start), so the controller learns
         how stretches wear out. A token whose own evidence breaks the stretch (a shorter match: the copied text
         went another way before; or followers that disagreed) starts a new one under its own key."""
-        out, anchor, pos, prev_n = [], "", 0, 0
+        out: list[Key] = []
+        key, prev_n = None, 0
         for i, (_, n, count, total) in enumerate(evidence):
             if i and count == total and n == min(prev_n + 1, self.n_max):
-                pos += 1
-                out.append(f"{anchor}+{min(pos, self.STRETCH_MAX)}")
+                if key.pos < self.STRETCH_MAX:
+                    key = Key.of(Spec.lookup, key.match, key.agreement, key.pos + 1)
             else:
-                anchor, pos = self.key(n, count, total), 0
-                out.append(anchor)
+                key = self.key(n, count, total)
+            out.append(key)
             prev_n = n
         return out
 
     @classmethod
-    def key(cls, n: int, count: int, total: int) -> str:
-        """The evidence class of a predicted token: "lookup:N" for an N-gram match (N bucketed) that was always
-        followed by this token, "lookup:N~" when it was followed by others too but mostly by this one, "lookup:N?"
-        when not mostly. See Controller.priors for how often each is accepted."""
-        agreement = "" if count == total else "~" if 2 * count > total else "?"
-        return f"lookup:{next(b for b in cls.KEY_BUCKETS if n >= b)}{agreement}"
+    def key(cls, n: int, count: int, total: int) -> Key:
+        """The evidence class of a predicted token: an N-gram match (N bucketed) that was always followed by this
+        token (AGREED, "lookup:N"), followed by others too but mostly by this one (MOSTLY, "lookup:N~"), or not
+        mostly (SPLIT, "lookup:N?"). See Controller.priors for how often each is accepted."""
+        agreement = AGREED if count == total else MOSTLY if 2 * count > total else SPLIT
+        return Key.lookup(next(b for b in cls.KEY_BUCKETS if n >= b), agreement)
 
     def prefill(self, history: Sequence[int]) -> None:
         self._index(history)
 
-    def peek(self, history: Sequence[int], k_max: int = 16, estimate: Estimate | None = None) -> list[str]:
+    def peek(self, history: Sequence[int], k_max: int, estimate: Estimate | None = None) -> list[Key]:
         tokens, keys = self.lookup(history, k_max)
         self._peeked = (len(history), tokens)
         return keys
@@ -248,7 +251,7 @@ class PromptLookup:
         else:
             tokens = self.lookup(history, k)[0]
         self._peeked = None
-        return Draft(tokens, None, "lookup") if tokens else EMPTY
+        return Draft(tokens, None, Spec.lookup) if tokens else EMPTY
 
 
 class Hybrid:
@@ -264,7 +267,7 @@ class Hybrid:
         self.lookup.prefill(history)
         self.draft.prefill(history)
 
-    def peek(self, history: Sequence[int], k_max: int = 16, estimate: Estimate | None = None) -> list[str]:
+    def peek(self, history: Sequence[int], k_max: int, estimate: Estimate | None = None) -> list[Key]:
         keys = self.lookup.peek(history, k_max)
         model = self.draft.peek(history, k_max)
         bar = {key: estimate(key) for key in set(model)} if estimate is not None else {}
@@ -283,4 +286,4 @@ class Hybrid:
         if not head.tokens:
             return tail
         q = None if tail.q is None else [None] * len(head.tokens) + tail.q
-        return Draft(head.tokens + tail.tokens, q, "hybrid", tail.catch_up_seconds)
+        return Draft(head.tokens + tail.tokens, q, Spec.hybrid, tail.catch_up_seconds)

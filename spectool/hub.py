@@ -193,3 +193,22 @@ def ensure(ref: ModelRef, *, yes: bool = False, ask=None) -> Path:
         if total > LARGE_DOWNLOAD and not ask(f"Download {ref} ({total / 1e9:.1f} GB)?"):
             raise HubError("download declined")
     return download(ref)
+
+
+def catalogue(reg) -> list[dict]:
+    """`spectool models`: each pair of registry `reg` with its files, sizes, memory need, licence and whether it is
+    downloaded (from the local cache only)."""
+    rows = []
+    for p in reg.pairs.values():
+        refs = [p.target] + ([p.draft] if p.draft is not None else [])
+        states = [status(r) for r in refs]
+        kinds = {k for k, _ in states}
+        state = "downloaded" if kinds == {"downloaded"} else ("missing" if kinds == {"missing"} else "partial")
+        rows.append({
+            "name": p.name, "default": p.name == reg.default, "target": str(p.target),
+            "draft": str(p.draft) if p.draft else "lookup", "quantization": p.quantization, "size_gb": p.size_gb,
+            "memory_gb": p.memory_gb, "license": p.license, "draft_max": p.draft_max, "status": state,
+            "disk_bytes": sum(n for _, n in states), "description": p.description, "note": p.note,
+            "source": p.source,
+        })
+    return rows

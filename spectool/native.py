@@ -1,4 +1,4 @@
-"""llama.cpp's shared libraries, loaded before numpy's.
+"""llama.cpp's shared libraries, loaded before numpy's; its log, backend facts and the engine's errors.
 
 Every spectool module that imports numpy imports this one first, so that whichever way a program comes in (the
 command line, `serve`, `worker`, the benchmarks, `import spectool.verify` from a script) llama.cpp's libraries
@@ -11,6 +11,100 @@ other order worked. `import llama_cpp` gives the working order: its first module
 `spectool.native` (or `llama_cpp`) before numpy (README, Troubleshooting).
 """
 
-import llama_cpp  # noqa: F401 - the import is the point
+
+import collections
+import ctypes
+import os
+import threading
+
+import llama_cpp  # noqa: F401 - the import is the point (before numpy)
 
 lib = llama_cpp
+
+
+class EngineError(Exception):
+    """Base class for errors raised by the engine; the message is meant for the user."""
+
+
+class ModelLoadError(EngineError):
+    """A model file is missing, not GGUF, truncated, or of an unsupported kind."""
+
+
+class DoesNotFit(ModelLoadError):
+    """The weights offloaded to a device did not fit its memory."""
+
+
+class DecodeError(EngineError):
+    """llama_decode failed (no KV slot, out of memory, aborted)."""
+
+
+
+# --------------------------------------------------------------------------------------------------------------
+# llama.cpp library: lazy import, one-time backend init, log routing
+
+
+_LOCK = threading.Lock()
+_STATE: dict = {"lib": None, "callback": None, "verbose": False}
+_RECENT_LOG: collections.deque[str] = collections.deque(maxlen=40)
+
+
+def set_verbose(verbose: bool) -> None:
+    """Show llama.cpp's own log on stderr (for --debug); silent otherwise."""
+    _STATE["verbose"] = verbose
+    _lib()
+
+
+def _on_log(level: int, text: bytes, _user_data) -> None:
+    line = text.decode("utf-8", errors="replace") if text else ""
+    _RECENT_LOG.append(line)
+    if _STATE["verbose"]:
+        os.write(2, line.encode())
+
+
+def _lib():
+    """Import llama_cpp once, route its log through our callback, initialise the backend."""
+    if _STATE["lib"] is not None:
+        return _STATE["lib"]
+    with _LOCK:
+        if _STATE["lib"] is None:
+            callback = llama_cpp.llama_log_callback(_on_log)
+            _STATE["callback"] = callback  # keep a reference: ctypes would free it
+            llama_cpp.llama_log_set(callback, ctypes.c_void_p(0))
+            llama_cpp.llama_backend_init()
+            _STATE["lib"] = llama_cpp
+    return _STATE["lib"]
+
+
+def last_log_error() -> str:
+    """The most telling line llama.cpp logged recently (for error messages), without its function prefix."""
+    lines = [ln.strip() for ln in _RECENT_LOG if ln.strip()]
+    for words in (("error",), ("failed", "unknown", "invalid", "unsupported", "truncat")):
+        for line in reversed(lines):
+            if any(w in line.lower() for w in words):
+                return line.split("error loading model: ")[-1]
+    return lines[-1] if lines else ""
+
+
+def backend_info() -> dict:
+    """Which backend llama.cpp was built with, and whether it can offload to a GPU."""
+    lib = _lib()
+    return {
+        "gpu_offload": bool(lib.llama_supports_gpu_offload()),
+        "rpc": bool(lib.llama_supports_rpc()),
+        "system_info": lib.llama_print_system_info().decode("utf-8", errors="replace").strip(),
+        "llama_cpp_python": getattr(lib, "__version__", "?"),
+    }
+
+
+
+def avoid_amx() -> bool:
+    """Whether to keep llama.cpp off its AMX kernels. On an Intel Sapphire Rapids VM (AMX_INT8 in llama.cpp's
+    system info) the AMX matmul of llama-cpp-python 0.3.36 dies with SIGILL at its first `tilezero` on Gemma 3 270M
+    Q4_K_M, on every run, while a plain C program's AMX tiles work on the same machine. AMX weights live in
+    llama.cpp's "extra" buffer types, so a model loaded without them (`use_extra_bufts = False`, which also skips
+    the repacked CPU layouts) never reaches that code. SPECTOOL_AMX=1 lets llama.cpp use AMX again."""
+    if os.environ.get("SPECTOOL_AMX") == "1":
+        return False
+    return "AMX_INT8 = 1" in backend_info()["system_info"]
+
+

@@ -74,6 +74,10 @@ class ModelRef:
         return f"hf:{self.repo}/{self.file}" + (f"@{self.revision}" if self.revision else "")
 
 
+# a pair's draft length when models.toml does not give one: a draft model's tokens cost time, so drafts stay short
+PAIR_DRAFT_MAX = 8
+
+
 @dataclass(frozen=True)
 class Pair:
     name: str
@@ -82,8 +86,9 @@ class Pair:
     description: str = ""
     quantization: str = ""
     size_gb: float = 0.0
+    memory_gb: float = 0.0  # RAM (or VRAM) to run it at the default context (models.toml says how it is counted)
     license: str = ""
-    draft_max: int = 8
+    draft_max: int = PAIR_DRAFT_MAX
     note: str = ""
     source: str = ""  # the file it came from
 
@@ -157,8 +162,9 @@ def parse(text: str, source: str) -> Registry:
                 description=str(entry.get("description", "")),
                 quantization=str(entry.get("quantization", "")),
                 size_gb=float(entry.get("size_gb", 0.0)),
+                memory_gb=float(entry.get("memory_gb", 0.0)),
                 license=str(entry.get("license", "")),
-                draft_max=int(entry.get("draft_max", 8)),
+                draft_max=int(entry.get("draft_max", PAIR_DRAFT_MAX)),
                 note=str(entry.get("note", "")),
                 source=source,
             )
@@ -190,3 +196,11 @@ def parse_ref(text: str, registry: Registry | None = None) -> ModelRef:
     if p.exists() or text.endswith(".gguf") or os.sep in text:
         return ModelRef(path=p)
     return (registry or load()).get(text).target
+
+
+def refs_for(name: str) -> list[tuple[str, ModelRef]]:
+    """[(role, ref)] for a pair name or a single model reference (`spectool pull`)."""
+    if name.startswith("hf:") or name.endswith(".gguf"):
+        return [("model", parse_ref(name))]
+    pair = load().get(name)
+    return [("target", pair.target)] + ([("draft", pair.draft)] if pair.draft is not None else [])

@@ -13,19 +13,38 @@ import json
 import threading
 import time
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
-from spectool.session import Options, Session
+from spectool.options import Options, UserError, in_request, request_options
+from spectool.session import Session, generation
+
+# request fields this server does not honour, and the values that ask nothing of it: anything else is a 400 that
+# names the field (a client that asked for three samples, log-probabilities or JSON is told, not sent free text)
+UNHONOURED = {
+    "n": (None, 1), "best_of": (None, 1), "logprobs": (None, False, 0), "top_logprobs": (None, 0),
+    "echo": (None, False), "suffix": (None, ""), "logit_bias": (None, {}), "tools": (None, []),
+    "tool_choice": (None, "none", "auto"), "functions": (None, []), "function_call": (None, "none", "auto"),
+    "response_format": (None, {"type": "text"}), "audio": (None,), "modalities": (None, ["text"]),
+}
+
+
+def unhonoured(body: dict) -> None:
+    for name, fine in UNHONOURED.items():
+        value = body.get(name)
+        if not any(value == ok and type(value) is type(ok) for ok in fine):
+            raise ApiError(400, f"'{name}' is not supported by this server (it was sent as {json.dumps(value)[:60]}); "
+                                "leave it out", code="unsupported_field", param=name)
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", code: str | None = None):
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", code: str | None = None,
+                 param: str | None = None):
         super().__init__(message)
-        self.status, self.message, self.type, self.code = status, message, type_, code
+        self.status, self.message, self.type, self.code, self.param = status, message, type_, code, param
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "code": self.code}}
+        return {"error": {"message": self.message, "type": self.type, "code": self.code, "param": self.param}}
 
 
 @dataclass
@@ -65,10 +84,11 @@ class Server:
     # -- requests ------------------------------------------------------------------------------------------------
     def generation(self, body: dict, chat: bool):
         """(Generation for this request, prompt tokens, stop strings), from the request's fields over the server's
-        options."""
+        options; a field the server does not honour is a 400 naming it (UNHONOURED), never ignored."""
         from spectool.chat import FALLBACK_STOP, prompt_tokens
 
-        o, target = self.options, self.session.gen.target
+        unhonoured(body)
+        target = self.session.gen.target
         if chat:
             messages = body.get("messages")
             if not isinstance(messages, list) or not messages or not all(
@@ -77,7 +97,7 @@ class Server:
                                code="invalid_messages")
             tokens = prompt_tokens(target, [{"role": m["role"], "content": _content(m, i)}
                                             for i, m in enumerate(messages)])
-            stop = [FALLBACK_STOP] if target.chat_template() is None else []
+            stop = list(FALLBACK_STOP) if target.chat_template() is None else []
         else:
             prompt = body.get("prompt")
             if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
@@ -88,26 +108,18 @@ class Server:
             stop = []
         more = body.get("stop") or []
         stop += [more] if isinstance(more, str) else [s for s in more if isinstance(s, str)]
-        max_tokens = _number(body, "max_completion_tokens" if chat and "max_completion_tokens" in body
-                             else "max_tokens", int, o.max_tokens, 1)
+        if chat and body.get("max_completion_tokens") is not None:
+            body = {**body, "max_tokens": body["max_completion_tokens"]}
         if len(tokens) >= target.n_ctx:
             raise ApiError(400, f"the prompt has {len(tokens)} tokens but the context holds {target.n_ctx}",
                            code="context_length_exceeded")
-        s = self.session.gen.sampling
-        sampling = replace(s, temp=_number(body, "temperature", float, s.temp, 0.0),
-                           top_p=_number(body, "top_p", float, s.top_p, 0.0, 1.0),
-                           top_k=_number(body, "top_k", int, s.top_k, 0),
-                           min_p=_number(body, "min_p", float, s.min_p, 0.0, 1.0),
-                           presence_penalty=_number(body, "presence_penalty", float, s.presence_penalty, -2.0, 2.0),
-                           frequency_penalty=_number(body, "frequency_penalty", float, s.frequency_penalty, -2.0, 2.0),
-                           repeat_penalty=_number(body, "repeat_penalty", float, s.repeat_penalty, 0.0))
-        if sampling.top_p <= 0.0:
-            raise ApiError(400, "'top_p' must be in (0, 1]", code="invalid_top_p")
-        seed = body.get("seed", o.seed)
-        if seed is not None and not isinstance(seed, int):
-            raise ApiError(400, "'seed' must be an integer", code="invalid_seed")
-        gen = replace(self.session.gen, sampling=sampling, max_tokens=max_tokens, seed=seed, rng=None,
-                      on_prefill=None)
+        try:  # the request's fields over the server's options, by their declarations (options.py), as `run` does
+            gen = generation(self.session, request_options(self.options, body))
+        except UserError as e:
+            if e.option is None:
+                raise
+            name, message = in_request(e)
+            raise ApiError(400, message, code=f"invalid_{name}", param=name) from None
         return gen, tokens, stop
 
     def ticket(self) -> int:
@@ -321,18 +333,6 @@ def _content(m: dict, i: int) -> str:
                                 "text parts only", code="unsupported_content")
         return "\n".join(part["text"] for part in c)
     raise ApiError(400, f"messages[{i}].content must be a string or a list of text parts", code="invalid_messages")
-
-
-def _number(body: dict, name: str, kind, default, lo=None, hi=None):
-    value = body.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
-        raise ApiError(400, f"'{name}' must be a number", code=f"invalid_{name}")
-    if (lo is not None and value < lo) or (hi is not None and value > hi):
-        raise ApiError(400, f"'{name}' must be within [{lo}, {hi if hi is not None else 'inf'}]",
-                       code=f"invalid_{name}")
-    return kind(value)
 
 
 def serve(session: Session, options: Options, model_id: str, host: str, port: int, api_key: str | None,

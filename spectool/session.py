@@ -10,70 +10,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from dataclasses import dataclass, field, fields
-from enum import Enum
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Iterator, Mapping
+from typing import Callable, ContextManager, Iterator
 
-
-class Spec(str, Enum):
-    auto = "auto"
-    draft = "draft"
-    lookup = "lookup"
-    hybrid = "hybrid"
-    none = "none"
-
-
-class UserError(Exception):
-    """Bad input from the user: one line on stderr, exit 1 (or `code`)."""
-
-    def __init__(self, message: str, code: int = 1):
-        super().__init__(message)
-        self.code = code
-
-
-@dataclass
-class Options:
-    """Everything that decides which models run and how they generate (llama.cpp's option names)."""
-
-    model: str | None = None  # -m: a path, hf:..., or a pair name
-    pair: str | None = None
-    model_draft: str | None = None
-    spec: Spec = Spec.auto
-    max_tokens: int = 256
-    # the sampling flags (verify.Sampling's fields), with llama.cpp's command-line defaults
-    temp: float = 0.0
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    repeat_penalty: float = 1.0
-    repeat_last_n: int = 64
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    seed: int | None = None
-    draft_max: int | None = None  # None: the pair's, else 32
-    draft_min: int = 0
-    draft_p_min: float = 0.0
-    draft_vocab: int = 0  # > 0: prune the draft to this many tokens
-    ctx_size: int = 4096
-    threads: int | None = None
-    gpu_layers: int | str = "auto"  # a number, auto or all (engine.resolve_gpu_layers)
-    gpu_layers_draft: int | str = "auto"
-    rpc: str | None = None  # HOST:PORT[,HOST:PORT...]: RPC workers to register before loading
-    yes: bool = False  # download without asking
-    debug: bool = False
-
-    @classmethod
-    def of(cls, values: Mapping[str, Any]) -> Options:
-        """The options among `values` (a command's parameters); the rest keep their defaults."""
-        return cls(**{f.name: values[f.name] for f in fields(cls) if f.name in values})
-
-    def sampling(self):
-        from spectool.verify import Sampling
-
-        if self.top_p <= 0.0:
-            raise UserError("--top-p must be in (0, 1]", code=2)
-        return Sampling(**{f.name: getattr(self, f.name) for f in fields(Sampling)})
+from spectool.options import DRAFT_MAX, Options, Spec, UserError  # noqa: F401 - the session layer's vocabulary
 
 
 class _NoBar:
@@ -114,18 +55,37 @@ class Loaded:
 class Session:
     """A ready generation: the loaded models, the drafter and controller, and what to call them."""
 
-    gen: object  # speculative.Generation
+    gen: object  # speculative.Generation, with the session's options
     mode: str  # none | lookup | draft | hybrid
     target_name: str
     draft_name: str | None
     notices: list[str] = field(default_factory=list)  # one-line messages for the user (fallbacks, pruning)
     draft_model: object | None = None  # engine.Model in use by the drafter, if any
+    controller: object | None = None  # controller.Controller that learns this machine's costs, timed
+    k_max: int = DRAFT_MAX
+    k_min: int = 0
 
     @property
     def offload(self) -> dict:
         """Where the weights went: backend and layers of the target and of the draft model (Model.offload)."""
         draft = self.draft_model
         return {"target": self.gen.target.offload, "draft": draft.offload if draft is not None else None}
+
+
+def generation(s: Session, o: Options):
+    """The Generation that options `o` ask of a loaded session (a command line's, or a serve request's over the
+    server's): checked sampling, token budget and seed, and a controller. Greedy or unseeded generations share the
+    session's timed controller, which learns this machine's costs; seeded sampling gets an untimed one of its own,
+    so that k, and with it the use of random numbers, depends only on the tokens: the same seed gives the same
+    text after any earlier request and on any machine (controller.py)."""
+    from spectool.controller import Controller
+
+    sampling = o.sampling()
+    ctl = s.controller
+    if o.seed is not None and not sampling.greedy:
+        ctl = Controller(k_max=s.k_max, k_min=s.k_min, adaptive=s.k_min != s.k_max, timed=False)
+    return replace(s.gen, sampling=sampling, controller=ctl, max_tokens=o.max_tokens, seed=o.seed, rng=None,
+                   on_prefill=None)
 
 
 def resolve_models(o: Options):
@@ -145,7 +105,7 @@ def resolve_models(o: Options):
         pair = reg.get(name)
         target = pair.target
     draft = registry.parse_ref(o.model_draft) if o.model_draft else (pair.draft if pair else None)
-    return target, draft, (pair.draft_max if pair else 32)
+    return target, draft, (pair.draft_max if pair else DRAFT_MAX)
 
 
 def load_models(o: Options, stack: contextlib.ExitStack, refs: tuple, want_draft: bool,
@@ -153,13 +113,13 @@ def load_models(o: Options, stack: contextlib.ExitStack, refs: tuple, want_draft
     """Download if needed and load the target and (when wanted) the draft of `refs` (from resolve_models);
     check that they share a vocabulary. A draft that cannot be used is reported in `draft_error`, not raised:
     the caller decides."""
-    from spectool import engine, hub
+    from spectool import devices, engine, hub
     from spectool.compat import vocab_differences
 
     engine.set_verbose(o.debug)
     hub.VERBOSE["on"] = o.debug
     if o.rpc:
-        engine.add_rpc_workers(engine.parse_endpoints(o.rpc))
+        devices.add_rpc_workers(devices.parse_endpoints(o.rpc))
     target_ref, draft_ref, _ = refs
     path = hub.ensure(target_ref, yes=o.yes, ask=hooks.ask)
     with hooks.bar(f"loading {Path(path).name}", "") as bar:
@@ -186,28 +146,32 @@ def load_models(o: Options, stack: contextlib.ExitStack, refs: tuple, want_draft
     return out
 
 
-def build_drafter(spec: Spec, draft_model, p_min: float, notices: list[str], ids=None, n_target: int = 0):
-    """The drafter for a mode; falls back to prompt lookup when a draft model is missing (unless demanded)."""
+def build_drafter(spec: Spec, draft_model, p_min: float = 0.0, notices: list[str] | None = None, ids=None,
+                  n_target: int = 0):
+    """(drafter, the Spec it drafts by) for a mode: the one place drafters are made (run, chat, serve, bench, the
+    tests). Falls back to prompt lookup when a draft model is missing (unless demanded)."""
     from spectool.drafters import DraftModel, Hybrid, PromptLookup
 
     if spec is Spec.none:
-        return None, "none"
+        return None, Spec.none
     if spec is Spec.auto:
         spec = Spec.hybrid if draft_model is not None else Spec.lookup
     if spec in (Spec.draft, Spec.hybrid) and draft_model is None:
         if spec is Spec.draft:
             raise UserError("--spec draft needs a draft model (-md MODEL.gguf)", code=2)
-        notices.append("no draft model: using prompt lookup")
+        if notices is not None:
+            notices.append("no draft model: using prompt lookup")
         spec = Spec.lookup
     if spec is Spec.lookup:
-        return PromptLookup(), "lookup"
+        return PromptLookup(), spec
     dm = DraftModel(draft_model, p_min=p_min, ids=ids, n_target=n_target)
-    return (dm, "draft") if spec is Spec.draft else (Hybrid(PromptLookup(), dm), "hybrid")
+    return (dm, spec) if spec is Spec.draft else (Hybrid(PromptLookup(), dm), spec)
 
 
-def pruned_draft(stack: contextlib.ExitStack, draft_model, vocab: int, o: Options, hooks: Hooks = Hooks()):
-    """The loaded draft swapped for its copy pruned to `vocab` tokens (made on first use and cached): (Model,
-    kept ids, a notice)."""
+def pruned_draft(stack: contextlib.ExitStack, draft_model, vocab: int, o: Options, hooks: Hooks = Hooks(),
+                 keep_original: bool = False):
+    """The loaded draft's copy pruned to `vocab` tokens (made on first use and cached), in its place unless
+    `keep_original`: (Model, kept ids, a notice)."""
     from spectool import engine, prune
 
     if not prune.cached_path(draft_model.path, vocab).exists():
@@ -216,14 +180,15 @@ def pruned_draft(stack: contextlib.ExitStack, draft_model, vocab: int, o: Option
         path = prune.pruned_draft(draft_model.path, vocab, progress=bar.update, n_threads=o.threads)
     pruned = stack.enter_context(engine.Model(path, n_ctx=draft_model.n_ctx, n_threads=o.threads,
                                               n_gpu_layers=o.gpu_layers_draft, local_only=True))
-    draft_model.close()
+    if not keep_original:
+        draft_model.close()
     return pruned, prune.read_ids(path), f"draft pruned to {pruned.n_vocab} tokens ({path})"
 
 
 @contextlib.contextmanager
 def open_session(o: Options, hooks: Hooks = Hooks()) -> Iterator[Session]:
     """Load the models of `o` and yield a ready Session; the measured batch costs are saved when it closes."""
-    sampling = o.sampling()
+    o.sampling()  # bad sampling options fail before anything loads
     refs = resolve_models(o)
     k_max = o.draft_max if o.draft_max is not None else refs[2]
     if o.draft_min > k_max:
@@ -245,20 +210,21 @@ def open_session(o: Options, hooks: Hooks = Hooks()) -> Iterator[Session]:
         drafter, mode = build_drafter(o.spec, draft_model, o.draft_p_min, notices, ids, target.n_vocab)
         if not target.can_rollback and drafter is not None:
             notices.append(f"{target.architecture} cannot roll back its cache: plain decoding")
-            drafter, mode = None, "none"
-        timed = not (o.seed is not None and not sampling.greedy)  # seeded sampling must reproduce
+            drafter, mode = None, Spec.none
         try:
-            costs_file = _costs_file(target, draft_model, o) if timed and drafter is not None else None
+            costs_file = _costs_file(target, draft_model, o) if drafter is not None else None
         except (OSError, RuntimeError):  # no usable home or cache directory: measure from scratch, keep nothing
             costs_file = None
-        controller = Controller(k_max=k_max, k_min=o.draft_min, adaptive=o.draft_min != k_max, timed=timed,
+        controller = Controller(k_max=k_max, k_min=o.draft_min, adaptive=o.draft_min != k_max,
                                 costs=_load_costs(costs_file))
-        gen = Generation(target, drafter, sampling, controller, max_tokens=o.max_tokens, seed=o.seed)
+        s = Session(Generation(target, drafter, controller=controller), mode.value, str(m.target_ref),
+                    str(m.draft_ref) if draft_model is not None else None, notices,
+                    draft_model if mode in (Spec.draft, Spec.hybrid) else None, controller, k_max, o.draft_min)
+        s.gen = generation(s, o)
         try:
-            yield Session(gen, mode, str(m.target_ref), str(m.draft_ref) if draft_model is not None else None,
-                          notices, draft_model if mode in ("draft", "hybrid") else None)
+            yield s
         finally:
-            if costs_file is not None:
+            if costs_file is not None and controller.costs.verify:
                 _save_costs(costs_file, controller.costs)
 
 

@@ -18,6 +18,8 @@ import numpy as np  # noqa: E402
 from spectool.controller import Controller
 from spectool.drafters import EMPTY, Drafter, PromptLookup
 from spectool.engine import EngineError, Model
+from spectool.keys import Key
+from spectool.options import Spec
 from spectool.stats import Stats
 from spectool.verify import Sampling, accept_greedy, accept_sampled, backend_chain, dist_at, greedy_rows
 
@@ -27,7 +29,7 @@ class Step:
     tokens: list[int]  # the new final tokens: accepted drafts, then the target's own token
     drafted: int
     accepted: int
-    source: str  # "none" | "lookup" | "draft"
+    source: Spec  # none | lookup | draft | hybrid
     draft_seconds: float
     verify_seconds: float
     finish_reason: str | None = None  # set on the last step: "stop" | "length" | "context"
@@ -56,7 +58,7 @@ class Generation:
 
 def speculative_generate(g: Generation, prompt: Sequence[int], stats: Stats | None = None) -> Iterator[Step]:
     target, ctl, s = g.target, g.controller, g.sampling
-    ctl_suffix = "" if s.greedy else f"@T{s.temp:g}"  # acceptance is learnt per temperature (controller.py)
+    temp = 0.0 if s.greedy else s.temp  # acceptance is learnt per temperature (keys.py)
     rng = g.random()
     drafter = g.drafter
     on_graph = backend_chain(s)  # what llama.cpp samples inside its graph: token ids or top-k, not whole rows
@@ -89,15 +91,15 @@ def speculative_generate(g: Generation, prompt: Sequence[int], stats: Stats | No
             if room < 0:
                 if stats is not None:
                     stats.finish_reason = "context"
-                yield Step([], 0, 0, "none", 0.0, 0.0, finish_reason="context")
+                yield Step([], 0, 0, Spec.none, 0.0, 0.0, finish_reason="context")
                 return
             # 1. draft
             t0 = time.perf_counter()
             d = EMPTY
-            keys: list[str] = []
+            keys: list[Key] = []
             if drafter is not None:
-                keys = drafter.peek(x, ctl.k_max, lambda key: ctl.worth(key + ctl_suffix))
-                keys = [key + ctl_suffix for key in keys[: max(0, min(room, g.max_tokens - n_new - 1))]]
+                keys = drafter.peek(x, ctl.k_max, lambda key: ctl.worth(key.at(temp)))
+                keys = [key.at(temp) for key in keys[: max(0, min(room, g.max_tokens - n_new - 1))]]
                 k = ctl.choose(keys) if keys else 0
                 if k > 0:
                     try:
@@ -240,7 +242,7 @@ def generate_text(g: Generation, prompt: Sequence[int], stop: Sequence[str] = ()
                     stats.finish_reason = "interrupted"
                 held = stream.flush()
                 if held:
-                    yield held, Step([], 0, 0, "none", 0.0, 0.0, finish_reason="interrupted")
+                    yield held, Step([], 0, 0, Spec.none, 0.0, 0.0, finish_reason="interrupted")
                 return
     finally:
         gen.close()

@@ -21,9 +21,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColum
 from rich.table import Table
 from rich.text import Text
 
+from spectool.options import Spec
 from spectool.stats import Stats
 
-SOURCE_STYLE = {"lookup": 32, "draft": 36}  # ANSI colours of accepted-draft text: green, cyan
+# ANSI colours of accepted-draft text, one for every source a step's drafts can come from: green, cyan, and
+# magenta for a hybrid step's drafts (lookup's tokens, then the draft model's)
+SOURCE_STYLE = {Spec.lookup: 32, Spec.draft: 36, Spec.hybrid: 35}
 
 
 def summary_line(st: Stats) -> str:
@@ -126,7 +129,7 @@ class Display:
         self.render_seconds += time.perf_counter() - t
         return Group(*parts)
 
-    def text(self, piece: str, source: str = "none") -> None:
+    def text(self, piece: str, source: Spec = Spec.none) -> None:
         if not piece:
             return
         if self.color and source in SOURCE_STYLE:  # colour each line, so no escape code spans a newline
@@ -150,6 +153,15 @@ class Display:
         self.prompt_bar.update(self.prompt_bar.task_ids[0], completed=done, total=total)
         if done >= total:
             self.prompt_bar = None
+
+    def stream(self, pieces) -> None:
+        """Show (text, Step) pairs as they come (speculative.generate_text): each step's notice, then its text, the
+        part that came from accepted drafts in its source's colour."""
+        for piece, step in pieces:
+            if step.notice:
+                self.notice(step.notice)
+            self.text(piece[: step.draft_chars], step.source)
+            self.text(piece[step.draft_chars :])
 
     def notice(self, message: str) -> None:
         self.err_console.print(f"spectool: {message}", markup=False, highlight=False)
@@ -215,3 +227,32 @@ class _Rate(ProgressColumn):
 
     def render(self, task) -> Text:
         return Text(f"{task.speed:.0f} {self.unit}/s" if task.speed else "", style="progress.data.speed")
+
+
+def pairs_table(rows: list[dict]) -> None:
+    """`spectool models` on the terminal: a table, or a block of short lines per pair when it is narrow."""
+    from rich.console import Console
+
+    console = Console()
+    caption = "* the default pair.  memory: RAM (or VRAM) to run it at -c 4096.  spectool pull NAME;  " \
+              "spectool run --pair NAME"
+    if console.width < 120:  # too narrow for a table of file names
+        width = max(len(r["name"]) for r in rows) + 2
+        for r in rows:
+            name = r["name"] + (" *" if r["default"] else "")
+            console.print(f"{name:<{width}} {r['size_gb']:>5.2f} GB, needs {r['memory_gb']:.1f} GB  {r['status']:<10}  "
+                          f"{r['disk_bytes'] / 1e9:.2f} GB on disk", style="bold", markup=False, highlight=False)
+            for label, value in (("target", r["target"].split("/")[-1]), ("draft", r["draft"].split("/")[-1]),
+                                 ("licence", r["license"])):
+                console.print(f"  {label:<8}{value}", markup=False, highlight=False, soft_wrap=True)
+        console.print(caption, style="dim")
+        return
+    t = Table(title="spectool pairs", caption=caption)
+    for col in ("pair", "target / draft", "size", "memory", "licence", "status", "on disk"):
+        t.add_column(col, no_wrap=col in ("pair", "status"))
+    for r in rows:
+        name = r["name"] + (" *" if r["default"] else "")
+        files = [ref.split("/")[-1] for ref in (r["target"], r["draft"])]
+        t.add_row(name, "\n".join(files), f"{r['size_gb']:.2f} GB", f"{r['memory_gb']:.1f} GB", r["license"],
+                  r["status"], f"{r['disk_bytes'] / 1e9:.2f} GB")
+    console.print(t)

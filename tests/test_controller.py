@@ -6,6 +6,7 @@ import random
 import pytest
 
 from spectool.controller import Controller, Costs
+from spectool.keys import AGREED, DRAFT, MOSTLY, SPLIT, Key  # noqa: F401
 
 
 def drive(ctl, key, accept_p, cost1=0.013, slope=0.55, steps=400, seed=0):
@@ -27,12 +28,12 @@ def drive(ctl, key, accept_p, cost1=0.013, slope=0.55, steps=400, seed=0):
 
 
 def test_useless_drafts_give_plain_decoding():
-    ks = drive(Controller(k_max=8), "lookup:1", accept_p=0.05)
+    ks = drive(Controller(k_max=8), Key.lookup(1), accept_p=0.05)
     assert ks.count(0) >= 90  # re-probes aside
 
 
 def test_good_drafts_give_long_drafts():
-    ks = drive(Controller(k_max=8), "lookup:3", accept_p=0.95, slope=0.2)
+    ks = drive(Controller(k_max=8), Key.lookup(3), accept_p=0.95, slope=0.2)
     assert min(ks) >= 6
 
 
@@ -42,15 +43,15 @@ def true_rate(k, accept_p, slope):
 
 def test_choices_are_near_the_best_fixed_length():
     for accept_p, slope in [(0.95, 0.55), (0.8, 0.2), (0.6, 0.55), (0.5, 0.2), (0.9, 0.05), (0.1, 0.55)]:
-        ks = drive(Controller(k_max=8), "draft", accept_p=accept_p, slope=slope)
+        ks = drive(Controller(k_max=8), DRAFT, accept_p=accept_p, slope=slope)
         best = max(true_rate(k, accept_p, slope) for k in range(9))
         got = sum(true_rate(k, accept_p, slope) for k in ks) / len(ks)
         assert got >= 0.95 * best, (accept_p, slope, ks)
 
 
 def test_cheap_verification_drafts_more():
-    ks_cheap = drive(Controller(k_max=8), "draft", accept_p=0.7, slope=0.05)
-    ks_dear = drive(Controller(k_max=8), "draft", accept_p=0.7, slope=0.6)
+    ks_cheap = drive(Controller(k_max=8), DRAFT, accept_p=0.7, slope=0.05)
+    ks_dear = drive(Controller(k_max=8), DRAFT, accept_p=0.7, slope=0.6)
     assert sum(ks_cheap) > sum(ks_dear)
 
 
@@ -61,8 +62,8 @@ def test_fixed_length_and_availability():
 
 def test_recovers_after_a_bad_stretch():
     ctl = Controller(k_max=8)
-    drive(ctl, "lookup:2", accept_p=0.02, steps=300)
-    ks = drive(ctl, "lookup:2", accept_p=0.97, steps=600, seed=1)
+    drive(ctl, Key.lookup(2), accept_p=0.02, steps=300)
+    ks = drive(ctl, Key.lookup(2), accept_p=0.97, steps=600, seed=1)
     assert sum(k > 0 for k in ks) > 80
 
 
@@ -108,10 +109,10 @@ def test_a_cheap_batch_size_is_used_once_measured():
     for n, c in [(1, 1.0), (2, 2.0), (6, 4.6), (7, 5.2), (8, 3.7)]:
         ctl.observe_verify(n, c), ctl.observe_verify(n, c)
     for _ in range(30):
-        ctl.observe_accept(["lookup:8"] * 7, 7, 7)
-    assert ctl.choose(["lookup:8"] * 16) == 7  # a batch of 8
+        ctl.observe_accept([Key.lookup(8)] * 7, 7, 7)
+    assert ctl.choose([Key.lookup(8)] * 16) == 7  # a batch of 8
     ctl.costs.verify[8] = 6.0
-    assert ctl.choose(["lookup:8"] * 16) == 6  # once 8 is dear: a batch of 7, 7 tokens for 5.2
+    assert ctl.choose([Key.lookup(8)] * 16) == 6  # once 8 is dear: a batch of 7, 7 tokens for 5.2
 
 
 def test_costs_are_shared_and_survive_a_round_trip():
@@ -133,8 +134,8 @@ def test_a_size_measured_on_a_busy_machine_is_forgotten_and_tried_again():
     true = {b: 10.0 + 3.0 * (b - 1) for b in range(1, 17)}
     ctl = Controller(k_max=7, costs=Costs(verify={**{b: true[b] for b in range(1, 5)}, 8: 3 * true[8]}))
     for _ in range(30):
-        ctl.observe_accept(["lookup:8"] * 7, 7, 7)
-    keys = ["lookup:8"] * 7
+        ctl.observe_accept([Key.lookup(8)] * 7, 7, 7)
+    keys = [Key.lookup(8)] * 7
     assert ctl.choose(keys) == 3  # 8 looks dear: a batch of 4
     for _ in range(400):  # steps at the true prices of the sizes chosen (forget_after is 256)
         k = ctl.choose(keys)
@@ -163,24 +164,23 @@ def test_sampled_runs_learn_acceptance_apart_from_greedy_ones(target):
     from spectool.verify import Sampling
 
     c = Controller()
-    greedy, sampled = c.prior("lookup:8"), c.prior("lookup:8@T0.8")
+    greedy, sampled = c.prior(Key.lookup(8)), c.prior(Key.lookup(8).at(0.8))
     assert sampled[0] < greedy[0] and sampled[1] < greedy[1]
     for _ in range(50):
-        c.observe_accept(["lookup:8"] * 8, 8, 8)
-    assert c.acceptance("lookup:8") > 0.99
-    assert c.acceptance("lookup:8@T0.8") == pytest.approx(sampled[0])
+        c.observe_accept([Key.lookup(8)] * 8, 8, 8)
+    assert c.acceptance(Key.lookup(8)) > 0.99
+    assert c.acceptance(Key.lookup(8).at(0.8)) == pytest.approx(sampled[0])
     prompt = target.tokenize("the dog the fox the dog the fox the dog the fox the dog the")
-    for s, suffix in ((Sampling(), ""), (Sampling(0.7), "@T0.7")):
+    for s, temp in ((Sampling(), 0.0), (Sampling(0.7), 0.7)):
         ctl = Controller(k_max=4)
         list(speculative_generate(Generation(target, PromptLookup(), s, ctl, max_tokens=40, seed=0), prompt))
-        assert ctl._acc and all(k.startswith("lookup:") and k.endswith(suffix) for k in ctl._acc)
-        assert suffix or not any("@" in k for k in ctl._acc)
+        assert ctl._acc and all(k.source == "lookup" and k.temp == temp for k in ctl._acc)
 
 
 def test_a_draft_stops_at_the_token_whose_evidence_is_weak():
     """Each token on offer is priced by its own key (PromptLookup.keys): a stretch of strong tokens is drafted up
     to a weak one once the controller has learnt that such tokens fail, and through it once they hold."""
-    keys = ["lookup:8", "lookup:8+1", "lookup:8+2", "lookup:1?", "lookup:1?+1", "lookup:1?+2"]
+    keys = [Key.lookup(8), Key.lookup(8, AGREED, 1), Key.lookup(8, AGREED, 2), Key.lookup(1, SPLIT), Key.lookup(1, SPLIT, 1), Key.lookup(1, SPLIT, 2)]
     ctl = Controller(k_max=8, costs=Costs(verify={b: 1 + 0.1 * (b - 1) for b in range(1, 10)}))
     for _ in range(40):
         ctl.observe_accept(keys, 6, 3)  # the stretch accepted, the weak token rejected
@@ -196,12 +196,12 @@ def test_a_continuation_starts_from_what_was_learnt_before_it():
     before them in the stretch, so what the stretch's start learnt carries over."""
     ctl = Controller()
     for _ in range(30):
-        ctl.observe_accept(["lookup:2"], 1, 0)
-    assert ctl.acceptance("lookup:2") < 0.25
-    assert ctl.acceptance("lookup:2+3") == pytest.approx(ctl.acceptance("lookup:2"), abs=0.02)
+        ctl.observe_accept([Key.lookup(2)], 1, 0)
+    assert ctl.acceptance(Key.lookup(2)) < 0.25
+    assert ctl.acceptance(Key.lookup(2, AGREED, 3)) == pytest.approx(ctl.acceptance(Key.lookup(2)), abs=0.02)
     for _ in range(30):
-        ctl.observe_accept(["lookup:2", "lookup:2+1"], 2, 2)
-    assert ctl.acceptance("lookup:2+1") > 0.9 and ctl.acceptance("lookup:2+5") > 0.9
+        ctl.observe_accept([Key.lookup(2), Key.lookup(2, AGREED, 1)], 2, 2)
+    assert ctl.acceptance(Key.lookup(2, AGREED, 1)) > 0.9 and ctl.acceptance(Key.lookup(2, AGREED, 5)) > 0.9
 
 
 def test_prompt_lookup_falls_back_to_plain_decoding_where_nothing_repeats():

@@ -166,7 +166,9 @@ def test_close_is_idempotent(tiny):
 
 
 def test_quantize_writes_atomically(tmp_path, tiny):
-    from spectool.engine import EngineError, quantize
+    from derive import quantize
+
+    from spectool.engine import EngineError
 
     out = quantize(tiny["target"], tmp_path / "t16.gguf", "F16")
     with Model(out, n_ctx=64) as m:

@@ -16,7 +16,7 @@ import time
 import pytest
 from procs import free_port, other_addresses, refuses, stop
 
-from spectool import engine
+from spectool import devices, engine
 
 SPECTOOL = [sys.executable, "-m", "spectool"]
 PROMPT = "The quick brown fox"
@@ -58,7 +58,7 @@ def spectool(*args, timeout=180, env=None):
 
 
 def local_gpus() -> list:
-    return [d for d in engine.devices() if d.offloads and not d.remote]
+    return [d for d in devices.devices() if d.offloads and not d.remote]
 
 
 def generate(tiny, tmp_path, *args):
@@ -71,16 +71,16 @@ def generate(tiny, tmp_path, *args):
 
 
 def test_gpu_layers_read_as_llama_cpp_reads_them(tiny):
-    assert engine.parse_gpu_layers("auto") == "auto" and engine.parse_gpu_layers("ALL") == "all"
-    assert engine.parse_gpu_layers("12") == 12 and engine.parse_gpu_layers(0) == 0
-    assert engine.parse_gpu_layers("-1") == "all"  # llama.cpp: a negative number is every layer
+    assert devices.parse_gpu_layers("auto") == "auto" and devices.parse_gpu_layers("ALL") == "all"
+    assert devices.parse_gpu_layers("12") == 12 and devices.parse_gpu_layers(0) == 0
+    assert devices.parse_gpu_layers("-1") == "all"  # llama.cpp: a negative number is every layer
     with pytest.raises(ValueError):
-        engine.parse_gpu_layers("most")
+        devices.parse_gpu_layers("most")
     p = spectool("run", "-m", str(tiny["target"]), "-ngl", "most", PROMPT)
     assert p.returncode == 2 and "most" in p.stderr and "Traceback" not in p.stderr
-    with pytest.raises(engine.RpcError, match="HOST:PORT"):
-        engine.parse_endpoints("127.0.0.1")
-    assert engine.parse_endpoints("a:1, b:50052") == [("a", 1), ("b", 50052)]
+    with pytest.raises(devices.RpcError, match="HOST:PORT"):
+        devices.parse_endpoints("127.0.0.1")
+    assert devices.parse_endpoints("a:1, b:50052") == [("a", 1), ("b", 50052)]
     p = spectool("run", "-m", str(tiny["target"]), "--rpc", "127.0.0.1", PROMPT)
     assert p.returncode == 2 and "HOST:PORT" in p.stderr and "Traceback" not in p.stderr
 

@@ -10,15 +10,6 @@ def tokens_of(g, prompt):
     return [t for step in speculative_generate(g, prompt) for t in step.tokens]
 
 
-def test_options_take_a_commands_parameters_and_ignore_the_rest():
-    o = Options.of({"model": "m.gguf", "temp": 0.7, "top_k": 5, "prompt": "hi", "stop": ["x"], "quiet": True})
-    assert (o.model, o.temp, o.top_k, o.spec, o.max_tokens) == ("m.gguf", 0.7, 5, Spec.auto, 256)
-    s = o.sampling()
-    assert (s.temp, s.top_k, s.top_p, s.min_p) == (0.7, 5, 0.95, 0.05)
-    with pytest.raises(UserError, match="top-p"):
-        Options(top_p=0.0).sampling()
-
-
 def test_a_session_is_the_generation_the_options_describe(tiny, target):
     o = Options(model=str(tiny["target"]), model_draft=str(tiny["draft"]), spec=Spec.hybrid, temp=0.5, top_k=7,
                 repeat_penalty=1.1, draft_max=6, draft_min=2, max_tokens=40, ctx_size=512, threads=2, seed=3)

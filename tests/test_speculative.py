@@ -8,6 +8,7 @@ import pytest
 from spectool.controller import Controller
 from spectool.drafters import DraftModel, Hybrid, PromptLookup
 from spectool.engine import Model
+from spectool.keys import DRAFT, SPLIT
 from spectool.speculative import Generation, generate_text, speculative_generate
 from spectool.stats import Stats
 from spectool.verify import Sampling, distribution
@@ -28,7 +29,7 @@ class SplitHybrid(Hybrid):
     two or more tokens mixes lookup's deterministic tokens with the draft model's sampled ones."""
 
     def peek(self, history, k_max, estimate=None):
-        return super().peek(history, k_max, lambda key: 0.0 if "+" in key else 1.0)
+        return super().peek(history, k_max, lambda key: 0.0 if key.pos else 1.0)
 
 
 def drafters(draft):
@@ -448,12 +449,13 @@ def test_hybrid_hands_over_to_the_draft_model_where_lookup_is_worth_less(draft):
     """Lookup's tokens are offered while each is worth at least a draft-model token (the controller's estimate,
     see Controller.worth), and the draft model drafts the rest of the same step."""
     history = [1, 2, 3, 4, 5, 9] + [1, 2, 3, 4, 6, 9, 8] + [1, 2]  # lookup: 3, 4, then "1 2 3 4" went two ways
-    worth = {"draft": 0.5}
+    worth = {DRAFT: 0.5}
     h = Hybrid(PromptLookup(), DraftModel(draft))
-    keys = h.peek(history, 8, lambda key: worth.get(key, 0.1 if "?" in key else 0.9))
-    assert keys == ["lookup:2", "lookup:2+1"] + ["draft"] * 6
+    keys = h.peek(history, 8, lambda key: worth.get(key, 0.1 if key.agreement == SPLIT else 0.9))
+    assert list(map(str, keys)) == ["lookup:2", "lookup:2+1"] + ["draft"] * 6
     d = h.propose(history, 5, Sampling(), np.random.default_rng(0))
     assert d.tokens[:2] == [3, 4] and len(d.tokens) == 5 and d.source == "hybrid" and d.q is None
     plain_draft = DraftModel(draft).propose(history + [3, 4], 3, Sampling(), np.random.default_rng(0))
     assert d.tokens[2:] == plain_draft.tokens  # the draft model continued from lookup's tokens
-    assert h.peek(history, 8, lambda key: worth.get(key, 0.9))[:3] == ["lookup:2", "lookup:2+1", "lookup:4?"]
+    assert list(map(str, h.peek(history, 8, lambda key: worth.get(key, 0.9))[:3])) == ["lookup:2", "lookup:2+1",
+                                                                                       "lookup:4?"]

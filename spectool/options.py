@@ -1,0 +1,249 @@
+"""Every option that decides which models run and how they generate, declared once: its flags, help, bounds,
+default, and the request field of `spectool serve` that sets it per request. Commands say which groups they take
+(`takes`), as llama.cpp's common/arg.cpp lists the tools that get each option; `--help` reads the default from
+here. Nothing heavy is imported: `spectool --help` stays instant.
+"""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from dataclasses import dataclass, field, fields, replace
+from enum import Enum
+from typing import Annotated, Any, Callable, Optional
+
+# llama.cpp's temperature (common/common.h: temp 0.80): chat's default and the benchmarks' sampled runs. `run` and
+# `serve` default to 0 (greedy) so that pipes, code edits and API calls reproduce.
+LLAMA_CPP_TEMP = 0.8
+# How many tokens a step may draft when a pair does not say (models.toml's draft_max says it per pair): lookup's
+# controller keeps drafts short where their evidence is weak, so the cap only bounds the long copies.
+DRAFT_MAX = 32
+
+
+class Spec(str, Enum):
+    """How drafts are made: the modes a user picks (auto, none) and the sources a step's drafts come from (lookup,
+    draft, hybrid: lookup's tokens then the draft model's)."""
+
+    auto = "auto"
+    draft = "draft"
+    lookup = "lookup"
+    hybrid = "hybrid"
+    none = "none"
+
+
+class UserError(Exception):
+    """Bad input from the user: one line on stderr, exit 1 (or `code`)."""
+
+    def __init__(self, message: str, code: int = 1, option: str | None = None):
+        super().__init__(message)
+        self.code = code
+        self.option = option  # the Options field at fault, if one is
+
+
+# the groups: a command takes whole groups (and single options by name)
+MODELS, DRAFTING, GENERATION, SAMPLING, HARDWARE, COMMON = (
+    "models", "drafting", "generation", "sampling", "hardware", "common")
+
+
+@dataclass(frozen=True)
+class Decl:
+    """How one option is spelt on the command line and in a request."""
+
+    flags: tuple[str, ...]
+    help: str
+    group: str
+    min: float | None = None
+    max: float | None = None
+    metavar: str | None = None
+    parse: Callable[[Any], Any] | None = None  # the command line's check and normal form (typer callback)
+    request: str | None = None  # the JSON field of a serve request that sets it
+    cli_type: Any = None  # the type typer parses, when not the field's
+
+    def check(self, name: str, value):
+        """`value` within the bounds, else a UserError naming the option by its first flag (`serve` names the
+        request field instead)."""
+        if (self.min is not None and value < self.min) or (self.max is not None and value > self.max):
+            hi = "inf" if self.max is None else f"{self.max:g}"
+            raise UserError(f"{self.flags[0]} must be within [{self.min:g}, {hi}]", code=2, option=name)
+        return value
+
+
+def opt(default, *flags: str, help: str, group: str, **decl) -> Any:
+    return field(default=default, metadata={"decl": Decl(flags, help, group, **decl)})
+
+
+def _gpu_layers(value: str) -> str:
+    import typer
+
+    from spectool.devices import parse_gpu_layers
+
+    try:
+        return str(parse_gpu_layers(value))
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+
+
+def _rpc(value: str | None) -> str | None:
+    if not value:
+        return value
+    import typer
+
+    from spectool.devices import RpcError, parse_endpoints
+
+    try:
+        return ",".join(f"{h}:{p}" for h, p in parse_endpoints(value))
+    except RpcError as e:
+        raise typer.BadParameter(str(e)) from None
+
+
+@dataclass
+class Options:
+    """Which models run and how they generate (llama.cpp's option names), one field per option."""
+
+    # -- models
+    model: Optional[str] = opt(None, "--model", "-m", group=MODELS,
+                               help="Target model: a .gguf path, hf:OWNER/REPO/FILE[@REV] or a pair name.")
+    pair: Optional[str] = opt(None, "--pair", group=MODELS,
+                              help="A target/draft pair from models.toml (`spectool models`); neither --pair nor -m: "
+                              "the default pair.")
+    model_draft: Optional[str] = opt(None, "--model-draft", "-md", "--spec-draft-model", group=MODELS,
+                                     help="Draft model: a .gguf path or hf:... reference.")
+    # -- drafting
+    spec: Spec = opt(Spec.auto, "--spec", group=DRAFTING,
+                     help="How to draft. auto: hybrid with a draft model, lookup without one.")
+    draft_max: Optional[int] = opt(None, "--draft-max", "--spec-draft-n-max", group=DRAFTING, min=0, max=64,
+                                   help=f"Most draft tokens per step (default: the pair's, else {DRAFT_MAX}).")
+    draft_min: int = opt(0, "--draft-min", "--spec-draft-n-min", group=DRAFTING, min=0, max=64,
+                         help="Fewest draft tokens per step; = --draft-max: a fixed length.")
+    draft_p_min: float = opt(0.0, "--draft-p-min", "--spec-draft-p-min", group=DRAFTING, min=0.0, max=1.0,
+                             help="Stop drafting below this draft probability.")
+    draft_vocab: int = opt(0, "--draft-vocab", group=DRAFTING, min=0,
+                           help="Prune the draft to this many tokens, its most likely ones (made once, cached): a "
+                           "faster draft when its vocabulary is large. 0 = off.")
+    # -- generation
+    max_tokens: int = opt(256, "--max-tokens", "-n", "--n-predict", group=GENERATION, min=1, request="max_tokens",
+                          help="Most tokens to generate.")
+    # -- sampling: llama.cpp's chain (penalties, top-k, top-p, min-p, temperature) and its defaults, but greedy
+    temp: float = opt(0.0, "--temp", group=SAMPLING, min=0.0, request="temperature",
+                      help="Temperature; 0 = greedy (reproducible). The chain is llama.cpp's: penalties, top-k, "
+                      "top-p, min-p, then temperature.")
+    top_k: int = opt(40, "--top-k", group=SAMPLING, min=0, request="top_k", help="Top-k sampling; 0 = off.")
+    top_p: float = opt(0.95, "--top-p", group=SAMPLING, min=0.0, max=1.0, request="top_p",
+                       help="Top-p sampling in (0, 1]; 1 = off.")
+    min_p: float = opt(0.05, "--min-p", group=SAMPLING, min=0.0, max=1.0, request="min_p",
+                       help="Min-p sampling; 0 = off.")
+    repeat_penalty: float = opt(1.0, "--repeat-penalty", group=SAMPLING, min=0.0, request="repeat_penalty",
+                                help="Penalise tokens seen in the last --repeat-last-n tokens (llama.cpp's rule: "
+                                "logits above 0 divided by it, below 0 multiplied); 1 = off.")
+    repeat_last_n: int = opt(64, "--repeat-last-n", group=SAMPLING, min=-1, request="repeat_last_n",
+                             help="How many recent tokens the penalties look at; 0 = off, -1 = the whole context.")
+    presence_penalty: float = opt(0.0, "--presence-penalty", group=SAMPLING, min=-2.0, max=2.0,
+                                  request="presence_penalty",
+                                  help="Subtract this from the logit of every token seen in the window; 0 = off.")
+    frequency_penalty: float = opt(0.0, "--frequency-penalty", group=SAMPLING, min=-2.0, max=2.0,
+                                   request="frequency_penalty",
+                                   help="Subtract this times its count in the window from a token's logit; 0 = off.")
+    seed: Optional[int] = opt(None, "--seed", group=SAMPLING, request="seed",
+                              help="Random seed for sampling: the same seed, the same text.")
+    # -- hardware
+    ctx_size: int = opt(4096, "--ctx-size", "-c", group=HARDWARE, min=0, help="Context size in tokens (0 = the model's).")
+    threads: Optional[int] = opt(None, "--threads", "-t", group=HARDWARE, min=1, help="CPU threads.")
+    gpu_layers: str = opt("auto", "--gpu-layers", "-ngl", group=HARDWARE, metavar="N|auto|all", parse=_gpu_layers,
+                          help="Target layers to offload to the GPU or RPC workers; auto = all of them when there is "
+                          "a device to offload to (an error when they do not fit), none otherwise.")
+    gpu_layers_draft: str = opt("auto", "--gpu-layers-draft", "-ngld", group=HARDWARE, metavar="N|auto|all",
+                                parse=_gpu_layers,
+                                help="Draft layers to offload; auto = all of them on a local GPU (the draft stays off "
+                                "RPC workers unless there is no local GPU and a number is given).")
+    rpc: Optional[str] = opt(None, "--rpc", group=HARDWARE, metavar="HOST:PORT[,...]", parse=_rpc,
+                             help="Use the devices of these RPC workers (`spectool worker`) for the target's layers, "
+                             "as llama.cpp's --rpc does. The weights travel over the network on every load.")
+    # -- common
+    yes: bool = opt(False, "--yes", "-y", group=COMMON, help="Download without asking.")
+    debug: bool = opt(False, "--debug", group=COMMON, help="Show tracebacks and llama.cpp's log.")
+
+    def sampling(self):
+        """verify.Sampling from these options (the one top-p check)."""
+        from spectool.verify import Sampling
+
+        if self.top_p <= 0.0:
+            raise UserError("--top-p must be in (0, 1]", code=2, option="top_p")
+        return Sampling(temp=self.temp, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
+                        repeat_penalty=self.repeat_penalty, repeat_last_n=self.repeat_last_n,
+                        presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty)
+
+    @classmethod
+    def declared(cls) -> dict[str, tuple[Decl, Any, Any]]:
+        """name -> (declaration, type, default) of every option."""
+        hints = typing.get_type_hints(cls)
+        return {f.name: (f.metadata["decl"], hints[f.name], f.default) for f in fields(cls)}
+
+
+def llama_cpp_sampling():
+    """llama.cpp's default sampling (temperature 0.8, top-k 40, top-p 0.95, min-p 0.05)."""
+    return replace(Options(), temp=LLAMA_CPP_TEMP).sampling()
+
+
+def _typer_param(name: str, decl: Decl, kind, default) -> inspect.Parameter:
+    import typer
+
+    info = typer.Option(*decl.flags, help=decl.help, min=decl.min, max=decl.max, metavar=decl.metavar,
+                        callback=decl.parse, rich_help_panel=None if decl.group == COMMON else decl.group.title())
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
+                             annotation=Annotated[decl.cli_type or kind, info])
+
+
+def takes(*names: str, **defaults):
+    """Decorate a command `fn(o: Options, ...own options)`: the command line gets the options of the named groups
+    (or single options), with `defaults` in place of the declared ones; the command receives them as `o`."""
+
+    def wrap(fn):
+        chosen = {n: d for n, d in Options.declared().items() if n in names or d[0].group in names}
+        unknown = set(defaults) - set(chosen)
+        if unknown:
+            raise TypeError(f"{fn.__name__}: defaults for options it does not take: {sorted(unknown)}")
+        own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
+               for p in list(inspect.signature(fn, eval_str=True).parameters.values())[1:]]
+        params = [_typer_param(n, decl, kind, defaults.get(n, default))
+                  for n, (decl, kind, default) in chosen.items() if decl.group != COMMON] + own + \
+                 [_typer_param(n, decl, kind, default) for n, (decl, kind, default) in chosen.items()
+                  if decl.group == COMMON]
+
+        def command(**kwargs):
+            o = Options(**{n: kwargs.pop(n) for n in chosen})
+            return fn(o, **kwargs)
+
+        command.__name__, command.__doc__, command.__module__ = fn.__name__, fn.__doc__, fn.__module__
+        command.__signature__ = inspect.Signature(params)
+        command.__annotations__ = {}
+        return command
+
+    return wrap
+
+
+def request_options(base: Options, body: dict) -> Options:
+    """`base` with the fields a serve request sets (each declaration's `request` name), checked against the same
+    bounds as the command line; a bad value raises UserError naming the option (see in_request)."""
+    changes = {}
+    for name, (decl, kind, _) in Options.declared().items():
+        if decl.request is None or body.get(decl.request) is None:
+            continue
+        value, want = body[decl.request], int if kind in (int, Optional[int]) else float
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (want is int and value != int(value)):
+            raise UserError(f"{decl.flags[0]} must be {'an integer' if want is int else 'a number'}", code=2,
+                            option=name)
+        changes[name] = decl.check(name, want(value))
+    return replace(base, **changes)
+
+
+def in_request(e: UserError) -> tuple[str, str]:
+    """(the request field, the message in its terms) of an error about an option a request set."""
+    decl = Options.declared()[e.option][0]
+    return decl.request, str(e).replace(decl.flags[0], f"'{decl.request}'")
+
+
+def defaults_of(*names: str) -> dict:
+    """The declared default of each named option (README and help checks)."""
+    d = Options.declared()
+    return {n: d[n][2] for n in names}
+

@@ -1,0 +1,77 @@
+"""Options are declared once (options.py): what each command takes, its defaults, serve's per-request fields."""
+
+import dataclasses
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from spectool.cli import app
+from spectool.options import COMMON, DRAFTING, SAMPLING, Options, UserError, in_request, llama_cpp_sampling, \
+    request_options, takes
+
+
+def test_every_flag_is_declared_once_and_each_option_has_a_group():
+    flags = [f for decl, _, _ in Options.declared().values() for f in decl.flags]
+    assert len(flags) == len(set(flags))
+    assert all(decl.group and decl.help for decl, _, _ in Options.declared().values())
+
+
+def test_a_command_gets_exactly_the_options_of_its_groups_with_its_own_defaults():
+    seen = {}
+
+    @takes(SAMPLING, "debug", temp=0.8)
+    def cmd(o: Options, word: str = "x"):
+        seen["o"], seen["word"] = o, word
+
+    probe = typer.Typer()
+    probe.command()(cmd)
+    r = CliRunner().invoke(probe, ["--top-k", "7", "--word", "y"])
+    assert r.exit_code == 0, r.output
+    o = seen["o"]
+    assert (o.top_k, o.temp, o.debug, seen["word"]) == (7, 0.8, False, "y")
+    assert o.top_p == Options().top_p and o.max_tokens == Options().max_tokens  # not taken: the declared default
+    r = CliRunner().invoke(probe, ["--max-tokens", "3"])
+    assert r.exit_code == 2 and "No such option" in r.output  # a group it does not take
+    with pytest.raises(TypeError, match="max_tokens"):
+        takes(SAMPLING, max_tokens=3)(lambda o: None)
+
+
+def test_help_shows_each_commands_default_from_the_declaration():
+    runner = CliRunner()
+    for command, temp in (("run", "0.0"), ("serve", "0.0"), ("chat", "0.8")):
+        out = runner.invoke(app, [command, "--help"], env={"COLUMNS": "200"}).output
+        line = next(ln for ln in out.splitlines() if ln.startswith("│ --temp "))
+        assert f"[default: {temp}]" in line
+        line = next(ln for ln in out.splitlines() if ln.startswith("│ --top-k "))
+        assert f"[default: {Options().top_k}]" in line
+
+
+def test_llama_cpp_sampling_is_the_declared_chain_at_llama_cpps_temperature():
+    s = llama_cpp_sampling()
+    o = Options()
+    assert (s.temp, s.top_k, s.top_p, s.min_p) == (0.8, o.top_k, o.top_p, o.min_p) == (0.8, 40, 0.95, 0.05)
+
+
+def test_a_request_sets_the_declared_fields_within_the_command_lines_bounds():
+    base = Options(temp=0.0, max_tokens=100)
+    o = request_options(base, {"temperature": 0.7, "top_k": 5, "seed": 3, "max_tokens": 9, "stream": True})
+    assert (o.temp, o.top_k, o.seed, o.max_tokens) == (0.7, 5, 3, 9)
+    assert dataclasses.replace(o, temp=0.0, top_k=40, seed=None, max_tokens=100) == base
+    for body, field in (({"temperature": -1}, "temperature"), ({"top_p": 1.5}, "top_p"), ({"seed": 1.5}, "seed"),
+                        ({"max_tokens": 0}, "max_tokens"), ({"presence_penalty": 3}, "presence_penalty"),
+                        ({"top_k": "many"}, "top_k"), ({"min_p": True}, "min_p")):
+        with pytest.raises(UserError) as e:
+            request_options(base, body)
+        name, message = in_request(e.value)
+        assert name == field and f"'{field}'" in message and "--" not in message
+    with pytest.raises(UserError) as e:  # the one top-p check, in the request's terms too
+        request_options(base, {"top_p": 0.0}).sampling()
+    assert in_request(e.value) == ("top_p", "'top_p' must be in (0, 1]")
+
+
+def test_groups_are_what_the_commands_take():
+    by_group = {}
+    for name, (decl, _, _) in Options.declared().items():
+        by_group.setdefault(decl.group, []).append(name)
+    assert {"spec", "draft_max"} <= set(by_group[DRAFTING]) and {"yes", "debug"} == set(by_group[COMMON])
