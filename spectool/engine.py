@@ -20,8 +20,8 @@ import numpy as np  # noqa: E402
 
 from spectool.devices import Device, resolve_gpu_layers
 from spectool.native import (  # noqa: F401 - the engine's errors and log, re-exported
-    _RECENT_LOG, DecodeError, DoesNotFit, EngineError, ModelLoadError, _lib, avoid_amx, backend_info,
-    last_log_error, set_verbose)
+    _RECENT_LOG, _STATE, DecodeError, DoesNotFit, EngineError, ModelLoadError, _lib, avoid_amx, backend_info,
+    last_log_error, raise_pending_interrupt, set_verbose)
 
 GGUF_MAGIC = b"GGUF"
 
@@ -110,7 +110,8 @@ class Model:
             mparams.progress_callback = callback
         _RECENT_LOG.clear()
         model = lib.llama_model_load_from_file(str(self.path).encode(), mparams)
-        if interrupted:
+        if interrupted or _STATE.get("sigint"):
+            _STATE["sigint"] = False
             if model:
                 lib.llama_model_free(model)
             raise KeyboardInterrupt
@@ -150,6 +151,11 @@ class Model:
             cparams.flash_attn_type = int(flash_attn)
         cparams.swa_full = True  # rollback inside the sliding window needs the full-size SWA cache
         ctx = lib.llama_init_from_model(model, cparams)
+        if ctx and _STATE.get("sigint"):
+            lib.llama_free(ctx)
+            ctx = None
+            self.close()
+            raise_pending_interrupt()
         if not ctx:
             self.close()
             raise ModelLoadError(
@@ -331,6 +337,8 @@ class Model:
                 lib.llama_memory_seq_rm(self._mem, 0, pos0, -1)
                 raise DecodeError(f"llama_decode failed (code {rc}) at position {pos0}: {last_log_error()}")
             self.tokens.extend(chunk)
+            if _STATE["sigint"]:  # a Ctrl-C inside llama_decode's log lines, raised with `tokens` the truth
+                raise_pending_interrupt()
             if final:
                 self._n_out, self._rows = {"all": n, "last": 1}.get(logits, 0), None
                 self.sampled = self._chain_k

@@ -44,7 +44,7 @@ class DecodeError(EngineError):
 
 
 _LOCK = threading.Lock()
-_STATE: dict = {"lib": None, "callback": None, "verbose": False}
+_STATE: dict = {"lib": None, "callback": None, "verbose": False, "sigint": False}
 _RECENT_LOG: collections.deque[str] = collections.deque(maxlen=40)
 
 
@@ -55,10 +55,20 @@ def set_verbose(verbose: bool) -> None:
 
 
 def _on_log(level: int, text: bytes, _user_data) -> None:
-    line = text.decode("utf-8", errors="replace") if text else ""
-    _RECENT_LOG.append(line)
-    if _STATE["verbose"]:
-        os.write(2, line.encode())
+    try:
+        line = text.decode("utf-8", errors="replace") if text else ""
+        _RECENT_LOG.append(line)
+        if _STATE["verbose"]:
+            os.write(2, line.encode())
+    except KeyboardInterrupt:  # Ctrl-C while llama.cpp was logging: it cannot cross llama.cpp's frames (ctypes
+        _STATE["sigint"] = True  # would print it and drop it), so it is raised once llama.cpp returns
+
+
+def raise_pending_interrupt() -> None:
+    """Raise the Ctrl-C that arrived inside a call into llama.cpp (see _on_log), if one did."""
+    if _STATE.get("sigint"):
+        _STATE["sigint"] = False
+        raise KeyboardInterrupt
 
 
 def _lib():

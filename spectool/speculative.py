@@ -56,7 +56,10 @@ class Generation:
         return self.rng
 
 
-def speculative_generate(g: Generation, prompt: Sequence[int], stats: Stats | None = None) -> Iterator[Step]:
+def speculative_generate(g: Generation, prompt: Sequence[int], stats: Stats | None = None,
+                         interrupted: Callable[[], bool] = lambda: False) -> Iterator[Step]:
+    """The loop. `interrupted()` is also asked between the prefill's batches: true, it raises KeyboardInterrupt
+    there (the cache holds whole batches), so a Ctrl-C during a long prompt does not wait for its end."""
     target, ctl, s = g.target, g.controller, g.sampling
     temp = 0.0 if s.greedy else s.temp  # acceptance is learnt per temperature (keys.py)
     rng = g.random()
@@ -69,7 +72,13 @@ def speculative_generate(g: Generation, prompt: Sequence[int], stats: Stats | No
         raise EngineError(f"the prompt has {len(x)} tokens but the context holds only {target.n_ctx}")
     t0 = time.perf_counter()
     if len(x) > 1:
-        n_prefilled = target.sync(x[:-1], logits="none", progress=g.on_prefill)
+        def progress(done: int, total: int) -> None:
+            if g.on_prefill is not None:
+                g.on_prefill(done, total)
+            if interrupted():
+                raise KeyboardInterrupt
+
+        n_prefilled = target.sync(x[:-1], logits="none", progress=progress)
     else:
         target.reset()
         n_prefilled = 0
@@ -214,7 +223,7 @@ def generate_text(g: Generation, prompt: Sequence[int], stop: Sequence[str] = ()
     and from `stats`), and when `interrupted()` turns true between steps, after a last piece with the text that
     was held back while a stop string might still match."""
     stream = TextStream(g.target, stop)
-    gen = speculative_generate(g, prompt, stats)
+    gen = speculative_generate(g, prompt, stats, interrupted)
     try:
         for step in gen:
             drafted, own = "", ""

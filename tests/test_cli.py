@@ -197,8 +197,8 @@ def test_measured_costs_carry_over_to_the_next_run(tiny, tmp_path, monkeypatch):
     assert json.loads(path.read_text())["verify"]  # rewritten whole
     other = run(["run", "-m", str(tiny["target"]), "-t", "1", "-n", "8", "-q", "Hello"])  # other settings: own file
     assert other.exit_code == 0 and len(list((tmp_path / "costs").glob("*.json"))) == 2
-    run(["run", "-m", str(tiny["target"]), "--spec", "none", "-n", "8", "-q", "Hello"])  # nothing to learn
-    assert len(list((tmp_path / "costs").glob("*.json"))) == 2
+    plain = run(["run", "-m", str(tiny["target"]), "--spec", "none", "-n", "8", "-q", "Hello"])  # nothing to learn
+    assert plain.exit_code == 0 and len(list((tmp_path / "costs").glob("*.json"))) == 2
 
 
 def test_an_empty_cache_variable_means_the_default(monkeypatch):
@@ -246,13 +246,14 @@ def test_penalty_flags_change_the_greedy_text(tiny):
     test_verify.py); their defaults are llama.cpp's: off."""
     base = ["run", "-m", str(tiny["target"]), "-n", "60", "-q", "--spec", "lookup", "The quick brown fox"]
     plain = run(base)
+    assert plain.exit_code == 0 and plain.stdout
     assert plain.stdout == run([*base, "--repeat-last-n", "0", "--repeat-penalty", "1.5"]).stdout  # window 0: off
     penalised = run([*base, "--repeat-penalty", "1.5"])
     assert penalised.exit_code == 0 and penalised.stdout != plain.stdout
     assert run([*base, "--presence-penalty", "1.0"]).stdout != plain.stdout
     assert run([*base, "--frequency-penalty", "1.0"]).stdout != plain.stdout
     none = run([*base[:-1], "--spec", "none", "--repeat-penalty", "1.5", "The quick brown fox"])
-    assert none.stdout == penalised.stdout  # speculation keeps the penalised greedy text
+    assert none.exit_code == 0 and none.stdout == penalised.stdout  # speculation keeps the penalised greedy text
 
 
 def test_a_reader_that_closes_early_ends_the_run_quietly(tiny):

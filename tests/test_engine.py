@@ -160,9 +160,15 @@ def test_unsupported_architecture(tmp_path, tiny):
 
 
 def test_close_is_idempotent(tiny):
-    m = Model(tiny["draft"], n_ctx=64)
-    m.close()
-    m.close()
+    """Closing twice frees nothing twice: a double free aborts the process, so it runs apart and fails the test
+    instead of ending the test run."""
+    import subprocess
+    import sys
+
+    code = (f"from spectool.engine import Model\nm = Model({str(tiny['draft'])!r}, n_ctx=64)\nm.close()\nm.close()\n"
+            "assert m._ctx is None and m._model is None and m._batch is None\nprint('closed twice')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "closed twice", r.stderr[-2000:]
 
 
 def test_quantize_writes_atomically(tmp_path, tiny):

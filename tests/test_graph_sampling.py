@@ -16,7 +16,8 @@ from spectool.engine import DecodeError, Model
 from spectool.speculative import Generation
 from spectool.stats import Stats
 from spectool.verify import Sampling, backend_chain, dist_at, distribution
-from test_speculative import N_RUNS, chi2_rejects, exact_joint, sample_joint, tokens_of
+from helpers import tokens_of
+from test_speculative import N_RUNS, chi2_rejects, exact_joint, sample_joint
 
 CHAINS = [Sampling(temp=0.8, top_k=40, top_p=0.95, min_p=0.05), Sampling(temp=1.0, top_k=20),
           Sampling(temp=0.5, top_k=10, top_p=0.5), Sampling(temp=1.5, top_k=60, min_p=0.2)]

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from helpers import spectool
 from typer.testing import CliRunner
 
 from spectool.cache import write_json_atomic
@@ -101,16 +102,22 @@ def test_signal_during_generation(gemma_q4, tmp_path, sig, code):
 
 @pytest.mark.realmodel
 def test_sigint_during_prefill_then_the_next_run_works(gemma_q4, tmp_path):
-    long = "The history of the printing press begins in the fifteenth century. " * 300
+    # about 13,000 prompt tokens on the CPU (-ngl 0, on a GPU host too): seconds of prefill even on 16 cores
+    long = "The history of the printing press begins in the fifteenth century. " * 1000
     p = subprocess.Popen([sys.executable, "-m", "spectool", "run", "-m", str(gemma_q4), "-n", "50", "-t", "2",
-                          "-c", "8192", long], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    time.sleep(2.5)  # the model is loaded and the prompt is being processed
+                          "-ngl", "0", "-c", "16384", "--debug", long], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    err = b""
+    while b"reserve took" not in err:  # --debug: llama.cpp's log; its graph reservations end the context's
+        line = p.stderr.readline()  # creation, right before the prefill
+        assert line, "spectool ended before it made a context"
+        err += line
+    time.sleep(0.5)
     p.send_signal(signal.SIGINT)
-    out, err = p.communicate(timeout=120)
-    assert p.returncode in (130, 0), err  # 0 only if it was already done
+    out, rest = p.communicate(timeout=120)
+    err += rest
+    assert p.returncode == 130, err[-2000:]
     assert b"Traceback" not in err
-    r = subprocess.run([sys.executable, "-m", "spectool", "run", "-m", str(gemma_q4), "-n", "5", "-q", "Hello"],
-                       capture_output=True, timeout=120)
+    r = spectool("run", "-m", gemma_q4, "-n", "5", "-q", "Hello", timeout=120)
     assert r.returncode == 0 and r.stdout.strip()
 
 
@@ -136,8 +143,7 @@ def test_sigterm_during_download_leaves_no_file_at_the_final_path(tiny, tmp_path
         assert not list(repo.glob("snapshots/*/target.gguf"))
         assert not list(repo.glob("blobs/*.incomplete"))
         hub.slow.clear()
-        r = subprocess.run([sys.executable, "-m", "spectool", "pull", "hf:test/tiny/target.gguf"], env=env,
-                           capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        r = spectool("pull", "hf:test/tiny/target.gguf", env=env)
         assert r.returncode == 0 and Path(r.stdout.split(" -> ")[1].strip()).read_bytes() == \
             tiny["target"].read_bytes()
 
@@ -214,8 +220,7 @@ def test_hub_token_never_appears(tiny, tmp_path):
             ["run", "-m", "hf:test/tiny/target.gguf", "-n", "5", "--debug", "--stats-json", str(stats), "hi"],
         ]
         for args in runs:
-            r = subprocess.run([sys.executable, "-m", "spectool", *args], env=env, capture_output=True, text=True,
-                               stdin=subprocess.DEVNULL)
+            r = spectool(*args, env=env)
             assert secret not in r.stdout and secret not in r.stderr, args
         assert secret not in stats.read_text() and json.loads(stats.read_text())["n_generated"] == 5
 

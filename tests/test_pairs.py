@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+import helpers
 from fakehub import FakeHub
 from spectool import registry
 from spectool.registry import ModelRef, RegistryError
@@ -66,8 +67,7 @@ def hub(tiny, tmp_path):
 
 
 def spectool(hub, *args, env=None, timeout=120):
-    return subprocess.run([sys.executable, "-m", "spectool", *args], capture_output=True, text=True,
-                          env=env or hub.env, timeout=timeout, stdin=subprocess.DEVNULL)
+    return helpers.spectool(*args, env=env or hub.env, timeout=timeout)
 
 
 def test_pull_a_pair_then_again_downloads_nothing(hub, tiny):
@@ -103,8 +103,8 @@ def test_split_model_downloads_every_part_and_loads(hub, tiny):
     r = spectool(hub, "run", "--pair", "split", "-n", "8", "-q", "The quick brown fox")
     assert r.returncode == 0, r.stderr
     assert len(hub.gets()) == 3
-    plain = subprocess.run([sys.executable, "-m", "spectool", "run", "-m", str(tiny["target"]), "-n", "8", "-q",
-                            "The quick brown fox"], capture_output=True, text=True)
+    plain = helpers.spectool("run", "-m", tiny["target"], "-n", "8", "-q", "The quick brown fox")
+    assert plain.returncode == 0, plain.stderr
     assert r.stdout == plain.stdout  # the three shards are the same model as target.gguf
 
 

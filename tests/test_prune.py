@@ -15,11 +15,10 @@ VOCAB = 400
 
 @pytest.fixture(scope="module")
 def pruned(tiny, tmp_path_factory):
-    import os
-
-    os.environ["SPECTOOL_CACHE"] = str(tmp_path_factory.mktemp("cache"))
-    path = prune.pruned_draft(tiny["draft"], VOCAB)
-    assert path == prune.cached_path(tiny["draft"], VOCAB) and prune.pruned_draft(tiny["draft"], VOCAB) == path
+    with pytest.MonkeyPatch.context() as mp:  # the environment is left as it was found
+        mp.setenv("SPECTOOL_CACHE", str(tmp_path_factory.mktemp("cache")))
+        path = prune.pruned_draft(tiny["draft"], VOCAB)
+        assert path == prune.cached_path(tiny["draft"], VOCAB) and prune.pruned_draft(tiny["draft"], VOCAB) == path
     with Model(path, n_ctx=1024) as m:
         yield m, prune.read_ids(path)
 

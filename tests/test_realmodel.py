@@ -121,15 +121,14 @@ def test_the_readme_main_command_drafts_most_of_its_answer_on_a_fresh_cache(tmp_
     benchmarks/first_run.py and the before-stop hook, not here: tests do not time.)"""
     import json
     import os
-    import subprocess
-    import sys
+
+    from helpers import spectool
 
     cmd = readme_main_command()
     assert cmd[:4] == ["spectool", "run", "--pair", "demo"]
     stats = tmp_path / "s.json"
-    r = subprocess.run([sys.executable, "-m", "spectool", *cmd[1:], "-q", "--stats-json", str(stats)],
-                       env=dict(os.environ, SPECTOOL_CACHE=str(tmp_path / "cache")), capture_output=True, text=True,
-                       stdin=subprocess.DEVNULL, timeout=300)
+    r = spectool(*cmd[1:], "-q", "--stats-json", stats, env=dict(os.environ, SPECTOOL_CACHE=str(tmp_path / "cache")),
+                 timeout=300)
     assert r.returncode == 0, r.stderr
     j = json.loads(stats.read_text())
     assert j["mode"] == "lookup" and j["n_generated"] >= 128

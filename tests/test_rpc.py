@@ -8,17 +8,14 @@ layout elsewhere (`local_gpus()`). The worker itself serves its GPU there, its C
 import json
 import os
 import signal
-import socket
 import subprocess
-import sys
 import time
 
 import pytest
-from procs import free_port, other_addresses, refuses, stop
+from helpers import SPECTOOL, accepts, free_port, other_addresses, refuses, spectool, start, stop, wait_until_up
 
 from spectool import devices, engine
 
-SPECTOOL = [sys.executable, "-m", "spectool"]
 PROMPT = "The quick brown fox"
 
 
@@ -26,18 +23,8 @@ class Worker:
     def __init__(self, *args, env=None):
         self.port = free_port()
         self.endpoint = f"127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen([*SPECTOOL, "worker", "--port", str(self.port), "-t", "1", *args],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"worker exited: {self.proc.stderr.read()}")
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                return
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError("worker did not start")
+        self.proc = start(["worker", "--port", self.port, "-t", "1", *args], env=env)
+        wait_until_up(self.proc, lambda: accepts(self.port), "worker", timeout=60)
 
     def stop(self, sig=signal.SIGINT):
         return stop(self.proc, sig)
@@ -51,10 +38,6 @@ def worker():
     w = Worker()
     yield w
     w.stop()
-
-
-def spectool(*args, timeout=180, env=None):
-    return subprocess.run([*SPECTOOL, *args], capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def local_gpus() -> list:

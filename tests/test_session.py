@@ -2,12 +2,10 @@
 
 import pytest
 
-from spectool.session import Hooks, Options, Spec, UserError, open_session
-from spectool.speculative import Generation, speculative_generate
+from helpers import tokens_of
 
-
-def tokens_of(g, prompt):
-    return [t for step in speculative_generate(g, prompt) for t in step.tokens]
+from spectool.session import Hooks, Options, Spec, UserError, _NoBar, open_session
+from spectool.speculative import Generation
 
 
 def test_a_session_is_the_generation_the_options_describe(tiny, target):
@@ -41,21 +39,9 @@ def test_a_draft_that_cannot_draft_falls_back_with_a_notice(tiny):
 def test_what_needs_the_user_comes_through_hooks(tiny):
     bars, lines = [], []
 
-    class Bar:
+    class Bar(_NoBar):
         def __init__(self, label, unit):
             bars.append(label)
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
-        def fraction(self, f):
-            pass
-
-        def update(self, done, total):
-            pass
 
     o = Options(model=str(tiny["target"]), model_draft=str(tiny["draft"]), draft_vocab=200, ctx_size=256, threads=2)
     with open_session(o, Hooks(bar=Bar, say=lines.append)) as s:

@@ -4,6 +4,7 @@ import math
 
 import numpy as np
 import pytest
+from helpers import tokens_of
 
 from spectool.controller import Controller
 from spectool.drafters import DraftModel, Hybrid, PromptLookup
@@ -18,10 +19,6 @@ PROMPTS = [
     "def add(a, b):\n    return a + b\n\ndef greet(name):",
     "Speculative decoding lets a small draft model propose tokens that a large target",
 ]
-
-
-def tokens_of(g, prompt, stats=None):
-    return [t for step in speculative_generate(g, prompt, stats) for t in step.tokens]
 
 
 class SplitHybrid(Hybrid):
