@@ -163,47 +163,28 @@ def run(
     """Generate text once: stream it to stdout, live statistics to stderr. Greedy unless --temp is given, so that
     pipes and code edits reproduce."""
     with cli_errors(o.debug):
-        from spectool.cache import write_json_atomic
-        from spectool.speculative import generate_text
-        from spectool.stats import Stats
+        from spectool.session import complete
         from spectool.ui import Display
 
         if prompt and prompt_option:
             raise UserError("give the prompt once: PROMPT or -p/--prompt", code=2)
         text = read_prompt(prompt or prompt_option)
-        with session(o) as s:
-            gen = s.gen
-            stats = Stats(mode=s.mode, target=s.target_name, draft=s.draft_name, offload=s.offload)
-            tokens = fit_prompt(gen.target.tokenize(text, add_special=True, parse_special=True), gen.target.n_ctx,
-                                o.max_tokens, truncate, gen.target.vocab_info().bos)
+        with session(o) as s, SigintFlag() as interrupted:
+            stats, pieces = complete(s, text, stop, truncate, interrupted, say)
             display = Display(stats, quiet=quiet, color_drafts=color_drafts)
-            gen.on_prefill = display.prefill
-            with SigintFlag() as interrupted, display:
+            s.gen.on_prefill = display.prefill
+            with display:
                 try:
-                    display.stream(generate_text(gen, tokens, stop or (), stats, interrupted))
-                except KeyboardInterrupt:  # a second Ctrl-C
+                    display.stream(pieces)
+                except KeyboardInterrupt:  # a second Ctrl-C, or one during the prompt
                     stats.finish_reason = "interrupted"
             if stats_json:
-                write_json_atomic(stats_json, stats.to_json())
+                stats.save(stats_json)
             display.summary()
             if o.debug:
                 say(f"display rendering took {display.render_seconds:.3f}s")
             if stats.finish_reason == "interrupted":
                 raise typer.Exit(interrupted.exit_code)
-
-
-def fit_prompt(tokens: list[int], n_ctx: int, max_tokens: int, truncate: bool, bos: int) -> list[int]:
-    """The prompt must leave room for at least one new token; --truncate keeps its end (and the BOS)."""
-    if len(tokens) < n_ctx:
-        return tokens
-    if not truncate:
-        raise UserError(f"the prompt has {len(tokens)} tokens but the context holds {n_ctx} (-c/--ctx-size); "
-                        "raise -c or pass --truncate to keep the end of the prompt")
-    keep = n_ctx - min(max_tokens, n_ctx // 2)
-    head = tokens[:1] if tokens and tokens[0] == bos else []
-    out = head + tokens[len(tokens) - (keep - len(head)):]
-    say(f"prompt truncated to its last {len(out)} of {len(tokens)} tokens (context {n_ctx})")
-    return out
 
 
 # -- chat --------------------------------------------------------------------------------------------------------
@@ -308,13 +289,9 @@ def check(
 ) -> None:
     """Can DRAFT draft for TARGET? Compares vocabularies by llama.cpp's rule; exit 0 if so, 1 if not."""
     with cli_errors(o.debug):
-        from spectool import engine
-        from spectool.compat import vocab_differences
+        from spectool.compat import check_files
 
-        engine.set_verbose(o.debug)
-        with engine.Model(target, n_ctx=64) as t, engine.Model(draft, n_ctx=64) as d:
-            ti, di = t.vocab_info(), d.vocab_info()
-            problems = vocab_differences(ti, di)
+        ti, di, problems = check_files(target, draft, o.debug)
     print(f"target: {Path(target).name}: {ti.n_tokens} tokens, type {ti.type}, BOS {ti.bos}, EOS {ti.eos}")
     print(f"draft:  {Path(draft).name}: {di.n_tokens} tokens, type {di.type}, BOS {di.bos}, EOS {di.eos}")
     if not problems:
@@ -336,13 +313,10 @@ def pull(
 ) -> None:
     """Download a pair (or one model) into the Hugging Face cache; files already there are not fetched again."""
     with cli_errors(o.debug):
-        from spectool import hub, registry
+        from spectool import hub
 
         hub.VERBOSE["on"] = o.debug
-        for role, ref in registry.refs_for(name):
-            if ref.path is not None:
-                raise UserError(f"{ref.path} is a local file: nothing to pull", code=2)
-            path = hub.ensure(ref, yes=o.yes, ask=_confirm if sys.stdin.isatty() else None)
+        for role, ref, path in hub.pull(name, o.yes, _confirm if sys.stdin.isatty() else None):
             print(f"{role}: {ref} -> {path}")
 
 
@@ -352,9 +326,9 @@ def models(o: Options, as_json: AsJson = False) -> None:
     """The curated pairs: sizes, memory needed, licences, and whether they are downloaded (from the local cache
     only)."""
     with cli_errors(o.debug):
-        from spectool import hub, registry
+        from spectool.hub import catalogue
 
-        rows = hub.catalogue(registry.load())
+        rows = catalogue()
     if as_json:
         print(json.dumps(rows, indent=2))
         return
@@ -370,9 +344,9 @@ def info(o: Options, as_json: AsJson = False) -> None:
     """What this installation can do: versions, CPU features, backends and devices, GPU offload and RPC, threads,
     and the folders spectool uses."""
     with cli_errors(o.debug):
-        from spectool import devices, engine
+        from spectool import devices
 
-        engine.set_verbose(o.debug)
+        devices.set_verbose(o.debug)
         data = devices.installation_info(o.rpc)
     if as_json:
         print(json.dumps(data, indent=2))
@@ -403,9 +377,9 @@ def worker(
 ) -> None:
     """Lend this machine's GPUs (else its CPU) to `spectool run --rpc` elsewhere: llama.cpp's RPC server."""
     with cli_errors(o.debug):
-        from spectool import devices, engine
+        from spectool import devices
 
-        engine.set_verbose(o.debug)
+        devices.set_verbose(o.debug)
         devices.run_worker(host, port, o.threads, lambda line: print(f"spectool worker: {line}", file=sys.stderr,
                                                                      flush=True))
 

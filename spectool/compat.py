@@ -34,3 +34,13 @@ def vocab_differences(target: VocabInfo, draft: VocabInfo, limit: int = 5) -> li
     if len(mismatches) > limit:
         out.append(f"... and {len(mismatches) - limit} more differing tokens")
     return out
+
+
+def check_files(target, draft, debug: bool = False):
+    """`spectool check`: (target's VocabInfo, draft's VocabInfo, the reasons it cannot draft) of two GGUF files."""
+    from spectool import engine
+
+    engine.set_verbose(debug)
+    with engine.Model(target, n_ctx=64) as t, engine.Model(draft, n_ctx=64) as d:
+        ti, di = t.vocab_info(), d.vocab_info()
+    return ti, di, vocab_differences(ti, di)

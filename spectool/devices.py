@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from spectool.native import _STATE, EngineError, _lib, backend_info, last_log_error
+from spectool.native import _STATE, EngineError, _lib, backend_info, last_log_error, set_verbose  # noqa: F401
 
 DEVICE_TYPES = ("CPU", "GPU", "IGPU", "ACCEL")  # enum ggml_backend_dev_type
 REINSTALL_RPC = ('this llama-cpp-python was built without RPC; reinstall it with: '

@@ -199,10 +199,12 @@ def ensure(ref: ModelRef, *, yes: bool = False, ask=None) -> Path:
     return download(ref)
 
 
-def catalogue(reg) -> list[dict]:
-    """`spectool models`: each pair of registry `reg` with its files, sizes, memory need, licence and whether it is
+def catalogue() -> list[dict]:
+    """`spectool models`: each pair of the registry with its files, sizes, memory need, licence and whether it is
     downloaded (from the local cache only)."""
-    rows = []
+    from spectool.registry import load
+
+    reg, rows = load(), []
     for p in reg.pairs.values():
         refs = [p.target] + ([p.draft] if p.draft is not None else [])
         states = [status(r) for r in refs]
@@ -216,3 +218,15 @@ def catalogue(reg) -> list[dict]:
             "source": p.source,
         })
     return rows
+
+
+def pull(name: str, yes: bool, ask):
+    """`spectool pull NAME`: download a pair's files (or one model's), yielding (role, ref, local path) as each is
+    there."""
+    from spectool.options import UserError
+    from spectool.registry import refs_for
+
+    for role, ref in refs_for(name):
+        if ref.path is not None:
+            raise UserError(f"{ref.path} is a local file: nothing to pull", code=2)
+        yield role, ref, ensure(ref, yes=yes, ask=ask)

@@ -72,6 +72,34 @@ class Session:
         return {"target": self.gen.target.offload, "draft": draft.offload if draft is not None else None}
 
 
+def fit_prompt(tokens: list[int], n_ctx: int, max_tokens: int, truncate: bool, bos: int,
+               say: Callable[[str], None] = lambda line: None) -> list[int]:
+    """The prompt must leave room for at least one new token; `truncate` keeps its end (and the BOS)."""
+    if len(tokens) < n_ctx:
+        return tokens
+    if not truncate:
+        raise UserError(f"the prompt has {len(tokens)} tokens but the context holds {n_ctx} (-c/--ctx-size); "
+                        "raise -c or pass --truncate to keep the end of the prompt")
+    keep = n_ctx - min(max_tokens, n_ctx // 2)
+    head = tokens[:1] if tokens and tokens[0] == bos else []
+    out = head + tokens[len(tokens) - (keep - len(head)):]
+    say(f"prompt truncated to its last {len(out)} of {len(tokens)} tokens (context {n_ctx})")
+    return out
+
+
+def complete(s: Session, text: str, stop, truncate: bool, interrupted, say: Callable[[str], None] = lambda line: None):
+    """`spectool run`'s generation: (its Stats, filled as it goes, and the (text, Step) pairs of the completion of
+    `text`, see speculative.generate_text)."""
+    from spectool.speculative import generate_text
+    from spectool.stats import Stats
+
+    target = s.gen.target
+    tokens = fit_prompt(target.tokenize(text, add_special=True, parse_special=True), target.n_ctx, s.gen.max_tokens,
+                        truncate, target.vocab_info().bos, say)
+    stats = Stats(mode=s.mode, target=s.target_name, draft=s.draft_name, offload=s.offload)
+    return stats, generate_text(s.gen, tokens, stop or (), stats, interrupted)
+
+
 def generation(s: Session, o: Options):
     """The Generation that options `o` ask of a loaded session (a command line's, or a serve request's over the
     server's): checked sampling, token budget and seed, and a controller. Greedy or unseeded generations share the

@@ -53,6 +53,12 @@ class Stats:
     def tokens_per_second(self) -> float:
         return self.n_generated / self.decode_seconds if self.decode_seconds > 0 else 0.0
 
+    def save(self, path) -> None:
+        """--stats-json: written whole or not at all."""
+        from spectool.cache import write_json_atomic
+
+        write_json_atomic(path, self.to_json())
+
     def to_json(self) -> dict:
         return {
             "mode": self.mode,
