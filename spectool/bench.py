@@ -20,7 +20,7 @@ from spectool.speculative import Generation, speculative_generate
 from spectool.stats import Stats
 from spectool.verify import Sampling
 
-LLAMA_CPP_SAMPLING = llama_cpp_sampling()  # llama.cpp's defaults (temperature 0.8, top-k 40, top-p 0.95, min-p 0.05)
+LLAMA_CPP_SAMPLING = llama_cpp_sampling()  # llama.cpp's default sampling (options.py)
 
 BUILTIN_PROMPTS = [
     "def bubble_sort(items):\n    n = len(items)\n    for i in range(n):\n        for j in range(n - i - 1):\n"
