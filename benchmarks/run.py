@@ -131,7 +131,7 @@ def main() -> None:
     groups = {name: run_set(name, m[kind], texts, cs, args, **opts) for name, kind, texts, cs, opts in sets
               if args.only in name and (name.startswith("sampled") or not args.sampled_only)}
     args.out.mkdir(parents=True, exist_ok=True)
-    header = (f"Machine: {platform.machine()}, {os.cpu_count()} cores ({args.threads} threads), "
+    header = (f"Machine: {bench.machine(args.threads)}, "
               f"{platform.system()}; llama.cpp {'GPU (every layer)' if on_gpu() else 'CPU'} backend. Gemma 3 270M; "
               f"greedy, and sampled at temperature 0.8 "
               f"with llama.cpp's defaults (top-k 40, top-p 0.95, min-p 0.05; speedups over llama-cpp-python's own "

@@ -17,8 +17,6 @@ batches, reading outputs, drafter, controller, rollback, statistics, the generat
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
 import sys
 import time
@@ -31,7 +29,7 @@ sys.path.insert(0, str(HERE.parent))
 import prompts as P  # noqa: E402
 from run import models  # noqa: E402
 
-from spectool import devices, engine, speculative  # noqa: E402
+from spectool import bench, devices, engine, speculative  # noqa: E402
 from spectool.bench import Contender  # noqa: E402
 from spectool.controller import Costs  # noqa: E402
 from spectool.stats import Stats  # noqa: E402
@@ -130,7 +128,7 @@ def main() -> None:
                         f"{n / steps:.2f} | {1000 * wall / steps:.2f} | {100 * sum(host) / wall:.1f}% |")
         rows_ms = 1000 * verify_cost(target, prompts[0], None)
         ids_ms = 1000 * verify_cost(target, prompts[0], 0)
-    md = (f"Machine: {platform.machine()}, {os.cpu_count()} cores ({args.threads} threads), backend {backend}; "
+    md = (f"Machine: {bench.machine(args.threads)}, backend {backend}; "
           f"llama-cpp-python {devices.versions()['llama_cpp_python']}. Gemma 3 270M F16 (draft: Q4_K_M), greedy, "
           f"{args.prompts} HumanEval prompts, {args.tokens} new tokens. Outputs read "
           f"{'as sampled inside the graph' if sampled_in_graph else 'as whole rows on the host'}. "

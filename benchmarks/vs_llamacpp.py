@@ -20,8 +20,6 @@ gives, and runs its last step past -n). Writes benchmarks/results/vs_llamacpp.md
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -34,7 +32,7 @@ import llamacpp  # noqa: E402
 import prompts as P  # noqa: E402
 from run import models, on_gpu  # noqa: E402
 
-from spectool import engine  # noqa: E402
+from spectool import bench, engine  # noqa: E402
 from spectool.bench import Contender, Result  # noqa: E402
 from spectool.controller import Costs  # noqa: E402
 from spectool.speculative import Generation, speculative_generate  # noqa: E402
@@ -146,7 +144,7 @@ def main() -> None:
             print(f"== {name}", flush=True)
             groups[name] = run_set(name, make(args.prompts), model, bins, args)
             print(table({name: groups[name]}), flush=True)
-    md = (f"Machine: {platform.machine()}, {os.cpu_count()} cores ({args.threads} threads); llama.cpp "
+    md = (f"Machine: {bench.machine(args.threads)}; llama.cpp "
           f"{llamacpp.llama_cpp_version()} (llama-cpp-python's vendored sources) "
           f"{'GPU backend, every layer on the GPU' if on_gpu() else 'CPU backend'}. Gemma 3 270M F16, greedy, "
           f"{args.prompts} prompts a set, {args.tokens} new tokens. Command: `python benchmarks/vs_llamacpp.py`.\n\n"

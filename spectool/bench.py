@@ -60,6 +60,24 @@ class Contender:
         return f"--spec {Spec(self.mode).value} {k}" + (f" --draft-vocab {self.draft_vocab}" if self.draft_vocab else "")
 
 
+def machine(threads: int | None) -> str:
+    """What a result was measured on, dated: "2026-11-30, Intel(R) Xeon(R) Processor (x86_64, AVX-512), 2 cores (2
+    threads)"."""
+    import datetime
+    import os
+    import platform
+
+    cpu, flags = platform.processor() or platform.machine(), ""
+    try:
+        info = open("/proc/cpuinfo").read()
+        cpu = next(ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name"))
+        flags = ", AVX-512" if " avx512f" in info else ", AVX2" if " avx2" in info else ""
+    except (OSError, StopIteration):
+        pass
+    n = os.cpu_count() or 1
+    return f"{datetime.date.today()}, {cpu} ({platform.machine()}{flags}), {n} cores ({threads or n} threads)"
+
+
 def default_contenders(with_draft: bool, pruned_vocab: int = 0, pair_draft_max: int = PAIR_DRAFT_MAX) -> list[Contender]:
     """spectool's modes as `spectool run` runs them (lookup up to DRAFT_MAX, the draft model up to the pair's
     draft_max, hybrid twice that), and fixed draft lengths beside them."""
