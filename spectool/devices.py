@@ -16,8 +16,10 @@ from typing import Sequence
 from spectool.native import _STATE, EngineError, _lib, backend_info, last_log_error, set_verbose  # noqa: F401
 
 DEVICE_TYPES = ("CPU", "GPU", "IGPU", "ACCEL")  # enum ggml_backend_dev_type
-REINSTALL_RPC = ('this llama-cpp-python was built without RPC; reinstall it with: '
-                 'CMAKE_ARGS="-DGGML_RPC=on" pip install --force-reinstall --no-cache-dir llama-cpp-python')
+REINSTALL_RPC = ('this llama-cpp-python was built without RPC; reinstall it with -DGGML_RPC=on added to the '
+                 'CMAKE_ARGS of your build, e.g. CMAKE_ARGS="-DGGML_RPC=on" for the CPU or '
+                 'CMAKE_ARGS="-DGGML_CUDA=on -DGGML_RPC=on" for CUDA: '
+                 'pip install --force-reinstall --no-cache-dir llama-cpp-python')
 
 
 class RpcError(EngineError):

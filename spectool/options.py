@@ -30,6 +30,12 @@ class Spec(str, Enum):
     hybrid = "hybrid"
     none = "none"
 
+    def __str__(self) -> str:  # "lookup", not "Spec.lookup", in messages, panels and f-strings
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
 
 class UserError(Exception):
     """Bad input from the user: one line on stderr, exit 1 (or `code`)."""

@@ -1,0 +1,133 @@
+"""The README (and docs/) stay true where a machine can check them: every `spectool ...` command line parses with
+spectool's own command line, every flag named exists, and the defaults the README states are the ones `--help`
+shows."""
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import typer
+
+from spectool.cli import app
+
+ROOT = Path(__file__).resolve().parents[1]
+# flags of other tools that the README and docs name (pip's, llama.cpp's own), and click's own
+OTHER_TOOLS = {"--force-reinstall", "--no-cache-dir", "--fit", "--spec-type", "--help", "--version"}
+
+
+def commands() -> dict:
+    return typer.main.get_command(app).commands
+
+
+def command_lines(text: str) -> list[str]:
+    """The spectool invocations of a Markdown text: lines of its code blocks and inline code spans, from
+    `spectool` on (after `&&` or a pipe), bracketed optional parts unwrapped."""
+    blocks = text.split("```")[1::2]
+    spans = re.findall(r"`([^`\n]+)`", "".join(text.split("```")[0::2]))
+    out = []
+    for line in [ln for b in blocks for ln in b.splitlines()] + spans:
+        for part in re.split(r"&&|\|", line):
+            part = part.strip()
+            if part.startswith("spectool "):
+                out.append(part.replace("[", "").replace("]", ""))
+    return out
+
+
+def parse_problem(line: str) -> str | None:
+    """Why `line` does not parse as a spectool command (None when it does)."""
+    words = shlex.split(line, comments=True)[1:]
+    if not words or words[0].startswith("-"):
+        return None  # `spectool --help`, `spectool --version`
+    cmd = commands().get(words[0])
+    if cmd is None:
+        return f"{line!r}: no command {words[0]!r}"
+    try:
+        cmd.make_context(words[0], words[1:])
+    except Exception as e:  # noqa: BLE001 - typer's own click: its Exit (after --help) and its usage errors
+        if type(e).__name__ == "Exit":
+            return None
+        if not hasattr(e, "format_message"):
+            raise
+        return f"{line!r}: {e.format_message()}"
+    return None
+
+
+def flag_problems(text: str) -> list[str]:
+    """The --flags named anywhere in `text` that no spectool command has."""
+    known = {o for c in commands().values() for p in c.params for o in p.opts + p.secondary_opts}
+    out = []
+    for flag, star in re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*[a-z0-9])(-?\*?)", text):
+        if flag in OTHER_TOOLS or flag in known or (star.endswith("*") and any(k.startswith(flag) for k in known)):
+            continue
+        out.append(f"{flag} is not an option of any spectool command")
+    return sorted(set(out))
+
+
+def stated_defaults(text: str) -> list[tuple[str, str, str]]:
+    """(command, flag, the default stated) from the README's table of options that differ from llama.cpp:
+    "0 (`run`, `serve`), 0.8 (`chat`)" states per command; a plain value is `run`'s."""
+    section = text.split("## Options that differ from llama.cpp", 1)[1].split("\n## ", 1)[0]
+    out = []
+    for row in re.findall(r"^\|(.+)\|$", section, re.M):
+        cells = [c.strip() for c in row.split("|")]
+        flags = re.findall(r"`(-[\w-]+)`", cells[0])
+        if not flags or len(cells) < 2:
+            continue
+        values = [v.strip() for v in cells[1].split(" / ")] if len(flags) > 1 else [cells[1]]
+        for flag, value in zip(flags, values):
+            groups = re.findall(r"([^,()]+?)\s*\(([^)]*)\)", value) or [(value, "`run`")]
+            for v, cmds in groups:
+                for cmd in re.findall(r"`(\w+)`", cmds):
+                    out.append((cmd, flag, v.strip(" ,")))
+    return out
+
+
+def default_problem(cmd_name: str, flag: str, stated: str) -> str | None:
+    param = next(p for p in commands()[cmd_name].params if flag in p.opts)
+    shown = param.default
+    if shown is None:  # no single default: --help says it in words, which must hold the number stated
+        number = re.findall(r"[\d.]+", stated)
+        ok = bool(number) and number[-1] in (param.help or "")
+    else:
+        first = re.sub(r"[`:]", "", stated.split()[0])
+        try:
+            ok = float(first) == float(shown)
+        except ValueError:
+            ok = first == str(shown)
+    return None if ok else f"{cmd_name} {flag}: the README says {stated!r}, --help shows {shown!r}"
+
+
+def problems(text: str) -> list[str]:
+    out = [p for line in command_lines(text) if (p := parse_problem(line))]
+    out += flag_problems(text)
+    if "## Options that differ from llama.cpp" in text:
+        out += [p for c, f, v in stated_defaults(text) if (p := default_problem(c, f, v))]
+    return out
+
+
+def test_the_readme_commands_flags_and_defaults_are_spectools():
+    text = (ROOT / "README.md").read_text()
+    lines = command_lines(text)
+    assert len(lines) >= 10 and any(ln.startswith("spectool run --pair demo") for ln in lines)
+    assert len(stated_defaults(text)) >= 9
+    assert problems(text) == []
+
+
+@pytest.mark.parametrize("doc", sorted(p.name for p in (ROOT / "docs").glob("*.md")))
+def test_the_docs_commands_and_flags_are_spectools(doc):
+    assert problems((ROOT / "docs" / doc).read_text()) == []
+
+
+def test_the_check_fails_on_a_flag_or_default_that_is_not_so():
+    """The checks above can fail: a made-up flag in a command and in the prose, a command that does not exist,
+    and a default that is not the one --help shows are each reported."""
+    text = (ROOT / "README.md").read_text()
+    bad = text.replace("spectool run --pair demo --stop Question:", "spectool run --pair demo --stop-at Question:")
+    assert any("--stop-at" in p for p in problems(bad))
+    assert any("--sampler-seed" in p for p in problems(text + "\nUse `--sampler-seed 3`.\n"))
+    assert any("no command" in p for p in problems(text + "\n```bash\nspectool generate hi\n```\n"))
+    wrong = text.replace("| `-c` | 4096 |", "| `-c` | 8192 |")
+    assert wrong != text and any("-c" in p and "8192" in p for p in problems(wrong))
+    wrong = text.replace("0.8 (`chat`) | 0.8 |", "0.7 (`chat`) | 0.8 |")
+    assert wrong != text and any("chat --temp" in p for p in problems(wrong))
