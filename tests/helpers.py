@@ -84,3 +84,12 @@ def refuses(addr: str, port: int) -> bool:
         return False
     except OSError:
         return True
+
+
+def drafters(draft_model) -> dict:
+    """A maker of each drafter spectool runs, from the session layer's own factory (the one place drafters are
+    made): lookup, the draft model, and hybrid."""
+    from spectool.options import Spec
+    from spectool.session import build_drafter
+
+    return {m.value: (lambda m=m: build_drafter(m, draft_model)[0]) for m in (Spec.lookup, Spec.draft, Spec.hybrid)}

@@ -11,12 +11,11 @@ import numpy as np
 import pytest
 
 from spectool.controller import Controller
-from spectool.drafters import DraftModel, Hybrid, PromptLookup
 from spectool.engine import DecodeError, Model
 from spectool.speculative import Generation
 from spectool.stats import Stats
 from spectool.verify import Sampling, backend_chain, dist_at, distribution
-from helpers import tokens_of
+from helpers import drafters, tokens_of
 from test_speculative import N_RUNS, chi2_rejects, exact_joint, sample_joint
 
 CHAINS = [Sampling(temp=0.8, top_k=40, top_p=0.95, min_p=0.05), Sampling(temp=1.0, top_k=20),
@@ -78,17 +77,12 @@ def test_top_k_candidates_give_the_host_chains_distribution(target, graph_target
         np.testing.assert_array_equal(host.p, graph.p)  # the same arithmetic on the same numbers: exact
 
 
-def drafters_on(draft):
-    return {"lookup": lambda: PromptLookup(), "draft": lambda: DraftModel(draft),
-            "hybrid": lambda: Hybrid(PromptLookup(), DraftModel(draft))}
-
-
 @pytest.mark.parametrize("text", ["The quick brown fox", "def add(a, b):\n    return a + b\n\ndef greet(name):"])
 def test_greedy_output_in_the_graph_equals_plain_decoding_on_rows(target, graph_target, graph_draft, text):
     prompt = target.tokenize(text)
     plain = tokens_of(Generation(target, None, max_tokens=80), prompt)
     assert tokens_of(Generation(graph_target, None, max_tokens=80), prompt) == plain
-    for name, make in drafters_on(graph_draft).items():
+    for name, make in drafters(graph_draft).items():
         st = Stats()
         g = Generation(graph_target, make(), max_tokens=80, controller=Controller(k_max=5, timed=False))
         assert tokens_of(g, prompt, st) == plain, name
@@ -103,7 +97,7 @@ def test_sampled_tokens_in_the_graph_follow_the_target_distribution(target, grap
     prompt = target.tokenize("the dog the fox the dog the fox the dog the fox the dog the")
     prompt += tokens_of(Generation(target, None, max_tokens=20), prompt)
     st = Stats()
-    counts = sample_joint(graph_target, drafters_on(graph_draft)[kind], prompt, s, stats=st)
+    counts = sample_joint(graph_target, drafters(graph_draft)[kind], prompt, s, stats=st)
     assert graph_target.sampled == 20 and min(st.accepted_per_position) > 0 and st.n_accepted < st.n_drafted
     rejects, stat, crit = chi2_rejects(counts, exact_joint(target, prompt, s), N_RUNS)
     assert not rejects, f"chi2 {stat:.1f} > {crit:.1f}"

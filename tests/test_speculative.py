@@ -3,6 +3,7 @@
 import math
 
 import numpy as np
+import helpers
 import pytest
 from helpers import tokens_of
 
@@ -10,6 +11,8 @@ from spectool.controller import Controller
 from spectool.drafters import DraftModel, Hybrid, PromptLookup
 from spectool.engine import Model
 from spectool.keys import DRAFT, SPLIT
+from spectool.options import Spec
+from spectool.session import build_drafter
 from spectool.speculative import Generation, generate_text, speculative_generate
 from spectool.stats import Stats
 from spectool.verify import Sampling, distribution
@@ -30,13 +33,10 @@ class SplitHybrid(Hybrid):
 
 
 def drafters(draft):
-    return {
-        "lookup": lambda: PromptLookup(),
-        "draft": lambda: DraftModel(draft),
-        "hybrid": lambda: Hybrid(PromptLookup(), DraftModel(draft)),
-        "hybrid-split": lambda: SplitHybrid(PromptLookup(), DraftModel(draft)),
-        "draft-pmin": lambda: DraftModel(draft, p_min=0.6),
-    }
+    """spectool's drafters (helpers.drafters), and two variants that only the tests make: a hybrid that hands over
+    after every stretch's first token, and a draft model that stops below probability 0.6."""
+    return {**helpers.drafters(draft), "hybrid-split": lambda: SplitHybrid(PromptLookup(), DraftModel(draft)),
+            "draft-pmin": lambda: build_drafter(Spec.draft, draft, p_min=0.6)[0]}
 
 
 @pytest.mark.parametrize("text", PROMPTS)
