@@ -280,20 +280,24 @@ def bench(
 
 
 # -- check -------------------------------------------------------------------------------------------------------
-@app.command(epilog="Example:\n\n  spectool check big.gguf small.gguf")
+@app.command(epilog="Examples:\n\n  spectool check big.gguf small.gguf\n\n  spectool check model.gguf")
 @takes("debug")
 def check(
     o: Options,
     target: Annotated[str, typer.Argument(help="Target model (.gguf).")],
-    draft: Annotated[str, typer.Argument(help="Draft model (.gguf).")],
+    draft: Annotated[Optional[str], typer.Argument(help="Draft model (.gguf).")] = None,
 ) -> None:
-    """Can DRAFT draft for TARGET? Compares vocabularies by llama.cpp's rule; exit 0 if so, 1 if not."""
+    """What TARGET (and DRAFT) are: vocabulary and MTP heads; with DRAFT, whether it can draft for TARGET by
+    llama.cpp's vocabulary rule (exit 0 if so, 1 if not)."""
     with cli_errors(o.debug):
         from spectool.compat import check_files
 
-        ti, di, problems = check_files(target, draft, o.debug)
-    print(f"target: {Path(target).name}: {ti.n_tokens} tokens, type {ti.type}, BOS {ti.bos}, EOS {ti.eos}")
-    print(f"draft:  {Path(draft).name}: {di.n_tokens} tokens, type {di.type}, BOS {di.bos}, EOS {di.eos}")
+        facts, problems = check_files(target, draft, o.debug)
+    for role, path, (v, heads) in zip(("target:", "draft: "), (target, draft), facts):
+        print(f"{role} {Path(path).name}: {v.n_tokens} tokens, type {v.type}, BOS {v.bos}, EOS {v.eos}; "
+              + (f"{heads} MTP head{'s' if heads > 1 else ''} (NextN layers)" if heads else "no MTP heads"))
+    if draft is None:
+        return
     if not problems:
         print("compatible: the draft can draft for the target")
         return

@@ -36,11 +36,14 @@ def vocab_differences(target: VocabInfo, draft: VocabInfo, limit: int = 5) -> li
     return out
 
 
-def check_files(target, draft, debug: bool = False):
-    """`spectool check`: (target's VocabInfo, draft's VocabInfo, the reasons it cannot draft) of two GGUF files."""
+def check_files(target, draft=None, debug: bool = False):
+    """`spectool check`: (the VocabInfo and MTP head count of each file, the reasons DRAFT cannot draft for
+    TARGET: empty when it can or no draft is given)."""
     from spectool import engine
 
     engine.set_verbose(debug)
-    with engine.Model(target, n_ctx=64) as t, engine.Model(draft, n_ctx=64) as d:
-        ti, di = t.vocab_info(), d.vocab_info()
-    return ti, di, vocab_differences(ti, di)
+    facts = []
+    for path in [target] + ([draft] if draft else []):
+        with engine.Model(path, n_ctx=64) as m:
+            facts.append((m.vocab_info(), m.n_nextn))
+    return facts, (vocab_differences(facts[0][0], facts[1][0]) if draft else [])

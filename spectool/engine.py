@@ -137,6 +137,7 @@ class Model:
         self._vocab = lib.llama_model_get_vocab(model)
         self.n_vocab = lib.llama_vocab_n_tokens(self._vocab)
         self.can_rollback = not (lib.llama_model_is_recurrent(model) or lib.llama_model_is_hybrid(model))
+        self.n_nextn = int(lib.llama_model_n_layer_nextn(model))  # MTP (NextN) heads the file carries
 
         n_train = lib.llama_model_n_ctx_train(model)
         n_ctx = n_ctx if n_ctx > 0 else n_train

@@ -13,13 +13,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # d
 # what spectool caches (measured costs, pruned drafts) goes to a scratch directory, never the user's
 os.environ.setdefault("SPECTOOL_CACHE", tempfile.mkdtemp(prefix="spectool-test-cache-"))
 
-from tinymodels import write_models  # noqa: E402
+from tinymodels import write_models, write_mtp_model  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def tiny(tmp_path_factory) -> dict[str, Path]:
     """Paths of the generated tiny models: target, draft, foreign."""
     return write_models(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="session")
+def mtp_path(tmp_path_factory) -> Path:
+    """A generated tiny glm4moe model with one NextN (MTP) block (tinymodels.write_mtp_model)."""
+    return write_mtp_model(tmp_path_factory.mktemp("mtp"))
 
 
 @pytest.fixture(scope="session")

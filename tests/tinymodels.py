@@ -221,3 +221,93 @@ if __name__ == "__main__":
 
     for k, p in write_models(Path(sys.argv[1] if len(sys.argv) > 1 else "tiny-models")).items():
         print(k, p, p.stat().st_size)
+
+
+N_EXPERT, N_FF_EXP = 2, 32
+
+
+def _mtp_weights(rng: np.random.Generator, n_vocab: int, n_trunk: int) -> dict[str, np.ndarray]:
+    """GLM-4.5's layout (llama.cpp's glm4moe), tiny: a dense first block, MoE blocks after it (two experts, one
+    used, one shared), and one NextN (MTP) block after the trunk that predicts the token after next from the
+    trunk's last hidden state and the next token's embedding."""
+    d, hd = N_EMBD, N_EMBD // N_HEAD
+    kv = hd * N_HEAD_KV
+
+    def normal(shape, std):
+        return rng.normal(0.0, std, shape).astype(np.float32)
+
+    w = {"token_embd.weight": normal((n_vocab, d), 1.0), "output_norm.weight": np.ones(d, np.float32),
+         "output.weight": normal((n_vocab, d), 5.0 / np.sqrt(d))}
+    for i in range(n_trunk + 1):
+        w |= {
+            f"blk.{i}.attn_norm.weight": np.ones(d, np.float32),
+            f"blk.{i}.attn_q.weight": normal((d, d), 1 / np.sqrt(d)),
+            f"blk.{i}.attn_k.weight": normal((kv, d), 1 / np.sqrt(d)),
+            f"blk.{i}.attn_v.weight": normal((kv, d), 1 / np.sqrt(d)),
+            f"blk.{i}.attn_output.weight": normal((d, d), 0.5 / np.sqrt(d)),
+            f"blk.{i}.post_attention_norm.weight": np.ones(d, np.float32),
+        }
+        if i == 0:  # the leading dense block
+            w |= {f"blk.{i}.ffn_gate.weight": normal((N_FF, d), 1 / np.sqrt(d)),
+                  f"blk.{i}.ffn_up.weight": normal((N_FF, d), 1 / np.sqrt(d)),
+                  f"blk.{i}.ffn_down.weight": normal((d, N_FF), 0.5 / np.sqrt(N_FF))}
+        else:
+            w |= {f"blk.{i}.ffn_gate_inp.weight": normal((N_EXPERT, d), 1 / np.sqrt(d)),
+                  f"blk.{i}.exp_probs_b.bias": np.zeros(N_EXPERT, np.float32),
+                  f"blk.{i}.ffn_gate_exps.weight": normal((N_EXPERT, N_FF_EXP, d), 1 / np.sqrt(d)),
+                  f"blk.{i}.ffn_up_exps.weight": normal((N_EXPERT, N_FF_EXP, d), 1 / np.sqrt(d)),
+                  f"blk.{i}.ffn_down_exps.weight": normal((N_EXPERT, d, N_FF_EXP), 0.5 / np.sqrt(N_FF_EXP)),
+                  f"blk.{i}.ffn_gate_shexp.weight": normal((N_FF_EXP, d), 1 / np.sqrt(d)),
+                  f"blk.{i}.ffn_up_shexp.weight": normal((N_FF_EXP, d), 1 / np.sqrt(d)),
+                  f"blk.{i}.ffn_down_shexp.weight": normal((d, N_FF_EXP), 0.5 / np.sqrt(N_FF_EXP))}
+    m = n_trunk  # the NextN block
+    w |= {f"blk.{m}.nextn.eh_proj.weight": normal((d, 2 * d), 1 / np.sqrt(2 * d)),
+          f"blk.{m}.nextn.enorm.weight": np.ones(d, np.float32),
+          f"blk.{m}.nextn.hnorm.weight": np.ones(d, np.float32),
+          f"blk.{m}.nextn.shared_head_norm.weight": np.ones(d, np.float32)}
+    return w
+
+
+def write_mtp_model(folder: Path) -> Path:
+    """mtp.gguf: a tiny glm4moe model with two trunk blocks and one NextN (MTP) block (block_count 3,
+    nextn_predict_layers 1), as `convert_hf_to_gguf.py --mtp` writes GLM-4.5's."""
+    import gguf
+
+    tokens, scores, types = vocabulary()
+    n_trunk = 2
+    path = Path(folder) / "mtp.gguf"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    w = gguf.GGUFWriter(str(path), "glm4moe")
+    w.add_name("tiny-mtp")
+    w.add_context_length(N_CTX)
+    w.add_embedding_length(N_EMBD)
+    w.add_block_count(n_trunk + 1)
+    w.add_uint32("glm4moe.nextn_predict_layers", 1)
+    w.add_feed_forward_length(N_FF)
+    w.add_head_count(N_HEAD)
+    w.add_head_count_kv(N_HEAD_KV)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_dimension_count(N_EMBD // N_HEAD // 2)  # GLM rotates half of each head
+    w.add_expert_count(N_EXPERT)
+    w.add_expert_used_count(1)
+    w.add_expert_shared_count(1)
+    w.add_leading_dense_block_count(1)
+    w.add_expert_feed_forward_length(N_FF_EXP)
+    w.add_vocab_size(len(tokens))
+    w.add_file_type(0)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_unk_token_id(0)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(True)
+    w.add_add_space_prefix(False)
+    for k, v in _mtp_weights(np.random.default_rng(2024), len(tokens), n_trunk).items():
+        w.add_tensor(k, v)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
