@@ -31,11 +31,11 @@ def llama_cpp_version() -> str:
     return version("llama-cpp-python")
 
 
-def build(version: str | None = None, quiet: bool = False) -> dict[str, Path]:
+def build(version: str | None = None, quiet: bool = False, targets: tuple[str, ...] = TARGETS) -> dict[str, Path]:
     """Paths of the built tools, building them first when the cache lacks them."""
     version = version or llama_cpp_version()
     root = CACHE / f"llama.cpp-{version}"
-    bins = {t: root / "build" / "bin" / t for t in TARGETS}
+    bins = {t: root / "build" / "bin" / t for t in targets}
     if all(b.exists() for b in bins.values()):
         return bins
     src = root / "src"
@@ -53,12 +53,12 @@ def build(version: str | None = None, quiet: bool = False) -> dict[str, Path]:
                 subprocess.run(["rm", "-rf", str(src)], check=True)
             vendored.rename(src)
     out = None if not quiet else subprocess.DEVNULL
-    print(f"building {', '.join(TARGETS)} from {src} (a few minutes, once)", file=sys.stderr, flush=True)
+    print(f"building {', '.join(targets)} from {src} (a few minutes, once)", file=sys.stderr, flush=True)
     subprocess.run(["cmake", "-S", str(src), "-B", str(root / "build"), "-DCMAKE_BUILD_TYPE=Release",
                     "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_OPENSSL=OFF",
                     "-DLLAMA_CURL=OFF", "-DBUILD_SHARED_LIBS=OFF"], check=True, stdout=out)
     subprocess.run(["cmake", "--build", str(root / "build"), "--config", "Release", "-j", str(os.cpu_count() or 2),
-                    "--target", *TARGETS], check=True, stdout=out)
+                    "--target", *targets], check=True, stdout=out)
     return bins
 
 
@@ -173,3 +173,36 @@ def _generated(stdout: str, prompt: str) -> str:
 if __name__ == "__main__":
     for name, path in build().items():
         print(name, path)
+
+
+@dataclass
+class MtpStep:
+    draft: list[int]  # the tokens the MTP head proposed
+    accepted: int  # how many of them the target accepted
+    last: int  # the target's own token after them: the step's output is draft[:accepted] + [last]
+
+
+def draft_mtp(binary: Path, model: Path, prompt: str, tokens: int, n_draft: int = 3, threads: int = 2,
+              ctx: int = 512) -> list[MtpStep]:
+    """`llama-speculative-simple --spec-type draft-mtp` (common/speculative.cpp), greedy, step by step: each
+    draft's tokens (its debug log's "draft candidate 0" at each draft position, the head's top token) and how many
+    were accepted ("accepted A/B draft tokens")."""
+    with tempfile.TemporaryDirectory() as tmp:
+        args = [str(binary), *_common(model, _prompt_file(tmp, prompt), tokens, threads, ctx, True),
+                "--spec-type", "draft-mtp", "--spec-draft-n-max", str(n_draft), "-lv", "5"]
+        p = subprocess.run(args, capture_output=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"llama-speculative-simple --spec-type draft-mtp failed ({p.returncode}): "
+                           f"{p.stderr[-500:].decode(errors='replace')}")
+    steps, draft = [], []
+    for line in p.stderr.decode("utf-8", errors="replace").splitlines():
+        m = re.search(r"draft candidate +0, pos +(\d+): +(\d+)", line)
+        if m:
+            draft = [] if int(m.group(1)) == 0 else draft
+            draft.append(int(m.group(2)))
+            continue
+        m = re.search(r"accepted (\d+)/(\d+) draft tokens, the last target token is: \((\d+)\)", line)
+        if m:  # a draft past the token budget is cut to it after the head drafted it (common_speculative_draft)
+            steps.append(MtpStep(draft[: int(m.group(2))], int(m.group(1)), int(m.group(3))))
+            draft = []
+    return steps

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from spectool.keys import AGREED, DRAFT, MOSTLY, SPLIT, Key
+from spectool.keys import AGREED, DRAFT, MOSTLY, MTP, SPLIT, Key
 from spectool.options import DRAFT_MAX, Spec
 
 
@@ -144,7 +144,7 @@ class Controller:
         **{Key.lookup(n, AGREED): (a, 8.0) for n, a in ((1, 0.4), (2, 0.7), (3, 0.8), (4, 0.9), (8, 0.97))},
         **{Key.lookup(n, MOSTLY): (a, 8.0) for n, a in ((1, 0.6), (2, 0.4), (3, 0.5), (4, 0.7), (8, 0.5))},
         **{Key.lookup(n, SPLIT): (a, 8.0) for n, a in ((1, 0.15), (2, 0.25), (3, 0.25), (4, 0.3), (8, 0.2))},
-        DRAFT: (0.6, 2.0)})
+        DRAFT: (0.6, 2.0), MTP: (0.6, 2.0)})
     prior_other: tuple[float, float] = (0.5, 2.0)  # for other keys
     # a sampled run's keys carry its temperature ("lookup:3@T0.8"): what greedy runs learnt does not carry over.
     # Their prior is the greedy one raised to this power, with at most this weight in observations: at temperature
@@ -152,7 +152,7 @@ class Controller:
     # to the square of the greedy one (lookup:1 0.27-0.56, lookup:1? 0.11-0.34, lookup:2 0.50-0.86, lookup:8 0.97+)
     sampled_prior: tuple[float, float] = (2.0, 4.0)
     # keys whose quality is unknown until tried (a user's draft model): draft this many times first
-    explore: dict[Spec, int] = field(default_factory=lambda: {Spec.draft: 2})
+    explore: dict[Spec, int] = field(default_factory=lambda: {Spec.draft: 2, Spec.mtp: 2})
     explore_k: int = 4
     optimism: float = 0.0  # an upper-confidence bonus on acceptance (it compounds over a draft: off)
     probe_every: int = 32
@@ -247,7 +247,7 @@ class Controller:
         steps a draft-model token, nothing for a lookup)."""
         cost = self.costs.draft.get(key.drafter)
         if cost is None:
-            cost = self.draft_cost_prior * one if key.source is Spec.draft else 0.0
+            cost = self.draft_cost_prior * one if key.source in (Spec.draft, Spec.mtp) else 0.0
         return cost
 
     # -- the decision --------------------------------------------------------------------------------------

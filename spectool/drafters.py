@@ -17,7 +17,7 @@ from spectool import native  # noqa: F401, I001 - llama.cpp's libraries before n
 import numpy as np  # noqa: E402
 
 from spectool.engine import Model
-from spectool.keys import AGREED, DRAFT, MOSTLY, SPLIT, Key
+from spectool.keys import AGREED, DRAFT, MOSTLY, MTP, SPLIT, Key
 from spectool.options import Spec
 from spectool.verify import Dist, Sampling, backend_chain, dist_at, token_at, top_probability
 
@@ -142,6 +142,54 @@ class DraftModel:
         return Dist(ids[order], q.p[order], self.n_target)
 
 
+class Mtp:
+    """The target's own MTP (NextN) head as the drafter (engine.MtpContext): the target's decodes are mirrored
+    into the head's context as they happen (Model.on_decode), and a draft chains the head from the last position
+    whose hidden state the target computed, through any tokens after it (a hybrid's lookup tokens), then on its
+    own outputs, as llama.cpp's draft-mtp does. Its rows go through the target's sampler chain, so q is the
+    distribution each draft was drawn from."""
+
+    def __init__(self, head, p_min: float = 0.0):
+        self.head, self.p_min = head, p_min
+        head.target.on_decode = head.mirror
+
+    def prefill(self, history: Sequence[int]) -> None:
+        self.head.catch_up()  # the target's prefill reached the head through on_decode, unless it came earlier
+
+    def peek(self, history: Sequence[int], k_max: int, estimate: Estimate | None = None) -> list[Key]:
+        return [MTP] * max(0, min(k_max, self.head.n_ctx - len(history)))
+
+    def propose(self, history: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator) -> Draft:
+        head, n = self.head, len(history)
+        k = min(k, head.n_ctx - n)
+        q0 = min(n - 2, len(head.target.tokens) - 1)  # the last position whose hidden state the target made
+        h = head.h.get(q0)
+        if k <= 0 or h is None:
+            return EMPTY
+        t0 = time.perf_counter()
+        for pos in range(q0 + 1, n - 1):  # tokens the target has not seen yet (lookup's, in a hybrid draft)
+            h = head.step(history[pos], pos, h)
+        recent = list(history[-sampling.window:]) if sampling.window else []
+        tokens: list[int] = []
+        qs: list[Dist] = []
+        token = history[-1]
+        for i in range(k):
+            h = head.step(token, n - 1 + i, h)
+            if sampling.greedy:
+                if self.p_min > 0 and top_probability(head.logits(0)) < self.p_min:
+                    break
+                token = token_at(head, 0, sampling, recent + tokens)
+            else:
+                q = dist_at(head, 0, sampling, recent + tokens)
+                if self.p_min > 0 and q.p.max() < self.p_min:  # decided before the draw: keeps sampling exact
+                    break
+                token = q.sample(rng)
+                qs.append(q)
+            tokens.append(token)
+        catch_up = time.perf_counter() - t0 if n - 1 - (q0 + 1) > 2 else 0.0
+        return Draft(tokens, None if sampling.greedy else qs, Spec.mtp, catch_up) if tokens else EMPTY
+
+
 class PromptLookup:
     """N-gram drafting from the prompt and the text so far.
 
@@ -255,11 +303,12 @@ class PromptLookup:
 
 
 class Hybrid:
-    """Prompt lookup while its evidence holds, the draft model for the rest of the step: lookup's tokens are
-    offered up to the first one worth less than a draft-model token (Controller.worth: acceptance less what
-    drafting costs), and the draft model continues from there (from the start where lookup finds nothing)."""
+    """Prompt lookup while its evidence holds, the draft model (or the target's MTP head) for the rest of the step:
+    lookup's tokens are offered up to the first one worth less than a draft-model token (Controller.worth:
+    acceptance less what drafting costs), and the draft model continues from there (from the start where lookup
+    finds nothing)."""
 
-    def __init__(self, lookup: PromptLookup, draft: DraftModel):
+    def __init__(self, lookup: PromptLookup, draft: DraftModel | Mtp):
         self.lookup, self.draft = lookup, draft
         self._n_lookup = 0
 

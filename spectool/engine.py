@@ -78,6 +78,7 @@ class Model:
         n_batch: int = 512,
         flash_attn: bool | None = None,
         graph_sampling: bool | None = None,
+        load_mtp: bool = False,
         progress: Callable[[float], None] | None = None,
     ):
         """`progress(fraction)` hears how far loading the weights has come (llama.cpp's progress_callback).
@@ -91,6 +92,7 @@ class Model:
         mparams = lib.llama_model_default_params()
         ngl, usable = resolve_gpu_layers(n_gpu_layers, local_only=local_only)
         mparams.n_gpu_layers = ngl
+        mparams.load_mtp = load_mtp  # the NextN (MTP) blocks too, for an MtpContext
         if usable:  # exactly these devices (NULL-terminated); without a list llama.cpp would use every GPU and worker
             device_list = (ctypes.c_void_p * (len(usable) + 1))(*[d.handle for d in usable], None)
             mparams.devices = ctypes.cast(device_list, ctypes.c_void_p)
@@ -191,6 +193,8 @@ class Model:
         self.sampled: int | None = None  # how the last decode's outputs were sampled in the graph (None: rows)
         self._pieces: dict[int, bytes] = {}
         self._eog: dict[int, bool] = {}
+        # hears (tokens, position of the first) after each decode: an MtpContext mirrors the target's batches
+        self.on_decode: Callable[[Sequence[int], int], None] | None = None
 
     def _does_not_fit(self, usable: list[Device], ngl: int) -> str:
         """The one-line answer to an offload that ran out of device memory: how much was free, and a number of
@@ -338,6 +342,8 @@ class Model:
                 lib.llama_memory_seq_rm(self._mem, 0, pos0, -1)
                 raise DecodeError(f"llama_decode failed (code {rc}) at position {pos0}: {last_log_error()}")
             self.tokens.extend(chunk)
+            if self.on_decode is not None:
+                self.on_decode(chunk, pos0)
             if _STATE["sigint"]:  # a Ctrl-C inside llama_decode's log lines, raised with `tokens` the truth
                 raise_pending_interrupt()
             if final:
@@ -452,6 +458,114 @@ def _meta(lib, model, key: str) -> str | None:
         buf = ctypes.create_string_buffer(n + 1)
         lib.llama_model_meta_val_str(model, key.encode(), buf, len(buf))
     return buf.value.decode("utf-8", errors="replace")
+
+
+class MtpContext:
+    """The MTP (NextN) head of a target loaded with `load_mtp`, in a context of its own (llama.cpp's
+    LLAMA_CONTEXT_TYPE_MTP, as common/speculative.cpp's draft-mtp makes it). Its input at position p is the token
+    there with the target's hidden state at p - 1 (llama_get_embeddings_nextn); its output predicts the token at
+    p + 1, and its own hidden state feeds its next position while it drafts. `mirror` keeps its cache in step with
+    the target's decodes; `step` drafts one token."""
+
+    def __init__(self, target: Model):
+        lib = self.lib = target.lib
+        if not target.n_nextn:
+            raise ModelLoadError(f"{target.path.name} has no MTP heads (NextN layers)")
+        self.target, self.n_vocab, self.n_ctx = target, target.n_vocab, target.n_ctx
+        self.n_embd = int(lib.llama_model_n_embd(target._model))
+        from llama_cpp import llama_cpp_ext
+
+        self._ext = llama_cpp_ext
+        cparams = lib.llama_context_default_params()
+        cparams.n_ctx = target.n_ctx
+        cparams.n_batch = cparams.n_ubatch = target.n_batch
+        cparams.n_threads = cparams.n_threads_batch = lib.llama_n_threads(target._ctx)
+        cparams.no_perf = True
+        cparams.ctx_type = lib.LLAMA_CONTEXT_TYPE_MTP
+        cparams.ctx_other = target._ctx
+        self._ctx = lib.llama_init_from_model(target._model, cparams)
+        if not self._ctx:
+            raise ModelLoadError(f"llama.cpp could not make an MTP context for {target.path.name}: "
+                                 f"{last_log_error() or 'out of memory?'}")
+        self._mem = lib.llama_get_memory(self._ctx)
+        llama_cpp_ext.llama_set_embeddings_nextn(target._ctx, True, False)  # every row's hidden state
+        llama_cpp_ext.llama_set_embeddings_nextn(self._ctx, True, True)  # the output rows' only
+        n = self.n_batch = target.n_batch
+        self._batch = b = lib.llama_batch_init(n, self.n_embd, 1)  # token ids and hidden states side by side
+        self._tokens = (lib.llama_token * n)()
+        b.token = self._tokens
+        self._b_token = np.ctypeslib.as_array(self._tokens, shape=(n,))
+        self._b_pos = np.ctypeslib.as_array(b.pos, shape=(n,))
+        self._b_out = np.ctypeslib.as_array(b.logits, shape=(n,))
+        self._b_h = np.ctypeslib.as_array(b.embd, shape=(n, self.n_embd))
+        np.ctypeslib.as_array(b.n_seq_id, shape=(n,))[:] = 1
+        for i in range(n):
+            b.seq_id[i][0] = 0
+        self.h: dict[int, np.ndarray] = {}  # position -> the target's hidden state there (its latest decode)
+        self.sampled = None  # rows are read on the host (verify.token_at / dist_at)
+        self._last_h = np.zeros(self.n_embd, np.float32)
+        self._n_rows = 0
+        self.covered = 0  # the target's first positions mirrored here without a gap
+
+    def mirror(self, tokens: Sequence[int], pos0: int) -> None:
+        """After the target decoded `tokens` from position pos0: the same tokens here, each with the target's
+        hidden state at the position before it (the first with the one kept from an earlier decode, zeros at the
+        start), and the target's states kept for drafting."""
+        n = len(tokens)
+        rows = np.ctypeslib.as_array(self._ext.llama_get_embeddings_nextn(self.target._ctx), shape=(n, self.n_embd))
+        self.lib.llama_memory_seq_rm(self._mem, 0, pos0, -1)
+        self._b_token[:n] = tokens
+        self._b_pos[:n] = np.arange(pos0, pos0 + n, dtype=np.int32)
+        self._b_out[:n] = 0
+        self._b_h[0] = self.h.get(pos0 - 1, self._last_h) if pos0 else 0.0
+        self._b_h[1:n] = rows[: n - 1]
+        self._decode(n)
+        self.h = {pos0 + i: rows[i].copy() for i in range(n)} | {p: v for p, v in self.h.items() if p < pos0}
+        self._last_h = self.h[pos0 + n - 1]
+        if pos0 <= self.covered:
+            self.covered = pos0 + n
+
+    def catch_up(self) -> int:
+        """Mirror what the target's cache holds that this head has not seen (a target that decoded before the head
+        was there): those tokens are decoded again by the target, whose hidden states are only there right after a
+        decode. Returns how many."""
+        target = self.target
+        start = min(self.covered, len(target.tokens))
+        missing = target.tokens[start:]
+        if missing:
+            target.rollback(start)
+            target.eval(missing, logits="none")
+        return len(missing)
+
+    def step(self, token: int, pos: int, h: np.ndarray) -> np.ndarray:
+        """The head on `token` at `pos` with hidden state `h` (the target's at pos - 1, or this head's own output
+        for the token before): its logits row predicts the token at pos + 1; returns the head's hidden state."""
+        self.lib.llama_memory_seq_rm(self._mem, 0, pos, -1)
+        self._b_token[0], self._b_pos[0], self._b_out[0], self._b_h[0] = token, pos, 1, h
+        self._decode(1)
+        return np.ctypeslib.as_array(self._ext.llama_get_embeddings_nextn_ith(self._ctx, 0),
+                                     shape=(self.n_embd,)).copy()
+
+    def _decode(self, n: int) -> None:
+        self._batch.n_tokens = n
+        rc = self.lib.llama_decode(self._ctx, self._batch)
+        if rc != 0:
+            raise DecodeError(f"llama_decode failed in the MTP context (code {rc}): {last_log_error()}")
+        self._n_rows = int(self._b_out[:n].sum())
+
+    def logits(self, i: int = -1) -> np.ndarray:
+        ptr = self.lib.llama_get_logits_ith(self._ctx, i)
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+
+    def close(self) -> None:
+        if self._batch is not None:
+            self._batch.token = ctypes.POINTER(self.lib.llama_token)()  # ours, not llama_batch_init's
+            self.lib.llama_batch_free(self._batch)
+            self._batch = None
+        if self._ctx:
+            self._ext.llama_set_embeddings_nextn(self.target._ctx, False, False) if self.target._ctx else None
+            self.lib.llama_free(self._ctx)
+            self._ctx = None
 
 
 class Detokenizer:

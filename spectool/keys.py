@@ -75,3 +75,4 @@ class Key:
 
 
 DRAFT = Key.of(Spec.draft)  # every draft-model token
+MTP = Key.of(Spec.mtp)  # every token of the target's MTP head

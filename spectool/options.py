@@ -22,11 +22,12 @@ DRAFT_MAX = 32
 
 class Spec(str, Enum):
     """How drafts are made: the modes a user picks (auto, none) and the sources a step's drafts come from (lookup,
-    draft, hybrid: lookup's tokens then the draft model's)."""
+    draft, mtp: the target's own MTP heads, hybrid: lookup's tokens then the draft model's or the MTP head's)."""
 
     auto = "auto"
     draft = "draft"
     lookup = "lookup"
+    mtp = "mtp"
     hybrid = "hybrid"
     none = "none"
 
@@ -116,7 +117,8 @@ class Options:
                                      help="Draft model: a .gguf path or hf:... reference.")
     # -- drafting
     spec: Spec = opt(Spec.auto, "--spec", group=DRAFTING,
-                     help="How to draft. auto: hybrid with a draft model, lookup without one.")
+                     help="How to draft. auto: hybrid with a draft model; without one, the target's MTP heads when "
+                     "it has them, else prompt lookup. mtp: the target's own MTP (NextN) heads.")
     draft_max: Optional[int] = opt(None, "--draft-max", "--spec-draft-n-max", group=DRAFTING, min=0, max=64,
                                    help=f"Most draft tokens per step (default: the pair's, else {DRAFT_MAX}).")
     draft_min: int = opt(0, "--draft-min", "--spec-draft-n-min", group=DRAFTING, min=0, max=64,

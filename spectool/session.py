@@ -137,7 +137,7 @@ def resolve_models(o: Options):
 
 
 def load_models(o: Options, stack: contextlib.ExitStack, refs: tuple, want_draft: bool,
-                hooks: Hooks = Hooks()) -> Loaded:
+                hooks: Hooks = Hooks(), load_mtp: bool = False) -> Loaded:
     """Download if needed and load the target and (when wanted) the draft of `refs` (from resolve_models);
     check that they share a vocabulary. A draft that cannot be used is reported in `draft_error`, not raised:
     the caller decides."""
@@ -152,7 +152,8 @@ def load_models(o: Options, stack: contextlib.ExitStack, refs: tuple, want_draft
     path = hub.ensure(target_ref, yes=o.yes, ask=hooks.ask)
     with hooks.bar(f"loading {Path(path).name}", "") as bar:
         target = stack.enter_context(engine.Model(path, n_ctx=o.ctx_size, n_threads=o.threads,
-                                                  n_gpu_layers=o.gpu_layers, progress=bar.fraction))
+                                                  n_gpu_layers=o.gpu_layers, load_mtp=load_mtp,
+                                                  progress=bar.fraction))
     out = Loaded(target, None, target_ref, draft_ref)
     if draft_ref is None or not want_draft:
         return out
@@ -175,16 +176,21 @@ def load_models(o: Options, stack: contextlib.ExitStack, refs: tuple, want_draft
 
 
 def build_drafter(spec: Spec, draft_model, p_min: float = 0.0, notices: list[str] | None = None, ids=None,
-                  n_target: int = 0):
+                  n_target: int = 0, mtp=None):
     """(drafter, the Spec it drafts by) for a mode: the one place drafters are made (run, chat, serve, bench, the
-    tests). Falls back to prompt lookup when a draft model is missing (unless demanded)."""
-    from spectool.drafters import DraftModel, Hybrid, PromptLookup
+    tests). `mtp` is the target's MTP head (engine.MtpContext) when it has one. auto: hybrid with a draft model,
+    else the MTP head, else prompt lookup; hybrid without a draft model pairs lookup with the MTP head. Falls back
+    to prompt lookup when what a mode needs is missing (unless demanded)."""
+    from spectool.drafters import DraftModel, Hybrid, Mtp, PromptLookup
 
     if spec is Spec.none:
         return None, Spec.none
     if spec is Spec.auto:
-        spec = Spec.hybrid if draft_model is not None else Spec.lookup
-    if spec in (Spec.draft, Spec.hybrid) and draft_model is None:
+        spec = Spec.hybrid if draft_model is not None else Spec.mtp if mtp is not None else Spec.lookup
+    if spec is Spec.mtp and mtp is None:
+        raise UserError("--spec mtp needs a target with MTP heads (NextN layers; `spectool check MODEL` says)",
+                        code=2)
+    if spec in (Spec.draft, Spec.hybrid) and draft_model is None and not (spec is Spec.hybrid and mtp is not None):
         if spec is Spec.draft:
             raise UserError("--spec draft needs a draft model (-md MODEL.gguf)", code=2)
         if notices is not None:
@@ -192,6 +198,9 @@ def build_drafter(spec: Spec, draft_model, p_min: float = 0.0, notices: list[str
         spec = Spec.lookup
     if spec is Spec.lookup:
         return PromptLookup(), spec
+    if draft_model is None:  # mtp, or hybrid with the MTP head
+        head = Mtp(mtp, p_min=p_min)
+        return (head, spec) if spec is Spec.mtp else (Hybrid(PromptLookup(), head), spec)
     dm = DraftModel(draft_model, p_min=p_min, ids=ids, n_target=n_target)
     return (dm, spec) if spec is Spec.draft else (Hybrid(PromptLookup(), dm), spec)
 
@@ -226,7 +235,10 @@ def open_session(o: Options, hooks: Hooks = Hooks()) -> Iterator[Session]:
 
     notices: list[str] = []
     with contextlib.ExitStack() as stack:
-        m = load_models(o, stack, refs, want_draft=o.spec not in (Spec.none, Spec.lookup), hooks=hooks)
+        # the target's MTP heads are loaded where they may draft: --spec mtp, or auto / hybrid without a draft model
+        use_mtp = o.spec in (Spec.mtp, Spec.auto, Spec.hybrid) and (refs[1] is None or o.spec is Spec.mtp)
+        m = load_models(o, stack, refs, want_draft=o.spec not in (Spec.none, Spec.lookup, Spec.mtp), hooks=hooks,
+                        load_mtp=use_mtp)
         if m.draft_error is not None:
             if o.spec is Spec.draft:
                 raise m.draft_error
@@ -235,7 +247,16 @@ def open_session(o: Options, hooks: Hooks = Hooks()) -> Iterator[Session]:
         if draft_model is not None and 0 < o.draft_vocab < draft_model.n_vocab:
             draft_model, ids, notice = pruned_draft(stack, draft_model, o.draft_vocab, o, hooks)
             notices.append(notice)
-        drafter, mode = build_drafter(o.spec, draft_model, o.draft_p_min, notices, ids, target.n_vocab)
+        mtp = None
+        if o.spec is Spec.mtp and target.n_nextn and not target.can_rollback:
+            raise UserError(f"{target.architecture} keeps a recurrent state that cannot drop rejected drafts: "
+                            "spectool cannot draft from its MTP heads (llama.cpp restores checkpoints instead)",
+                            code=2)
+        if use_mtp and target.n_nextn and target.can_rollback:
+            from spectool.engine import MtpContext
+
+            mtp = stack.enter_context(contextlib.closing(MtpContext(target)))
+        drafter, mode = build_drafter(o.spec, draft_model, o.draft_p_min, notices, ids, target.n_vocab, mtp)
         if not target.can_rollback and drafter is not None:
             notices.append(f"{target.architecture} cannot roll back its cache: plain decoding")
             drafter, mode = None, Spec.none

@@ -24,9 +24,9 @@ from rich.text import Text
 from spectool.options import Spec
 from spectool.stats import Stats
 
-# ANSI colours of accepted-draft text, one for every source a step's drafts can come from: green, cyan, and
-# magenta for a hybrid step's drafts (lookup's tokens, then the draft model's)
-SOURCE_STYLE = {Spec.lookup: 32, Spec.draft: 36, Spec.hybrid: 35}
+# ANSI colours of accepted-draft text, one for every source a step's drafts can come from: green (lookup), cyan
+# (draft model), yellow (MTP head), and magenta for a hybrid step's drafts (lookup's tokens, then the others')
+SOURCE_STYLE = {Spec.lookup: 32, Spec.draft: 36, Spec.mtp: 33, Spec.hybrid: 35}
 
 
 def summary_line(st: Stats) -> str:

@@ -28,3 +28,182 @@ def test_the_trunk_of_an_mtp_model_decodes_as_any_model(mtp_path):
         plain = tokens_of(Generation(m, None, max_tokens=40), prompt)
         assert tokens_of(Generation(m, PromptLookup(), controller=Controller(k_max=8), max_tokens=40),
                          prompt) == plain
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def mtp_target(mtp_path):
+    from spectool.engine import Model, MtpContext
+
+    with Model(mtp_path, n_ctx=1024, n_threads=2, load_mtp=True) as m:
+        head = MtpContext(m)
+        try:
+            yield m, head
+        finally:
+            head.close()
+
+
+def heads(mtp_target):
+    """The drafters that use the MTP head, made by the session layer's factory."""
+    from spectool.options import Spec
+    from spectool.session import build_drafter
+
+    from test_speculative import SplitHybrid
+
+    from spectool.drafters import Mtp, PromptLookup
+
+    _, head = mtp_target
+    return {"mtp": lambda: build_drafter(Spec.mtp, None, mtp=head)[0],
+            "hybrid-mtp": lambda: build_drafter(Spec.hybrid, None, mtp=head)[0],
+            # hands over to the head after lookup's first token: every draft mixes the two
+            "hybrid-mtp-split": lambda: SplitHybrid(PromptLookup(), Mtp(head))}
+
+
+def exact_ending_at_eog(target, prompt, s):
+    """test_speculative.exact_joint with each sequence cut before its first end-of-generation token, as generation
+    ends there (this model gives an end token a few percent of the mass after the prompts below)."""
+    from test_speculative import exact_joint
+
+    out: dict = {}
+    for seq, p in exact_joint(target, prompt, s).items():
+        cut = next((i for i, t in enumerate(seq) if target.is_eog(t)), len(seq))
+        out[seq[:cut]] = out.get(seq[:cut], 0.0) + p
+    return out
+
+
+PROMPTS = ["The quick brown fox", "def add(a, b):\n    return a + b\n\ndef greet(name):",
+           "the dog the fox the dog the fox the dog the"]
+
+
+@pytest.mark.parametrize("text", PROMPTS)
+@pytest.mark.parametrize("n", [1, 9, 80])
+def test_greedy_output_under_mtp_equals_plain_decoding(mtp_target, text, n):
+    from helpers import tokens_of
+
+    from spectool.controller import Controller
+    from spectool.speculative import Generation
+    from spectool.stats import Stats
+
+    target, _ = mtp_target
+    prompt = target.tokenize(text)
+    plain = tokens_of(Generation(target, None, max_tokens=n), prompt)
+    for name, make in heads(mtp_target).items():
+        for controller in (Controller(k_max=3, k_min=3, adaptive=False), Controller(k_max=8)):
+            st = Stats()
+            assert tokens_of(Generation(target, make(), controller=controller, max_tokens=n), prompt, st) == plain, \
+                name
+            assert n < 9 or st.n_drafted > 0
+
+
+def test_sampled_tokens_under_mtp_follow_the_target_distribution(mtp_target):
+    """Chi-square over 3,000 seeded runs of the joint distribution of the first three tokens, drafts of three
+    tokens from the MTP head (q: the head's own row under the same sampler chain), alone and after lookup's
+    tokens (hybrid), as for the other drafters (test_speculative.py)."""
+    from test_speculative import K_DRAFT, N_RUNS, SAMPLING, chi2_rejects, sample_joint
+
+    from spectool.stats import Stats
+
+    from helpers import tokens_of
+
+    from spectool.speculative import Generation
+
+    target, _ = mtp_target
+    prompt = target.tokenize("the dog the fox the dog the fox the dog the fox the dog the")
+    prompt += tokens_of(Generation(target, None, max_tokens=24), prompt)  # inside its greedy loop: lookup drafts
+    exact = exact_ending_at_eog(target, prompt, SAMPLING)
+    for name, make in heads(mtp_target).items():
+        if name == "hybrid-mtp":
+            continue  # lookup drafts nearly all of it here: the split hybrid below makes both draft
+        st = Stats()
+        counts = sample_joint(target, make, prompt, SAMPLING, stats=st)
+        assert len(st.accepted_per_position) == K_DRAFT and min(st.accepted_per_position) > 0, \
+            (name, st.accepted_per_position)
+        assert name == "mtp" or "hybrid" in st.by_source
+        assert st.n_accepted < st.n_drafted
+        rejects, stat, crit = chi2_rejects(counts, exact, N_RUNS)
+        assert not rejects, f"{name}: chi2 {stat:.1f} > {crit:.1f}"
+
+
+def test_a_wrong_rule_under_mtp_is_caught(mtp_target, monkeypatch):
+    """The check above can fail: with q of the first position used at every position, it rejects."""
+    import spectool.speculative as spec
+    from test_speculative import N_RUNS, SAMPLING, _wrong, chi2_rejects, sample_joint
+
+    target, _ = mtp_target
+    monkeypatch.setattr(spec, "accept_sampled", _wrong("q[0] at every position"))
+    prompt = target.tokenize("the dog the fox the dog the fox the dog the fox the dog the")
+    counts = sample_joint(target, heads(mtp_target)["mtp"], prompt)
+    rejects, stat, crit = chi2_rejects(counts, exact_ending_at_eog(target, prompt, SAMPLING), N_RUNS)
+    assert rejects, f"chi2 {stat:.1f} <= {crit:.1f}"
+
+
+def test_spec_mtp_through_the_command_line(mtp_path, tiny, tmp_path):
+    """--spec mtp drafts from the target's heads and says so (--stats-json, the summary); auto picks the heads
+    when the target has them and no -md is given; a target without heads is a clear error."""
+    import json
+
+    stats = tmp_path / "s.json"
+    base = ["run", "-m", mtp_path, "-n", "40", "-t", "2", "-c", "512", "--stats-json", stats, "The quick brown fox"]
+    plain = spectool(*base, "--spec", "none", "-q")
+    assert plain.returncode == 0, plain.stderr
+    for spec in ("mtp", "auto"):
+        r = spectool(*base, "--spec", spec)
+        j = json.loads(stats.read_text())
+        assert r.returncode == 0 and r.stdout == plain.stdout, r.stderr
+        assert j["mode"] == "mtp" and j["n_drafted"] > 0 and "[mtp]" in r.stderr
+    r = spectool("run", "-m", tiny["target"], "--spec", "mtp", "-n", "4", "hi")
+    assert r.returncode == 2 and "MTP heads" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.fixture(scope="session")
+def speculative_simple():
+    """llama.cpp's llama-speculative-simple, built once from the llama.cpp sources vendored in the installed
+    llama-cpp-python's sdist (benchmarks/llamacpp.py: a few minutes on 2 cores, cached in ~/.cache/spectool-bench)."""
+    import llamacpp
+
+    return llamacpp.build(quiet=True, targets=("llama-speculative-simple",))["llama-speculative-simple"]
+
+
+@pytest.mark.parametrize("text", PROMPTS[:2])
+def test_the_mtp_head_drafts_and_accepts_what_llama_cpps_draft_mtp_does(mtp_path, speculative_simple, text):
+    """The oracle: llama.cpp's own MTP drafting (`llama-speculative-simple --spec-type draft-mtp`, 3-token drafts,
+    greedy) and spectool's (`--spec mtp` with drafts fixed at 3) on the same model and prompt propose the same
+    tokens and accept as many, step by step, and both outputs are plain decoding's. Steps are compared while both
+    draft 3 tokens: near the end each tool cuts its last drafts to its own token budget."""
+    import llamacpp
+    from helpers import tokens_of
+
+    from spectool.controller import Controller
+    from spectool.drafters import Mtp
+    from spectool.engine import Model, MtpContext
+    from spectool.speculative import Generation, speculative_generate
+
+    theirs = llamacpp.draft_mtp(speculative_simple, mtp_path, text, 40, n_draft=3)
+    with Model(mtp_path, n_ctx=512, n_threads=2, load_mtp=True) as m:
+        prompt = m.tokenize(text)
+        plain = tokens_of(Generation(m, None, max_tokens=60), prompt)
+        head = MtpContext(m)
+        try:
+            drafter, proposed = Mtp(head), []
+            propose = drafter.propose
+
+            def recording(*args):
+                d = propose(*args)
+                proposed.append(list(d.tokens))
+                return d
+
+            drafter.propose = recording
+            steps = list(speculative_generate(Generation(m, drafter, max_tokens=60, controller=Controller(
+                k_max=3, k_min=3, adaptive=False)), prompt))
+        finally:
+            head.close()
+    ours = [(o, s.accepted) for o, s in zip(proposed, [s for s in steps if s.drafted])]
+    n = next((i for i, (t, (o, _)) in enumerate(zip(theirs, ours)) if len(t.draft) < 3 or len(o) < 3),
+             min(len(theirs), len(ours)))
+    assert n >= 15 and sum(t.accepted for t in theirs[:n]) > 0
+    assert [(t.draft, t.accepted) for t in theirs[:n]] == ours[:n]
+    theirs_out = [t for s in theirs for t in s.draft[: s.accepted] + [s.last]]
+    assert len(theirs_out) >= 30 and theirs_out == plain[: len(theirs_out)]
+    assert [t for s in steps for t in s.tokens] == plain

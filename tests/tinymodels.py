@@ -227,9 +227,11 @@ N_EXPERT, N_FF_EXP = 2, 32
 
 
 def _mtp_weights(rng: np.random.Generator, n_vocab: int, n_trunk: int) -> dict[str, np.ndarray]:
-    """GLM-4.5's layout (llama.cpp's glm4moe), tiny: a dense first block, MoE blocks after it (two experts, one
-    used, one shared), and one NextN (MTP) block after the trunk that predicts the token after next from the
-    trunk's last hidden state and the next token's embedding."""
+    """GLM-4.5's layout (llama.cpp's glm4moe), tiny: dense trunk blocks (GLM-4.5 has MoE ones after its first;
+    here the trunk stays dense, so that no expert routing can flip between a batched and a single-token decode of
+    the target), and one NextN (MTP) block after the trunk, an MoE block as llama.cpp requires (two experts, one
+    used, one shared), that predicts the token after next from the trunk's last hidden state and the next token's
+    embedding."""
     d, hd = N_EMBD, N_EMBD // N_HEAD
     kv = hd * N_HEAD_KV
 
@@ -247,7 +249,7 @@ def _mtp_weights(rng: np.random.Generator, n_vocab: int, n_trunk: int) -> dict[s
             f"blk.{i}.attn_output.weight": normal((d, d), 0.5 / np.sqrt(d)),
             f"blk.{i}.post_attention_norm.weight": np.ones(d, np.float32),
         }
-        if i == 0:  # the leading dense block
+        if i < n_trunk:  # the leading dense blocks
             w |= {f"blk.{i}.ffn_gate.weight": normal((N_FF, d), 1 / np.sqrt(d)),
                   f"blk.{i}.ffn_up.weight": normal((N_FF, d), 1 / np.sqrt(d)),
                   f"blk.{i}.ffn_down.weight": normal((d, N_FF), 0.5 / np.sqrt(N_FF))}
@@ -260,8 +262,14 @@ def _mtp_weights(rng: np.random.Generator, n_vocab: int, n_trunk: int) -> dict[s
                   f"blk.{i}.ffn_gate_shexp.weight": normal((N_FF_EXP, d), 1 / np.sqrt(d)),
                   f"blk.{i}.ffn_up_shexp.weight": normal((N_FF_EXP, d), 1 / np.sqrt(d)),
                   f"blk.{i}.ffn_down_shexp.weight": normal((d, N_FF_EXP), 0.5 / np.sqrt(N_FF_EXP))}
-    m = n_trunk  # the NextN block
-    w |= {f"blk.{m}.nextn.eh_proj.weight": normal((d, 2 * d), 1 / np.sqrt(2 * d)),
+    m = n_trunk  # the NextN block: it mostly passes the next token's embedding on to the output layer (eh_proj
+    # about [I, 0], its own attention and experts writing little), so it predicts the token after next much as the
+    # trunk, whose layers also write little, predicts the next: it agrees with the target often, not always
+    for k in (f"blk.{m}.attn_output.weight", f"blk.{m}.ffn_down_exps.weight", f"blk.{m}.ffn_down_shexp.weight"):
+        w[k] *= 0.2
+    eh = normal((d, 2 * d), 0.3 / np.sqrt(2 * d))
+    eh[:, :d] += np.eye(d, dtype=np.float32)
+    w |= {f"blk.{m}.nextn.eh_proj.weight": eh,
           f"blk.{m}.nextn.enorm.weight": np.ones(d, np.float32),
           f"blk.{m}.nextn.hnorm.weight": np.ones(d, np.float32),
           f"blk.{m}.nextn.shared_head_norm.weight": np.ones(d, np.float32)}
@@ -291,7 +299,7 @@ def write_mtp_model(folder: Path) -> Path:
     w.add_expert_count(N_EXPERT)
     w.add_expert_used_count(1)
     w.add_expert_shared_count(1)
-    w.add_leading_dense_block_count(1)
+    w.add_leading_dense_block_count(n_trunk)
     w.add_expert_feed_forward_length(N_FF_EXP)
     w.add_vocab_size(len(tokens))
     w.add_file_type(0)
