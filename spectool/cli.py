@@ -35,8 +35,8 @@ AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of a ta
 Host = Annotated[str, typer.Option("--host", help="Address to listen on (127.0.0.1: this machine only).")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No summary on stderr.")]
 ColorDrafts = Annotated[bool, typer.Option(
-    "--color-drafts", help="Colour text from accepted drafts (green: lookup, cyan: draft model, magenta: a hybrid "
-    "step's drafts).")]
+    "--color-drafts", help="Colour text from accepted drafts (green: lookup, cyan: draft model, yellow: MTP head, "
+    "magenta: a hybrid step's drafts).")]
 
 
 def _version(value: bool) -> None:

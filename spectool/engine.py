@@ -487,6 +487,10 @@ class MtpContext:
         if not self._ctx:
             raise ModelLoadError(f"llama.cpp could not make an MTP context for {target.path.name}: "
                                  f"{last_log_error() or 'out of memory?'}")
+        other = llama_cpp_ext.llama_get_ctx_other(self._ctx)
+        if other and ctypes.cast(other, ctypes.c_void_p).value == ctypes.cast(target._ctx, ctypes.c_void_p).value:
+            lib.llama_free(self._ctx)  # Gemma 4's assistants: all heads in one graph over the target's own cache
+            raise ModelLoadError(f"{target.path.name}'s MTP heads share the target's cache: not supported yet")
         self._mem = lib.llama_get_memory(self._ctx)
         llama_cpp_ext.llama_set_embeddings_nextn(target._ctx, True, False)  # every row's hidden state
         llama_cpp_ext.llama_set_embeddings_nextn(self._ctx, True, True)  # the output rows' only

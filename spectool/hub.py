@@ -212,7 +212,7 @@ def catalogue() -> list[dict]:
         state = "downloaded" if kinds == {"downloaded"} else ("missing" if kinds == {"missing"} else "partial")
         rows.append({
             "name": p.name, "default": p.name == reg.default, "target": str(p.target),
-            "draft": str(p.draft) if p.draft else "lookup", "quantization": p.quantization, "size_gb": p.size_gb,
+            "draft": str(p.draft) if p.draft else p.drafts_by, "quantization": p.quantization, "size_gb": p.size_gb,
             "memory_gb": p.memory_gb, "license": p.license, "draft_max": p.draft_max, "status": state,
             "disk_bytes": sum(n for _, n in states), "description": p.description, "note": p.note,
             "source": p.source,

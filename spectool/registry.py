@@ -86,6 +86,7 @@ class Pair:
     description: str = ""
     quantization: str = ""
     size_gb: float = 0.0
+    drafts_by: str = "lookup"  # without a draft model: "lookup", or "mtp" (the target's MTP heads)
     memory_gb: float = 0.0  # RAM (or VRAM) to run it at the default context (models.toml says how it is counted)
     license: str = ""
     draft_max: int = PAIR_DRAFT_MAX
@@ -118,12 +119,13 @@ def parse_hf(text: str) -> ModelRef:
 
 
 def _ref(value, where: str) -> ModelRef | None:
-    if value == "lookup":
+    if value in ("lookup", "mtp"):  # no draft model: prompt lookup, or the target's own MTP heads
         return None
     if isinstance(value, str):
         if value.startswith("hf:"):
             return parse_hf(value)
-        raise RegistryError(f"{where}: a model is a table {{repo, file}}, {{package}}, 'hf:...' or \"lookup\"")
+        raise RegistryError(f"{where}: a model is a table {{repo, file}}, {{package}}, 'hf:...', \"lookup\" or "
+                            "\"mtp\"")
     if not isinstance(value, dict):
         raise RegistryError(f"{where}: a model is a table {{repo, file}} or {{package}}")
     if "package" in value:
@@ -159,6 +161,7 @@ def parse(text: str, source: str) -> Registry:
                 name=name,
                 target=_ref(entry["target"], where + " target"),
                 draft=_ref(entry.get("draft", "lookup"), where + " draft"),
+                drafts_by="mtp" if entry.get("draft") == "mtp" else "lookup",
                 description=str(entry.get("description", "")),
                 quantization=str(entry.get("quantization", "")),
                 size_gb=float(entry.get("size_gb", 0.0)),

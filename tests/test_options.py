@@ -78,10 +78,11 @@ def test_groups_are_what_the_commands_take():
 
 
 def test_modes_and_sources_are_one_enum_and_every_source_has_a_colour():
-    """Drafts come from lookup, the draft model, or both in one step (hybrid): each has its colour under
+    """Drafts come from lookup, the draft model, the MTP head, or two in one step (hybrid): each has its colour under
     --color-drafts, and each reads as its plain name in panels and messages."""
     from spectool.options import Spec
     from spectool.ui import SOURCE_STYLE
 
-    assert set(SOURCE_STYLE) == {Spec.lookup, Spec.draft, Spec.hybrid} and len(set(SOURCE_STYLE.values())) == 3
+    assert set(SOURCE_STYLE) == {Spec.lookup, Spec.draft, Spec.mtp, Spec.hybrid}
+    assert len(set(SOURCE_STYLE.values())) == len(SOURCE_STYLE)
     assert f"{Spec.hybrid}" == str(Spec.hybrid) == "hybrid" and f"{Spec.none:>5}" == " none"

@@ -185,6 +185,8 @@ def test_shipped_models_toml_schema():
             if ref is not None and ref.repo:
                 assert ref.file.endswith(".gguf") and registry.safe_filename(ref.file)
     assert reg.pairs["qwen2.5-7b"].target.parts()[1].endswith("-00002-of-00002.gguf")
+    mtp = reg.pairs["glm4.5-air-mtp"]  # drafts from its own MTP heads: no draft model
+    assert mtp.draft is None and mtp.drafts_by == "mtp" and reg.pairs["demo"].drafts_by == "lookup"
     # the installed package reads the same file
     assert registry.SHIPPED.read_text() == text
 
