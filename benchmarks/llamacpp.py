@@ -42,7 +42,9 @@ def build(version: str | None = None, quiet: bool = False, targets: tuple[str, .
     if not (src / "CMakeLists.txt").exists():
         with tempfile.TemporaryDirectory() as tmp:
             print(f"fetching the llama-cpp-python {version} sdist", file=sys.stderr, flush=True)
-            subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-binary", ":all:", "--no-deps",
+            # the sdist of llama-cpp-python alone: with --no-binary :all: pip would also build its build requirements
+            # (CMake itself among them) from source to read the sdist's metadata
+            subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-binary", "llama-cpp-python", "--no-deps",
                             "-d", tmp, f"llama-cpp-python=={version}"], check=True)
             (sdist,) = Path(tmp).glob("llama_cpp_python-*.tar.gz")
             with tarfile.open(sdist) as tar:
