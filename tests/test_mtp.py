@@ -61,18 +61,6 @@ def heads(mtp_target):
             "hybrid-mtp-split": lambda: SplitHybrid(PromptLookup(), Mtp(head))}
 
 
-def exact_ending_at_eog(target, prompt, s):
-    """test_speculative.exact_joint with each sequence cut before its first end-of-generation token, as generation
-    ends there (this model gives an end token a few percent of the mass after the prompts below)."""
-    from test_speculative import exact_joint
-
-    out: dict = {}
-    for seq, p in exact_joint(target, prompt, s).items():
-        cut = next((i for i, t in enumerate(seq) if target.is_eog(t)), len(seq))
-        out[seq[:cut]] = out.get(seq[:cut], 0.0) + p
-    return out
-
-
 PROMPTS = ["The quick brown fox", "def add(a, b):\n    return a + b\n\ndef greet(name):",
            "the dog the fox the dog the fox the dog the"]
 
@@ -101,7 +89,7 @@ def test_sampled_tokens_under_mtp_follow_the_target_distribution(mtp_target):
     """Chi-square over 3,000 seeded runs of the joint distribution of the first three tokens, drafts of three
     tokens from the MTP head (q: the head's own row under the same sampler chain), alone and after lookup's
     tokens (hybrid), as for the other drafters (test_speculative.py)."""
-    from test_speculative import K_DRAFT, N_RUNS, SAMPLING, chi2_rejects, sample_joint
+    from test_speculative import K_DRAFT, N_RUNS, SAMPLING, chi2_rejects, exact_joint, sample_joint
 
     from spectool.stats import Stats
 
@@ -112,7 +100,7 @@ def test_sampled_tokens_under_mtp_follow_the_target_distribution(mtp_target):
     target, _ = mtp_target
     prompt = target.tokenize("the dog the fox the dog the fox the dog the fox the dog the")
     prompt += tokens_of(Generation(target, None, max_tokens=24), prompt)  # inside its greedy loop: lookup drafts
-    exact = exact_ending_at_eog(target, prompt, SAMPLING)
+    exact = exact_joint(target, prompt, SAMPLING)  # ends at end-of-generation: 5.8% of the mass after this prompt
     for name, make in heads(mtp_target).items():
         if name == "hybrid-mtp":
             continue  # lookup drafts nearly all of it here: the split hybrid below makes both draft
@@ -129,13 +117,13 @@ def test_sampled_tokens_under_mtp_follow_the_target_distribution(mtp_target):
 def test_a_wrong_rule_under_mtp_is_caught(mtp_target, monkeypatch):
     """The check above can fail: with q of the first position used at every position, it rejects."""
     import spectool.speculative as spec
-    from test_speculative import N_RUNS, SAMPLING, _wrong, chi2_rejects, sample_joint
+    from test_speculative import N_RUNS, SAMPLING, _wrong, chi2_rejects, exact_joint, sample_joint
 
     target, _ = mtp_target
     monkeypatch.setattr(spec, "accept_sampled", _wrong("q[0] at every position"))
     prompt = target.tokenize("the dog the fox the dog the fox the dog the fox the dog the")
     counts = sample_joint(target, heads(mtp_target)["mtp"], prompt)
-    rejects, stat, crit = chi2_rejects(counts, exact_ending_at_eog(target, prompt, SAMPLING), N_RUNS)
+    rejects, stat, crit = chi2_rejects(counts, exact_joint(target, prompt, SAMPLING), N_RUNS)
     assert rejects, f"chi2 {stat:.1f} <= {crit:.1f}"
 
 

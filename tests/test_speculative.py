@@ -132,12 +132,14 @@ PENALISED = Sampling(temp=1.0, repeat_penalty=1.15, repeat_last_n=8, presence_pe
 
 def exact_joint(model, prompt, s, n_tokens=N_JOINT, floor=1e-5):
     """P(first n generated tokens) under the target alone, decoding one token at a time, for sequences with
-    more mass than `floor` (the chain itself is checked against llama.cpp's in test_verify.py)."""
+    more mass than `floor` (the chain itself is checked against llama.cpp's in test_verify.py). A sequence ends
+    before an end-of-generation token, as generation does."""
     joint = {}
 
     def walk(prefix, mass):
-        if len(prefix) == n_tokens:
-            joint[tuple(prefix)] = mass
+        if len(prefix) == n_tokens or (prefix and model.is_eog(prefix[-1])):
+            key = tuple(prefix[:-1] if prefix and model.is_eog(prefix[-1]) else prefix)
+            joint[key] = joint.get(key, 0.0) + mass
             return
         history = prompt + prefix
         model.sync(history)
