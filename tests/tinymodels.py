@@ -128,7 +128,6 @@ def _write(path: Path, weights: dict[str, np.ndarray], n_layer: int, vocab, name
     """Write a model; split > 0 writes shards of that many tensors (NAME-00001-of-0000N.gguf, ...)."""
     import gguf
 
-    tokens, scores, types = vocab
     path.parent.mkdir(parents=True, exist_ok=True)
     w = gguf.GGUFWriter(str(path), "llama", split_max_tensors=split)
     w.add_name(name)
@@ -140,6 +139,14 @@ def _write(path: Path, weights: dict[str, np.ndarray], n_layer: int, vocab, name
     w.add_head_count_kv(N_HEAD_KV)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_dimension_count(N_EMBD // N_HEAD)
+    w.add_chat_template(CHAT_TEMPLATE)
+    _finish(w, vocab, weights)
+    return path
+
+
+def _finish(w, vocab, weights: dict[str, np.ndarray]) -> None:
+    """The vocabulary (SPM, BOS 1, EOS 2) and the F32 tensors of every tiny model, then the file."""
+    tokens, scores, types = vocab
     w.add_vocab_size(len(tokens))
     w.add_file_type(0)  # all F32
     w.add_tokenizer_model("llama")
@@ -152,14 +159,12 @@ def _write(path: Path, weights: dict[str, np.ndarray], n_layer: int, vocab, name
     w.add_add_bos_token(True)
     w.add_add_eos_token(False)
     w.add_add_space_prefix(False)
-    w.add_chat_template(CHAT_TEMPLATE)
     for k, v in weights.items():
         w.add_tensor(k, v)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    return path
 
 
 def write_models(folder: Path) -> dict[str, Path]:
@@ -281,7 +286,7 @@ def write_mtp_model(folder: Path) -> Path:
     nextn_predict_layers 1), as `convert_hf_to_gguf.py --mtp` writes GLM-4.5's."""
     import gguf
 
-    tokens, scores, types = vocabulary()
+    vocab = vocabulary()
     n_trunk = 2
     path = Path(folder) / "mtp.gguf"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -301,21 +306,5 @@ def write_mtp_model(folder: Path) -> Path:
     w.add_expert_shared_count(1)
     w.add_leading_dense_block_count(n_trunk)
     w.add_expert_feed_forward_length(N_FF_EXP)
-    w.add_vocab_size(len(tokens))
-    w.add_file_type(0)
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_unk_token_id(0)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_add_bos_token(True)
-    w.add_add_space_prefix(False)
-    for k, v in _mtp_weights(np.random.default_rng(2024), len(tokens), n_trunk).items():
-        w.add_tensor(k, v)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    _finish(w, vocab, _mtp_weights(np.random.default_rng(2024), len(vocab[0]), n_trunk))
     return path
