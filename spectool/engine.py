@@ -508,7 +508,6 @@ class MtpContext:
         self.h: dict[int, np.ndarray] = {}  # position -> the target's hidden state there (its latest decode)
         self.sampled = None  # rows are read on the host (verify.token_at / dist_at)
         self._last_h = np.zeros(self.n_embd, np.float32)
-        self._n_rows = 0
         self.covered = 0  # the target's first positions mirrored here without a gap
 
     def mirror(self, tokens: Sequence[int], pos0: int) -> None:
@@ -555,7 +554,6 @@ class MtpContext:
         rc = self.lib.llama_decode(self._ctx, self._batch)
         if rc != 0:
             raise DecodeError(f"llama_decode failed in the MTP context (code {rc}): {last_log_error()}")
-        self._n_rows = int(self._b_out[:n].sum())
 
     def logits(self, i: int = -1) -> np.ndarray:
         ptr = self.lib.llama_get_logits_ith(self._ctx, i)

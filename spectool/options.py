@@ -64,7 +64,6 @@ class Decl:
     metavar: str | None = None
     parse: Callable[[Any], Any] | None = None  # the command line's check and normal form (typer callback)
     request: str | None = None  # the JSON field of a serve request that sets it
-    cli_type: Any = None  # the type typer parses, when not the field's
 
     def check(self, name: str, value):
         """`value` within the bounds, else a UserError naming the option by its first flag (`serve` names the
@@ -198,7 +197,7 @@ def _typer_param(name: str, decl: Decl, kind, default) -> inspect.Parameter:
     info = typer.Option(*decl.flags, help=decl.help, min=decl.min, max=decl.max, metavar=decl.metavar,
                         callback=decl.parse, rich_help_panel=None if decl.group == COMMON else decl.group.title())
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
-                             annotation=Annotated[decl.cli_type or kind, info])
+                             annotation=Annotated[kind, info])
 
 
 def takes(*names: str, **defaults):
@@ -248,10 +247,3 @@ def in_request(e: UserError) -> tuple[str, str]:
     """(the request field, the message in its terms) of an error about an option a request set."""
     decl = Options.declared()[e.option][0]
     return decl.request, str(e).replace(decl.flags[0], f"'{decl.request}'")
-
-
-def defaults_of(*names: str) -> dict:
-    """The declared default of each named option (README and help checks)."""
-    d = Options.declared()
-    return {n: d[n][2] for n in names}
-
