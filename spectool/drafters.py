@@ -143,15 +143,14 @@ class DraftModel:
 
 
 class Mtp:
-    """The target's own MTP (NextN) head as the drafter (engine.MtpContext): the target's decodes are mirrored
-    into the head's context as they happen (Model.on_decode), and a draft chains the head from the last position
+    """The target's own MTP (NextN) head as the drafter (engine.MtpContext, which mirrors the target's decodes
+    into the head's context as they happen), and a draft chains the head from the last position
     whose hidden state the target computed, through any tokens after it (a hybrid's lookup tokens), then on its
     own outputs, as llama.cpp's draft-mtp does. Its rows go through the target's sampler chain, so q is the
     distribution each draft was drawn from."""
 
     def __init__(self, head, p_min: float = 0.0):
         self.head, self.p_min = head, p_min
-        head.target.on_decode = head.mirror
 
     def prefill(self, history: Sequence[int]) -> None:
         self.head.catch_up()  # the target's prefill reached the head through on_decode, unless it came earlier

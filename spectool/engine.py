@@ -508,6 +508,7 @@ class MtpContext:
         self.h: dict[int, np.ndarray] = {}  # position -> the target's hidden state there (its latest decode)
         self.sampled = None  # rows are read on the host (verify.token_at / dist_at)
         self._last_h = np.zeros(self.n_embd, np.float32)
+        target.on_decode = self.mirror  # from now on every target decode reaches the head
         self.covered = 0  # the target's first positions mirrored here without a gap
 
     def mirror(self, tokens: Sequence[int], pos0: int) -> None:
@@ -565,6 +566,7 @@ class MtpContext:
             self.lib.llama_batch_free(self._batch)
             self._batch = None
         if self._ctx:
+            self.target.on_decode = None
             self._ext.llama_set_embeddings_nextn(self.target._ctx, False, False) if self.target._ctx else None
             self.lib.llama_free(self._ctx)
             self._ctx = None
