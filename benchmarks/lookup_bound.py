@@ -73,8 +73,8 @@ def ours(p, y, cost, k_max: int, costs: Costs) -> float:
     lookup, ctl, total, j = PromptLookup(), Controller(k_max=k_max, costs=costs), 0.0, 0
     while j < len(y):
         h, draft = p + y[:j], []
-        keys = lookup.peek(h, k_max)[: len(y) - j - 1]
-        k = ctl.choose(keys) if keys else 0
+        keys = ctl.pick(lookup.peek(h, min(k_max, len(y) - j - 1)))
+        k = len(keys)
         draft = lookup.propose(h, k, None, None).tokens if k else []
         m = accepted(draft, y, j)
         total += cost[len(draft) + 1]

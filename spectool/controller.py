@@ -21,7 +21,8 @@ the tokens seen.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from itertools import chain, islice
+from typing import Iterable, Sequence
 
 from spectool.keys import AGREED, DRAFT, MOSTLY, MTP, SPLIT, Key
 from spectool.options import DRAFT_MAX, Spec
@@ -46,11 +47,16 @@ class Costs:
     # measured afresh when next tried. A size measured while the machine was busy (or on another day) must not
     # keep the controller away from it for good.
     forget_after: int = 256
+    # the price of every batch size is derived from `verify` anew when a size is measured for the first time or
+    # forgotten, and otherwise at most every this many verifications (the running averages move slowly): deriving
+    # it is most of the controller's work in a step
+    reprice_every: int = 8
     verify: dict[int, float] = field(default_factory=dict)  # batch size -> seconds
     draft: dict[Key, float] = field(default_factory=dict)  # Key.drafter -> seconds per drafted token
     _warm: set = field(default_factory=set)
     _seen: dict[int, int] = field(default_factory=dict)  # batch size -> the verification that last used it
     _n: int = 0  # verifications observed
+    _prices: tuple[int, int, list[float]] = (-1, 0, [])  # (_n, len(verify)) when derived, and verify_costs' list
 
     def to_json(self) -> dict:
         return {"verify": {str(b): c for b, c in sorted(self.verify.items())},
@@ -87,9 +93,19 @@ class Costs:
         table[key] = sample if old is None else 0.8 * old + 0.2 * min(sample, 4 * old)
 
     def verify_cost(self, batch_size: int) -> float:
-        return self.verify_costs(batch_size)[batch_size]
+        """Seconds to verify a batch of `batch_size`, priced from `verify` as it is now."""
+        return self.price(batch_size)[batch_size]
 
     def verify_costs(self, largest: int) -> list[float]:
+        """Seconds to verify a batch of each size up to at least `largest` (index = size; index 0 unused), as
+        derived from `verify` at most `reprice_every` verifications ago (see `price`)."""
+        n, sizes, prices = self._prices
+        if len(prices) <= largest or sizes != len(self.verify) or self._n - n >= self.reprice_every:
+            prices = self.price(max(largest, 2 * DRAFT_MAX + 1))
+            self._prices = (self._n, len(self.verify), prices)
+        return prices
+
+    def price(self, largest: int) -> list[float]:
         """Seconds to verify a batch of each size up to `largest` (index = size; index 0 unused).
 
         Measured sizes answer for themselves; others are read off a piecewise line through the measured sizes
@@ -210,7 +226,7 @@ class Controller:
         """What a token drafted under `key` is worth, in tokens: its estimated acceptance less what drafting it
         costs, counted in single target steps (nothing for a lookup token; a draft-model token on a CPU can cost
         half a target step)."""
-        one = self.costs.verify_cost(1)
+        one = self.costs.verify_costs(1)[1]
         return self.acceptance(key) - self.draft_cost(key, one) / one
 
     def prior(self, key: Key) -> tuple[float, float]:
@@ -226,22 +242,6 @@ class Controller:
     def verify_cost(self, batch_size: int) -> float:
         return self.costs.verify_cost(batch_size)
 
-    def outlook(self, keys: Sequence[Key], optimism: float = 0.0) -> list[tuple[float, float]]:
-        """(expected tokens, expected seconds) of a step drafting the first k of the tokens under `keys`, for
-        k = 0..len(keys): each token is accepted, given that those before it were, with its key's estimated
-        acceptance; a step costs its verification and its drafting."""
-        costs = self.costs.verify_costs(len(keys) + 1)
-        estimates: dict[Key, float] = {}
-        out, expected, run, drafting = [(1.0, costs[1])], 1.0, 1.0, 0.0
-        for k, key in enumerate(keys, 1):
-            if key not in estimates:
-                estimates[key] = self.acceptance(key, optimism)
-            run *= estimates[key]
-            expected += run
-            drafting += self.draft_cost(key, costs[1])
-            out.append((expected, costs[k + 1] + drafting))
-        return out
-
     def draft_cost(self, key: Key, one: float) -> float:
         """Seconds to draft one token under `key`: measured per source, else a guess (`draft_cost_prior` target
         steps a draft-model token, nothing for a lookup)."""
@@ -251,22 +251,59 @@ class Controller:
         return cost
 
     # -- the decision --------------------------------------------------------------------------------------
-    def choose(self, keys: Sequence[Key]) -> int:
+    def choose(self, keys: Iterable[Key]) -> int:
         """How many of the tokens on offer to draft; keys[i] is the key of token i (PromptLookup.key)."""
-        hi = min(self.k_max, len(keys))
-        if not self.adaptive or hi <= self.k_min:
-            return max(0, hi)
-        keys = keys[:hi]
+        return len(self.pick(keys))
+
+    def pick(self, offer: Iterable[Key]) -> list[Key]:
+        """The keys of the tokens to draft: the first k of those on offer, k as the module docstring says. `offer`
+        may be lazy (PromptLookup.peek): it is drawn from only while a longer draft could still do better than the
+        best so far, since each further token adds at most the chance of reaching it and no drafting cost."""
+        offer = iter(offer)
+        keys = list(islice(offer, self.k_max if not self.adaptive else min(self.k_max, self.k_min + 1)))
+        if not self.adaptive or len(keys) <= self.k_min:
+            return keys
         a = self._stats(keys[0])
         if a.tries < self.explore.get(keys[0].source, 0):
-            return max(self.k_min, min(hi, self.explore_k))
-        outlook = self.outlook(keys, self.optimism)
-        best = max(range(self.k_min, hi + 1), key=lambda k: outlook[k][0] / outlook[k][1])
-        if best == 0:
+            return keys + list(islice(offer, max(0, min(self.k_max, max(self.k_min, self.explore_k)) - len(keys))))
+        costs = self.costs.verify_costs(self.k_max + 1)
+        k_best, best = 0, 1.0 / costs[1]  # E(0) / cost(0)
+        expected, run, drafting = 1.0, 1.0, 0.0
+        memo, per_token = self._memo if not self.optimism else {}, {}
+        for k, key in enumerate(chain(keys, offer), 1):
+            acceptance = memo.get(key)
+            if acceptance is None:
+                acceptance = self.acceptance(key, self.optimism)
+            run *= acceptance
+            expected += run
+            cost = per_token.get(key.drafter)
+            if cost is None:
+                cost = per_token[key.drafter] = self.draft_cost(key, costs[1])
+            drafting += cost
+            if k > len(keys):
+                keys.append(key)
+            ratio = expected / (costs[k + 1] + drafting)
+            if ratio > best or k == self.k_min:
+                k_best, best = k, ratio
+            elif k > self.k_min and self._no_longer_draft_pays(costs, k, expected, run, drafting, best):
+                break
+            if k == self.k_max:
+                break
+        if k_best == 0:
             a.zero_streak += 1
             if a.zero_streak >= self.probe_every:  # re-probe: a short draft keeps the estimate honest
                 a.zero_streak = 0
-                return min(hi, self.explore_k)
+                n = min(self.k_max, self.explore_k)
+                return keys[:n] + list(islice(offer, max(0, n - len(keys))))
         else:
             a.zero_streak = 0
-        return best
+        return keys[:k_best]
+
+    def _no_longer_draft_pays(self, costs: list[float], k: int, expected: float, run: float, drafting: float,
+                              best: float) -> bool:
+        """Whether no draft longer than k can beat the ratio `best`: each further token adds at most `run`
+        expected tokens (acceptances are at most 1) and no drafting cost."""
+        for j in range(k + 1, self.k_max + 1):
+            if expected + (j - k) * run > best * (costs[j + 1] + drafting):
+                return False
+        return True

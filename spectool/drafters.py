@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Iterable, Iterator, Protocol, Sequence
 
 from spectool import native  # noqa: F401, I001 - llama.cpp's libraries before numpy (native.py)
 import numpy as np  # noqa: E402
@@ -39,7 +39,7 @@ Estimate = Callable[[Key], float]  # key -> what the controller thinks a token d
 class Drafter(Protocol):
     def prefill(self, history: Sequence[int]) -> None: ...
 
-    def peek(self, history: Sequence[int], k_max: int, estimate: Estimate | None = None) -> list[Key]: ...
+    def peek(self, history: Sequence[int], k_max: int, estimate: Estimate | None = None) -> Iterable[Key]: ...
 
     def propose(self, history: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator) -> Draft: ...
 
@@ -239,42 +239,36 @@ class PromptLookup:
                 return t, n, c, sum(v[0] for v in f.values())
         return None
 
-    def evidence(self, history: Sequence[int], k: int) -> list[tuple[int, int, int, int]]:
-        """Up to k predicted tokens after `history`, each with its evidence: (token, n, count, total)."""
+    def predict(self, history: Sequence[int], k: int) -> Iterator[tuple[int, Key]]:
+        """Up to k tokens predicted after `history`, one at a time (lazily), each with its controller key.
+
+        A draft copies a stretch of the history: its first token comes from an n-gram match, and each next one
+        usually from the same match one token longer, which by then includes drafted tokens and so proves nothing
+        new. Such a continuation is keyed by where its stretch began and how far along it is ("lookup:2+3": the
+        third token after a 2-gram start), so the controller learns how stretches wear out. A token whose own
+        evidence breaks the stretch (a shorter match: the copied text went another way before; or followers that
+        disagreed) starts a new one under its own key (`key`)."""
         self._index(history)
         seq = list(history[-self.n_max :])
-        out = []
+        key, prev_n = None, 0
         for _ in range(k):
             nxt = self._next(seq)
             if nxt is None:
-                break
-            out.append(nxt)
-            seq.append(nxt[0])
-        return out
-
-    def lookup(self, history: Sequence[int], k: int) -> tuple[list[int], list[Key]]:
-        """Up to k tokens predicted after `history`, and the controller key of each (see `keys`)."""
-        ev = self.evidence(history, k)
-        return [e[0] for e in ev], self.keys(ev)
-
-    def keys(self, evidence: Sequence[tuple[int, int, int, int]]) -> list[Key]:
-        """The controller key of each predicted token. A draft copies a stretch of the history: its first token
-        comes from an n-gram match, and each next one usually from the same match one token longer, which by then
-        includes drafted tokens and so proves nothing new. Such a continuation is keyed by where its stretch began
-        and how far along it is ("lookup:2+3": the third token after a 2-gram start), so the controller learns
-        how stretches wear out. A token whose own evidence breaks the stretch (a shorter match: the copied text
-        went another way before; or followers that disagreed) starts a new one under its own key."""
-        out: list[Key] = []
-        key, prev_n = None, 0
-        for i, (_, n, count, total) in enumerate(evidence):
-            if i and count == total and n == min(prev_n + 1, self.n_max):
+                return
+            t, n, count, total = nxt
+            if key is not None and count == total and n == min(prev_n + 1, self.n_max):
                 if key.pos < self.STRETCH_MAX:
-                    key = Key.of(Spec.lookup, key.match, key.agreement, key.pos + 1)
+                    key = key.next
             else:
                 key = self.key(n, count, total)
-            out.append(key)
+            seq.append(t)
             prev_n = n
-        return out
+            yield t, key
+
+    def lookup(self, history: Sequence[int], k: int) -> tuple[list[int], list[Key]]:
+        """Up to k tokens predicted after `history`, and the controller key of each (see `predict`)."""
+        found = list(self.predict(history, k))
+        return [t for t, _ in found], [key for _, key in found]
 
     @classmethod
     def key(cls, n: int, count: int, total: int) -> Key:
@@ -287,10 +281,13 @@ class PromptLookup:
     def prefill(self, history: Sequence[int]) -> None:
         self._index(history)
 
-    def peek(self, history: Sequence[int], k_max: int, estimate: Estimate | None = None) -> list[Key]:
-        tokens, keys = self.lookup(history, k_max)
+    def peek(self, history: Sequence[int], k_max: int, estimate: Estimate | None = None) -> Iterator[Key]:
+        """Lazily: the controller asks for tokens only while a longer draft could still pay (Controller.pick)."""
+        tokens: list[int] = []
         self._peeked = (len(history), tokens)
-        return keys
+        for t, key in self.predict(history, k_max):
+            tokens.append(t)
+            yield key
 
     def propose(self, history: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator) -> Draft:
         if self._peeked is not None and self._peeked[0] == len(history) and len(self._peeked[1]) >= k:
@@ -316,7 +313,7 @@ class Hybrid:
         self.draft.prefill(history)
 
     def peek(self, history: Sequence[int], k_max: int, estimate: Estimate | None = None) -> list[Key]:
-        keys = self.lookup.peek(history, k_max)
+        keys = list(self.lookup.peek(history, k_max))
         model = self.draft.peek(history, k_max)
         bar = {key: estimate(key) for key in set(model)} if estimate is not None else {}
         j = 0

@@ -24,7 +24,7 @@ from spectool.stats import Stats
 from spectool.verify import Sampling, accept_greedy, accept_sampled, backend_chain, dist_at, greedy_rows
 
 
-@dataclass
+@dataclass(slots=True)
 class Step:
     tokens: list[int]  # the new final tokens: accepted drafts, then the target's own token
     drafted: int
@@ -65,6 +65,7 @@ def speculative_generate(g: Generation, prompt: Sequence[int], stats: Stats | No
     rng = g.random()
     drafter = g.drafter
     on_graph = backend_chain(s)  # what llama.cpp samples inside its graph: token ids or top-k, not whole rows
+    greedy, window = s.greedy, s.window
     x = list(prompt)
     if not x:
         raise ValueError("empty prompt")
@@ -94,6 +95,13 @@ def speculative_generate(g: Generation, prompt: Sequence[int], stats: Stats | No
         stats.n_prefilled = n_prefilled
         stats.prompt_seconds = time.perf_counter() - t0
     n_new = 0
+
+    def at_temp(key: Key) -> Key:
+        return key.at(temp)
+
+    def worth(key: Key) -> float:
+        return ctl.worth(key.at(temp))
+
     try:
         while True:
             room = target.n_ctx - len(x)  # the batch [x[-1], d_1..d_k] must fit: k <= room
@@ -107,29 +115,30 @@ def speculative_generate(g: Generation, prompt: Sequence[int], stats: Stats | No
             d = EMPTY
             keys: list[Key] = []
             if drafter is not None:
-                keys = drafter.peek(x, ctl.k_max, lambda key: ctl.worth(key.at(temp)))
-                keys = [key.at(temp) for key in keys[: max(0, min(room, g.max_tokens - n_new - 1))]]
-                k = ctl.choose(keys) if keys else 0
-                if k > 0:
+                offer = drafter.peek(x, min(ctl.k_max, room, g.max_tokens - n_new - 1), worth)
+                keys = ctl.pick(map(at_temp, offer) if temp else offer)  # the drafter's keys are greedy ones
+                if keys:
                     try:
-                        d = drafter.propose(x, k, s, rng)
+                        d = drafter.propose(x, len(keys), s, rng)
                     except EngineError as e:
                         drafter, notice = _fallback(x, e)
             t1 = time.perf_counter()
             # 2. verify: one target pass over [x[-1], d_1..d_k]
             target.eval([x[-1], *d.tokens], logits="all", sample=on_graph)
-            recent = x[-s.window:] if s.window else []  # p_i's penalties see x + d_1..d_i
-            if s.greedy:
+            recent = x[-window:] if window else []  # p_i's penalties see x + d_1..d_i
+            if greedy:
                 n_acc, t = accept_greedy(greedy_rows(target, s, recent, d.tokens), d.tokens)
             else:
                 n_acc, t = accept_sampled(lambda i: dist_at(target, i, s, recent + d.tokens[:i]), d.q, d.tokens,
                                           rng)
-            target.rollback(len(x) + n_acc)  # keep x and the accepted drafts; t is fed next step
+            if n_acc < len(d.tokens):
+                target.rollback(len(x) + n_acc)  # keep x and the accepted drafts; t is fed next step
             t2 = time.perf_counter()
-            ctl.observe_verify(len(d.tokens) + 1, t2 - t1)
-            if d.tokens:
-                ctl.observe_draft(keys[: len(d.tokens)], t1 - t0 - d.catch_up_seconds)  # catching up is not per token
-                ctl.observe_accept(keys, len(d.tokens), n_acc)
+            if drafter is not None:  # plain decoding (no drafter) has nothing to decide, so nothing to learn
+                ctl.observe_verify(len(d.tokens) + 1, t2 - t1)
+                if d.tokens:  # catching up is not per token
+                    ctl.observe_draft(keys[: len(d.tokens)], t1 - t0 - d.catch_up_seconds)
+                    ctl.observe_accept(keys, len(d.tokens), n_acc)
             # 3. emit, stopping at end-of-generation or the token budget
             new = [*d.tokens[:n_acc], t]
             finish = None

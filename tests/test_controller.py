@@ -111,7 +111,9 @@ def test_a_cheap_batch_size_is_used_once_measured():
     for _ in range(30):
         ctl.observe_accept([Key.lookup(8)] * 7, 7, 7)
     assert ctl.choose([Key.lookup(8)] * 16) == 7  # a batch of 8
-    ctl.costs.verify[8] = 6.0
+    for _ in range(ctl.costs.reprice_every):  # 8 turns dear (prices follow within reprice_every verifications)
+        ctl.observe_verify(8, 8.0)
+    assert ctl.costs.verify[8] > 7.0
     assert ctl.choose([Key.lookup(8)] * 16) == 6  # once 8 is dear: a batch of 7, 7 tokens for 5.2
 
 
@@ -214,14 +216,15 @@ def test_prompt_lookup_falls_back_to_plain_decoding_where_nothing_repeats():
         lookup, ctl, history, ks = PromptLookup(), Controller(k_max=16), list(text[:50]), []
         ctl.costs = Costs(verify={b: 1 + 0.27 * (b > 1) + 0.13 * (b - 2) * (b > 2) for b in range(1, 18)})
         while len(history) < len(text) - 1:  # each step: the drafts up to the first wrong one, then the truth
-            keys = lookup.peek(history, 16)
-            k = ctl.choose(keys) if keys else 0
+            offered = []  # what the controller drew from the lazy offer
+            keys = ctl.pick(offered.append(key) or key for key in lookup.peek(history, 16))
+            k = len(keys)
             draft, truth = lookup.propose(history, k, None, None).tokens if k else [], text[len(history):]
             m = next((i for i, (d, t) in enumerate(zip(draft, truth)) if d != t), min(len(draft), len(truth)))
             if draft:
                 ctl.observe_accept(keys, len(draft), m)
             history += truth[: m + 1]
-            ks.append((k, bool(keys)))
+            ks.append((k, bool(offered)))
         return ks[len(ks) // 2:]
 
     rng = random.Random(0)
@@ -231,3 +234,62 @@ def test_prompt_lookup_falls_back_to_plain_decoding_where_nothing_repeats():
     phrase = [rng.randrange(1000) for _ in range(40)]
     ks = run(phrase * 40)
     assert sum(k for k, _ in ks) > 8 * len(ks)
+
+
+def best_k(ctl, keys):
+    """The module docstring's rule, by brute force over every k: the first k in [k_min, k_max] with the best
+    E(k) / cost(k)."""
+    hi = min(ctl.k_max, len(keys))
+    costs = ctl.costs.verify_costs(hi + 1)
+    ratios, expected, run, drafting = [1.0 / costs[1]], 1.0, 1.0, 0.0
+    for k, key in enumerate(keys[:hi], 1):
+        run *= ctl.acceptance(key)
+        expected += run
+        drafting += ctl.draft_cost(key, costs[1])
+        ratios.append(expected / (costs[k + 1] + drafting))
+    return max(range(ctl.k_min, hi + 1), key=ratios.__getitem__)
+
+
+def test_a_lazy_offer_is_drawn_from_only_as_far_as_the_choice_needs():
+    """pick() stops drawing keys once no longer draft could beat the best so far; it must still choose what the
+    brute-force rule chooses over the whole offer: random acceptance histories, CPU-like (steep), GPU-like (flat)
+    and noisy cost tables, lookup and draft-model keys, k_min 0 and 2. On CPU-like costs most offers are cut
+    short."""
+    rng = random.Random(1)
+    keys_pool = [Key.lookup(n, agr, pos) for n in (1, 2, 3, 4, 8) for agr in (AGREED, MOSTLY, SPLIT)
+                 for pos in range(4)] + [DRAFT]
+    drawn_total = offered_total = 0
+    for trial in range(600):
+        shape = trial % 3
+        ctl = Controller(k_max=rng.choice((8, 16, 32)), k_min=rng.choice((0, 0, 2)))
+        slope = (0.55, 0.01, 0.2)[shape]
+        ctl.costs = Costs(verify={b: (1 + slope * (b - 1)) * (rng.uniform(0.8, 1.2) if shape == 2 else 1.0)
+                                  for b in range(1, ctl.k_max + 2)}, draft={DRAFT: rng.uniform(0, 0.3)})
+        for key in keys_pool:  # an acceptance history per key, past exploration
+            for _ in range(rng.randrange(3, 30)):
+                hit = rng.random() < rng.random()
+                ctl.observe_accept([key], 1, int(hit))
+        offer = [rng.choice(keys_pool) for _ in range(rng.randrange(0, 40))]
+        drawn = []
+        picked = ctl.pick(drawn.append(key) or key for key in offer)
+        assert picked == offer[: len(picked)]
+        if len(offer) > ctl.k_min:
+            assert len(picked) == best_k(ctl, offer), (trial, offer)
+        drawn_total += len(drawn) if shape == 0 else 0
+        offered_total += min(len(offer), ctl.k_max) if shape == 0 else 0
+    assert drawn_total < 0.5 * offered_total
+
+
+def test_prices_follow_the_cost_table_within_a_few_verifications():
+    """The price list the controller decides by is derived anew when a batch size is first measured, and
+    otherwise at most every `reprice_every` verifications; single prices are always current."""
+    costs = Costs(unmeasured=1.0)
+    costs.observe_verify(1, 9.0), costs.observe_verify(1, 1.0)
+    assert costs.verify_costs(4)[1] == 1.0
+    costs.observe_verify(1, 2.0)
+    assert costs.verify_costs(4)[1] == 1.0 and costs.verify_cost(1) == 0.8 + 0.2 * 2.0  # not yet repriced
+    costs.observe_verify(3, 9.0), costs.observe_verify(3, 5.0)  # a size measured for the first time: at once
+    assert costs.verify_costs(4)[3] == 5.0 and costs.verify_costs(4)[1] == costs.verify_cost(1)
+    for _ in range(costs.reprice_every):
+        costs.observe_verify(1, 2.0)
+    assert costs.verify_costs(4) == costs.price(len(costs.verify_costs(4)) - 1)
