@@ -188,6 +188,12 @@ class Model:
         self._view: tuple[int, np.ndarray] = (0, np.empty((0, 0), np.float32))  # (address, rows) of that view
         self._logits_address = lib.llama_cpp._lib["llama_get_logits"]  # a binding of our own: the bare address
         self._logits_address.restype, self._logits_address.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
+        # the tokens sampled in the graph are read through a binding of our own with its arguments made once: the
+        # call runs right after a decode, when the CPU's caches are cold, and ctypes' converters cost more than it
+        self._sampled_token_ith = lib.llama_cpp._lib["llama_get_sampled_token_ith"]
+        self._sampled_token_ith.restype, self._sampled_token_ith.argtypes = ctypes.c_int32, None
+        self._ctx_arg = ctypes.c_void_p(self._ctx)
+        self._out_args = [ctypes.c_int32(i) for i in range(-self.n_batch, 0)]  # output -n .. -1 of a decode
         self._chain = None  # the sampler chain llama.cpp runs inside the graph, if any (see sample_on_backend)
         self._chain_k: int | None = None  # ... and what it is: 0 greedy, k > 0 top-k, None none
         self.sampled: int | None = None  # how the last decode's outputs were sampled in the graph (None: rows)
@@ -222,7 +228,8 @@ class Model:
             self._batch = None
         if self._ctx:
             lib.llama_free(self._ctx)
-            self._ctx = None
+            self._ctx = self._ctx_arg = None
+            self._n_out, self.sampled = 0, None  # nothing to read any more
         if self._chain is not None:  # after the context that ran it
             lib.llama_sampler_free(self._chain)
             self._chain = None
@@ -315,7 +322,7 @@ class Model:
             return
         if len(self.tokens) + len(tokens) > self.n_ctx:
             raise DecodeError(f"context full: {len(self.tokens)} + {len(tokens)} tokens > n_ctx {self.n_ctx}")
-        if logits != "none":
+        if logits != "none" and (sample if self.graph_sampling else None) != self._chain_k:
             self.sample_on_backend(sample if self.graph_sampling else None)
         self._n_out, self._rows = 0, None  # the last decode's outputs are gone from here on
         lib = self.lib
@@ -337,20 +344,21 @@ class Model:
                     out[-1] = 1
                 self._batch.n_tokens, self._asked = n, asked
             rc = lib.llama_decode(self._ctx, self._batch)
+            # what runs from here to the next decode finds the CPU's caches cold (the weights went through them):
+            # on the usual path it is kept to a few plain statements
             if rc != 0:
                 # the failed batch may be partly in the cache: drop it so `tokens` stays the truth
                 lib.llama_memory_seq_rm(self._mem, 0, pos0, -1)
                 raise DecodeError(f"llama_decode failed (code {rc}) at position {pos0}: {last_log_error()}")
-            self.tokens.extend(chunk)
+            self.tokens += chunk
             if self.on_decode is not None:
                 self.on_decode(chunk, pos0)
             if _STATE["sigint"]:  # a Ctrl-C inside llama_decode's log lines, raised with `tokens` the truth
                 raise_pending_interrupt()
-            if final:
-                self._n_out, self._rows = {"all": n, "last": 1}.get(logits, 0), None
-                self.sampled = self._chain_k
             if progress is not None:
                 progress(start + n, len(tokens))
+        self._n_out = n if logits == "all" else 1 if logits == "last" else 0
+        self.sampled = self._chain_k
 
     def sample_on_backend(self, top_k: int | None) -> int | None:
         """Have llama.cpp sample inside its graph, where the logits are, so that a decode hands back a few numbers
@@ -397,11 +405,18 @@ class Model:
             self._rows = self._view[1]
         return self._rows[j]
 
-    def sampled_token(self, i: int = -1) -> int:
-        """The token llama.cpp's greedy sampler picked, inside the graph, for output `i` (sample=0)."""
+    def sampled_tokens(self) -> list[int]:
+        """The tokens llama.cpp's greedy sampler picked inside the graph (sample=0), one per output of the last
+        decode."""
         if self.sampled != 0:
             raise DecodeError("the last decode was not sampled greedily inside llama.cpp's graph")
-        return self.lib.llama_get_sampled_token_ith(self._ctx, self._row(i, "sampled token"))
+        get, ctx = self._sampled_token_ith, self._ctx_arg
+        return [get(ctx, i) for i in self._out_args[-self._n_out :]] if self._n_out else []
+
+    def sampled_token(self, i: int = -1) -> int:
+        """The token llama.cpp's greedy sampler picked, inside the graph, for output `i` (sample=0)."""
+        self._row(i, "sampled token")
+        return self.sampled_tokens()[i]
 
     def candidates(self, i: int = -1) -> tuple[np.ndarray, np.ndarray]:
         """(ids, logits) of the k best tokens of output `i`, as llama.cpp's top-k picked them inside the graph

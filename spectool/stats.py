@@ -31,14 +31,14 @@ class Stats:
         self.n_drafted += step.drafted
         self.n_accepted += step.accepted
         self.last_k = step.drafted
+        self.decode_seconds += step.draft_seconds + step.verify_seconds
         if step.drafted:
             self.by_source[step.source] = self.by_source.get(step.source, 0) + step.drafted
-        for arr, n in ((self.drafted_per_position, step.drafted), (self.accepted_per_position, step.accepted)):
-            if len(arr) < n:
-                arr.extend([0] * (n - len(arr)))
-            for i in range(n):
-                arr[i] += 1
-        self.decode_seconds += step.draft_seconds + step.verify_seconds
+            for arr, n in ((self.drafted_per_position, step.drafted), (self.accepted_per_position, step.accepted)):
+                if len(arr) < n:
+                    arr.extend([0] * (n - len(arr)))
+                for i in range(n):
+                    arr[i] += 1
 
     @property
     def acceptance_rate(self) -> float:

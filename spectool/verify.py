@@ -191,10 +191,9 @@ def backend_chain(s: Sampling, banned=None) -> int | None:
 def greedy_rows(model, s: Sampling, recent: Sequence[int], draft: Sequence[int]):
     """The chain's token at temperature 0 for each output of a verification [x[-1], d_1..d_k] (output i follows
     x + d_1..d_i), lazily: the ids llama.cpp's graph picked, or the argmax of each penalised row."""
-    rows = range(len(draft) + 1)
     if model.sampled == 0:  # ids only: nothing to build per row
-        return map(model.sampled_token, rows)
-    return (token_at(model, i, s, [*recent, *draft[:i]]) for i in rows)
+        return model.sampled_tokens()
+    return (token_at(model, i, s, [*recent, *draft[:i]]) for i in range(len(draft) + 1))
 
 
 def token_at(model, i: int, s: Sampling, recent: Sequence[int] = (), banned=None) -> int:
