@@ -193,15 +193,17 @@ class Controller:
         """Drafting the tokens under `keys` took `seconds`, charged to the source of the last: a hybrid draft's
         lookup tokens cost next to nothing beside its draft-model tokens."""
         last = keys[-1].source
-        self.costs.observe_draft(keys[-1].drafter, sum(k.source is last for k in keys), seconds)
+        n = len(keys) if keys[0].source is last else sum(k.source is last for k in keys)
+        self.costs.observe_draft(keys[-1].drafter, n, seconds)
 
     def observe_accept(self, keys: Sequence[Key], drafted: int, accepted: int) -> None:
         """A step drafted `drafted` tokens, under keys[i] each, and the first `accepted` were accepted."""
         self._memo.clear()
+        acc, decay = self._acc, self.decay
         for i in range(min(drafted, accepted + 1)):  # token i was tried: all before it were accepted
-            a = self._stats(keys[i])
-            a.tries = a.tries * self.decay + 1.0
-            a.hits = a.hits * self.decay + (1.0 if i < accepted else 0.0)
+            a = acc.get(keys[i]) or self._stats(keys[i])
+            a.tries = a.tries * decay + 1.0
+            a.hits = a.hits * decay + (1.0 if i < accepted else 0.0)
 
     # -- estimates -----------------------------------------------------------------------------------------
     def _stats(self, key: Key) -> _Acceptance:

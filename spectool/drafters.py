@@ -214,12 +214,16 @@ class PromptLookup:
         if n_old > len(history) or (n_old and history[n_old - 1] != self.tokens[-1]):
             self.tokens, self.follow = [], [{} for _ in range(self.n_max + 1)]  # not an extension: rebuild
             n_old = 0
-        toks = self.tokens
+        toks, follow = self.tokens, self.follow
         for j in range(n_old, len(history)):
             t = history[j]
             toks.append(t)
             for n in range(self.n_min, min(self.n_max, j) + 1):
-                f = self.follow[n].setdefault(tuple(toks[j - n : j]), {})
+                gram = tuple(toks[j - n : j])
+                f = follow[n].get(gram)
+                if f is None:
+                    follow[n][gram] = {t: [1, j]}
+                    continue
                 c = f.get(t)
                 if c is None:
                     f[t] = [1, j]
@@ -239,8 +243,9 @@ class PromptLookup:
                 return t, n, c, sum(v[0] for v in f.values())
         return None
 
-    def predict(self, history: Sequence[int], k: int) -> Iterator[tuple[int, Key]]:
-        """Up to k tokens predicted after `history`, one at a time (lazily), each with its controller key.
+    def predict(self, history: Sequence[int], k: int, tokens: list[int]) -> Iterator[Key]:
+        """The controller keys of up to k tokens predicted after `history`, one at a time (lazily); each token is
+        appended to `tokens` as its key is yielded.
 
         A draft copies a stretch of the history: its first token comes from an n-gram match, and each next one
         usually from the same match one token longer, which by then includes drafted tokens and so proves nothing
@@ -262,13 +267,14 @@ class PromptLookup:
             else:
                 key = self.key(n, count, total)
             seq.append(t)
+            tokens.append(t)
             prev_n = n
-            yield t, key
+            yield key
 
     def lookup(self, history: Sequence[int], k: int) -> tuple[list[int], list[Key]]:
         """Up to k tokens predicted after `history`, and the controller key of each (see `predict`)."""
-        found = list(self.predict(history, k))
-        return [t for t, _ in found], [key for _, key in found]
+        tokens: list[int] = []
+        return tokens, list(self.predict(history, k, tokens))
 
     @classmethod
     def key(cls, n: int, count: int, total: int) -> Key:
@@ -285,9 +291,7 @@ class PromptLookup:
         """Lazily: the controller asks for tokens only while a longer draft could still pay (Controller.pick)."""
         tokens: list[int] = []
         self._peeked = (len(history), tokens)
-        for t, key in self.predict(history, k_max):
-            tokens.append(t)
-            yield key
+        return self.predict(history, k_max, tokens)
 
     def propose(self, history: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator) -> Draft:
         if self._peeked is not None and self._peeked[0] == len(history) and len(self._peeked[1]) >= k:

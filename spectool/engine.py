@@ -170,14 +170,12 @@ class Model:
         self.n_ctx = lib.llama_n_ctx(ctx)
         self.n_batch = lib.llama_n_batch(ctx)
         self._batch = b = lib.llama_batch_init(self.n_batch, 0, 1)
-        # A decode writes the batch with slice assignments to numpy views of its arrays (a single token: two
-        # stores), not a ctypes call per token and field. Every token belongs to sequence 0 (written once here),
-        # and which outputs a batch asks for is written only when it changes (`_asked`).
-        self._b_token = np.ctypeslib.as_array(b.token, shape=(self.n_batch,))
-        self._b_pos = np.ctypeslib.as_array(b.pos, shape=(self.n_batch,))
-        self._b_out = np.ctypeslib.as_array(b.logits, shape=(self.n_batch,))
-        self._token0, self._pos0 = b.token, b.pos
-        self._positions = np.arange(self.n_ctx, dtype=np.int32)
+        # A decode writes the batch with slice assignments to ctypes arrays over its fields (a single token: two
+        # stores), not a call per token and field. Every token belongs to sequence 0 (written once here), and
+        # which outputs a batch asks for is written only when it changes (`_asked`).
+        self._b_token = _array(b.token, ctypes.c_int32, self.n_batch)
+        self._b_pos = _array(b.pos, ctypes.c_int32, self.n_batch)
+        self._b_out = _array(b.logits, ctypes.c_int8, self.n_batch)
         self._asked: tuple = ()
         np.ctypeslib.as_array(b.n_seq_id, shape=(self.n_batch,))[:] = 1
         for i in range(self.n_batch):
@@ -332,16 +330,16 @@ class Model:
             final = start + n == len(tokens)
             pos0 = len(self.tokens)
             if n == 1:
-                self._token0[0], self._pos0[0] = chunk[0], pos0
+                self._b_token[0], self._b_pos[0] = chunk[0], pos0
             else:
                 self._b_token[:n] = chunk
-                self._b_pos[:n] = self._positions[pos0 : pos0 + n]
+                self._b_pos[:n] = range(pos0, pos0 + n)
             asked = (n, final and logits)
             if asked != self._asked:
-                out = self._b_out[:n]
-                out[:] = final and logits == "all"
+                out = [final and logits == "all"] * n
                 if final and logits == "last":
-                    out[-1] = 1
+                    out[-1] = True
+                self._b_out[:n] = out
                 self._batch.n_tokens, self._asked = n, asked
             rc = lib.llama_decode(self._ctx, self._batch)
             # what runs from here to the next decode finds the CPU's caches cold (the weights went through them):
@@ -461,6 +459,11 @@ class Model:
             common = 0
         self.eval(history[common:], logits=logits, sample=sample, progress=progress)
         return len(history) - common
+
+
+def _array(pointer, ctype, n: int):
+    """A ctypes array of n `ctype` over what `pointer` points to (no copy)."""
+    return (ctype * n).from_address(ctypes.addressof(pointer.contents))
 
 
 def _meta(lib, model, key: str) -> str | None:

@@ -20,7 +20,7 @@ AGREED, MOSTLY, SPLIT = "", "~", "?"
 
 
 class Key:
-    __slots__ = ("source", "match", "agreement", "pos", "temp", "before", "anchor", "_at", "_next", "_drafter", "_text")
+    __slots__ = ("source", "match", "agreement", "pos", "temp", "before", "anchor", "drafter", "_at", "_next", "_text")
     _interned: ClassVar[dict[tuple, Key]] = {}
 
     source: Spec  # Spec.lookup or Spec.draft
@@ -30,6 +30,7 @@ class Key:
     temp: float  # sampling temperature; 0 = greedy
     before: Key | None  # the key of the token before it in its stretch (pos - 1), None at the start
     anchor: Key  # the greedy start of its stretch: whose prior it starts from
+    drafter: Key  # what drafting this token cost is kept by: its source at its temperature
 
     @classmethod
     def of(cls, source: Spec, match: int = 0, agreement: str = AGREED, pos: int = 0, temp: float = 0.0) -> Key:
@@ -38,10 +39,11 @@ class Key:
         if key is None:
             key = object.__new__(cls)
             key.source, key.match, key.agreement, key.pos, key.temp = ident
-            key._at, key._next, key._drafter, key._text = {}, None, None, None
+            key._at, key._next, key._text = {}, None, None
             cls._interned[ident] = key  # before its neighbours, which refer back to it
             key.before = cls.of(source, match, agreement, pos - 1, temp) if pos > 0 else None
             key.anchor = key if pos == 0 and temp == 0.0 else cls.of(source, match, agreement)
+            key.drafter = key if (match, agreement, pos) == (0, AGREED, 0) else cls.of(source, temp=temp)
         return key
 
     @classmethod
@@ -61,13 +63,6 @@ class Key:
         if self._next is None:
             self._next = Key.of(self.source, self.match, self.agreement, self.pos + 1, self.temp)
         return self._next
-
-    @property
-    def drafter(self) -> Key:
-        """What drafting this token cost is kept by: its source at its temperature."""
-        if self._drafter is None:
-            self._drafter = Key.of(self.source, temp=self.temp)
-        return self._drafter
 
     def __str__(self) -> str:  # "lookup:2~+3@T0.8": for people (debug output, tests' messages)
         if self._text is None:

@@ -7,6 +7,7 @@ target's distribution after x + d_1..d_i. q are the drafter's distributions (see
 
 from __future__ import annotations
 
+import gc
 import math
 import time
 from dataclasses import dataclass, field
@@ -60,6 +61,8 @@ def speculative_generate(g: Generation, prompt: Sequence[int], stats: Stats | No
                          interrupted: Callable[[], bool] = lambda: False) -> Iterator[Step]:
     """The loop. `interrupted()` is also asked between the prefill's batches: true, it raises KeyboardInterrupt
     there (the cache holds whole batches), so a Ctrl-C during a long prompt does not wait for its end."""
+    t0 = time.perf_counter()  # prompt processing: everything before the first step
+    _freeze_startup_objects()
     target, ctl, s = g.target, g.controller, g.sampling
     temp = 0.0 if s.greedy else s.temp  # acceptance is learnt per temperature (keys.py)
     rng = g.random()
@@ -71,7 +74,6 @@ def speculative_generate(g: Generation, prompt: Sequence[int], stats: Stats | No
         raise ValueError("empty prompt")
     if len(x) > target.n_ctx:
         raise EngineError(f"the prompt has {len(x)} tokens but the context holds only {target.n_ctx}")
-    t0 = time.perf_counter()
     if len(x) > 1:
         def progress(done: int, total: int) -> None:
             if g.on_prefill is not None:
@@ -160,6 +162,19 @@ def speculative_generate(g: Generation, prompt: Sequence[int], stats: Stats | No
                 return
     finally:
         target.rollback(len(x) - 1)  # whatever happened, the cache holds x[:-1] and nothing drafted
+
+
+def _freeze_startup_objects() -> None:
+    """Once per process, at its first generation: collect, then move every object alive (modules, vocabularies,
+    models) out of the garbage collector's sight (gc.freeze). Its full passes then scan only what generation
+    creates: over all of a process's objects, one took 12-15 ms, landing inside a decoding step."""
+    if not _FROZE:
+        _FROZE.append(True)
+        gc.collect()
+        gc.freeze()
+
+
+_FROZE: list[bool] = []
 
 
 CALIBRATION_SIZES = (1, 2, 4, 8, 16, 32, 64)
