@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, Protocol, Sequence
+from typing import Callable, ClassVar, Iterable, Iterator, Protocol, Sequence
 
 from spectool import native  # noqa: F401, I001 - llama.cpp's libraries before numpy (native.py)
 import numpy as np  # noqa: E402
@@ -199,6 +199,7 @@ class PromptLookup:
     """
 
     KEY_BUCKETS = (8, 4, 3, 2, 1)  # match lengths the controller keeps apart: 1, 2, 3, 4-7, 8 and more
+    _KEYS: ClassVar[dict[tuple[int, str], Key]] = {}  # (n, agreement) -> key: see `key`
     STRETCH_MAX = 16  # continuations further along a stretch share one key
 
     def __init__(self, n_min: int = 1, n_max: int = 12):
@@ -208,6 +209,7 @@ class PromptLookup:
         self.tokens: list[int] = []
         self.follow: list[dict[tuple[int, ...], dict[int, list[int]]]] = [{} for _ in range(n_max + 1)]
         self._peeked: tuple[int, list[int]] | None = None
+        self._n_first = n_max  # how long the first match of the last prediction was (see _next)
 
     def _index(self, history: Sequence[int]) -> None:
         n_old = len(self.tokens)
@@ -231,17 +233,29 @@ class PromptLookup:
                     c[0] += 1
                     c[1] = j
 
-    def _next(self, seq: list[int]) -> tuple[int, int, int, int] | None:
-        """(token, n-gram size, its count, the count of every follower) the index predicts after `seq`, or None."""
-        for n in range(min(self.n_max, len(seq)), self.n_min - 1, -1):
-            f = self.follow[n].get(tuple(seq[-n:]))
-            if f:
-                if len(f) == 1:  # the usual case: one follower
-                    ((t, (c, _)),) = f.items()
-                    return t, n, c, c
-                t, (c, _) = max(f.items(), key=lambda kv: kv[1])
-                return t, n, c, sum(v[0] for v in f.values())
-        return None
+    def _next(self, seq: list[int], n_guess: int) -> tuple[int, int, int, int] | None:
+        """(token, n-gram size, its count, the count of every follower) the index predicts after `seq`, or None.
+
+        The longest n-gram ending `seq` that was seen before is searched from `n_guess` up or down: an n-gram seen
+        (followed by something) means each of its suffixes was seen, and one not seen means no longer one was. In
+        a stretch the guess (one more than the last match) is right at the first look-up."""
+        follow, top = self.follow, min(self.n_max, len(seq))
+        n = max(self.n_min, min(n_guess, top))
+        f = follow[n].get(tuple(seq[-n:]))
+        if f:
+            while n < top and (longer := follow[n + 1].get(tuple(seq[-n - 1 :]))):
+                n, f = n + 1, longer
+        else:
+            while not f:
+                n -= 1
+                if n < self.n_min:
+                    return None
+                f = follow[n].get(tuple(seq[-n:]))
+        if len(f) == 1:  # the usual case: one follower
+            ((t, (c, _)),) = f.items()
+            return t, n, c, c
+        t, (c, _) = max(f.items(), key=lambda kv: kv[1])
+        return t, n, c, sum(v[0] for v in f.values())
 
     def predict(self, history: Sequence[int], k: int, tokens: list[int]) -> Iterator[Key]:
         """The controller keys of up to k tokens predicted after `history`, one at a time (lazily); each token is
@@ -257,10 +271,12 @@ class PromptLookup:
         seq = list(history[-self.n_max :])
         key, prev_n = None, 0
         for _ in range(k):
-            nxt = self._next(seq)
+            nxt = self._next(seq, prev_n + 1 if key is not None else self._n_first)
             if nxt is None:
                 return
             t, n, count, total = nxt
+            if key is None:
+                self._n_first = n  # the next step's first guess
             if key is not None and count == total and n == min(prev_n + 1, self.n_max):
                 if key.pos < self.STRETCH_MAX:
                     key = key.next
@@ -282,7 +298,10 @@ class PromptLookup:
         token (AGREED, "lookup:N"), followed by others too but mostly by this one (MOSTLY, "lookup:N~"), or not
         mostly (SPLIT, "lookup:N?"). See Controller.priors for how often each is accepted."""
         agreement = AGREED if count == total else MOSTLY if 2 * count > total else SPLIT
-        return Key.lookup(next(b for b in cls.KEY_BUCKETS if n >= b), agreement)
+        key = cls._KEYS.get((n, agreement))
+        if key is None:
+            key = cls._KEYS[n, agreement] = Key.lookup(next(b for b in cls.KEY_BUCKETS if n >= b), agreement)
+        return key
 
     def prefill(self, history: Sequence[int]) -> None:
         self._index(history)

@@ -52,6 +52,20 @@ def test_incremental_index_equals_a_fresh_one(start, growths, k):
     assert lk.lookup(other, k) == PromptLookup(1, 3).lookup(other, k)
 
 
+@settings(max_examples=200, deadline=None)
+@given(streams, st.lists(st.integers(0, 5), min_size=1, max_size=14))
+def test_the_longest_match_is_found_from_any_first_guess(history, seq):
+    """_next searches up or down from a guessed match length; whatever the guess, it finds the longest n-gram
+    ending `seq` that the history holds with a follower (brute force)."""
+    lk = PromptLookup(1, 12)
+    lk.prefill(history)
+    longest = max((n for n in range(1, min(12, len(seq)) + 1)
+                   if any(history[j - n : j] == seq[-n:] for j in range(n, len(history)))), default=None)
+    for guess in range(0, 15):
+        found = lk._next(list(seq), guess)
+        assert (found and found[1]) == (longest and longest), (guess, found, longest)
+
+
 def test_prefers_the_most_frequent_follower():
     # after "1" came 2 twice and 3 once (most recently): the count wins
     assert PromptLookup(1, 1).lookup([1, 2, 1, 2, 1, 3, 1], 1)[0] == [2]
