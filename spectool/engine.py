@@ -408,8 +408,10 @@ class Model:
         decode."""
         if self.sampled != 0:
             raise DecodeError("the last decode was not sampled greedily inside llama.cpp's graph")
-        get, ctx = self._sampled_token_ith, self._ctx_arg
-        return [get(ctx, i) for i in self._out_args[-self._n_out :]] if self._n_out else []
+        get, ctx, n = self._sampled_token_ith, self._ctx_arg, self._n_out
+        if n == 1:  # plain decoding's every step
+            return [get(ctx, self._out_args[-1])]
+        return [get(ctx, i) for i in self._out_args[-n:]] if n else []
 
     def sampled_token(self, i: int = -1) -> int:
         """The token llama.cpp's greedy sampler picked, inside the graph, for output `i` (sample=0)."""
