@@ -341,11 +341,15 @@ class Model:
                     out[-1] = True
                 self._b_out[:n] = out
                 self._batch.n_tokens, self._asked = n, asked
+            if final:  # what the outputs will be, said before the decode: see below
+                self._n_out = n if logits == "all" else 1 if logits == "last" else 0
+                self.sampled = self._chain_k
             rc = lib.llama_decode(self._ctx, self._batch)
             # what runs from here to the next decode finds the CPU's caches cold (the weights went through them):
             # on the usual path it is kept to a few plain statements
             if rc != 0:
                 # the failed batch may be partly in the cache: drop it so `tokens` stays the truth
+                self._n_out = 0
                 lib.llama_memory_seq_rm(self._mem, 0, pos0, -1)
                 raise DecodeError(f"llama_decode failed (code {rc}) at position {pos0}: {last_log_error()}")
             self.tokens += chunk
@@ -355,8 +359,6 @@ class Model:
                 raise_pending_interrupt()
             if progress is not None:
                 progress(start + n, len(tokens))
-        self._n_out = n if logits == "all" else 1 if logits == "last" else 0
-        self.sampled = self._chain_k
 
     def sample_on_backend(self, top_k: int | None) -> int | None:
         """Have llama.cpp sample inside its graph, where the logits are, so that a decode hands back a few numbers

@@ -126,8 +126,8 @@ def speculative_generate(g: Generation, prompt: Sequence[int], stats: Stats | No
                         drafter, notice = _fallback(x, e)
             t1 = time.perf_counter()
             # 2. verify: one target pass over [x[-1], d_1..d_k]
-            target.eval([x[-1], *d.tokens], logits="all", sample=on_graph)
             recent = x[-window:] if window else []  # p_i's penalties see x + d_1..d_i
+            target.eval([x[-1], *d.tokens], logits="all", sample=on_graph)
             if greedy:
                 n_acc, t = accept_greedy(greedy_rows(target, s, recent, d.tokens), d.tokens)
             else:
