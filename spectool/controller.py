@@ -193,17 +193,15 @@ class Controller:
         """Drafting the tokens under `keys` took `seconds`, charged to the source of the last: a hybrid draft's
         lookup tokens cost next to nothing beside its draft-model tokens."""
         last = keys[-1].source
-        n = len(keys) if keys[0].source is last else sum(k.source is last for k in keys)
-        self.costs.observe_draft(keys[-1].drafter, n, seconds)
+        self.costs.observe_draft(keys[-1].drafter, sum(k.source is last for k in keys), seconds)
 
     def observe_accept(self, keys: Sequence[Key], drafted: int, accepted: int) -> None:
         """A step drafted `drafted` tokens, under keys[i] each, and the first `accepted` were accepted."""
         self._memo.clear()
-        acc, decay = self._acc, self.decay
         for i in range(min(drafted, accepted + 1)):  # token i was tried: all before it were accepted
-            a = acc.get(keys[i]) or self._stats(keys[i])
-            a.tries = a.tries * decay + 1.0
-            a.hits = a.hits * decay + (1.0 if i < accepted else 0.0)
+            a = self._stats(keys[i])
+            a.tries = a.tries * self.decay + 1.0
+            a.hits = a.hits * self.decay + (1.0 if i < accepted else 0.0)
 
     # -- estimates -----------------------------------------------------------------------------------------
     def _stats(self, key: Key) -> _Acceptance:
@@ -271,17 +269,10 @@ class Controller:
         costs = self.costs.verify_costs(self.k_max + 1)
         k_best, best = 0, 1.0 / costs[1]  # E(0) / cost(0)
         expected, run, drafting = 1.0, 1.0, 0.0
-        memo, per_token = self._memo if not self.optimism else {}, {}
         for k, key in enumerate(chain(keys, offer), 1):
-            acceptance = memo.get(key)
-            if acceptance is None:
-                acceptance = self.acceptance(key, self.optimism)
-            run *= acceptance
+            run *= self.acceptance(key, self.optimism)
             expected += run
-            cost = per_token.get(key.drafter)
-            if cost is None:
-                cost = per_token[key.drafter] = self.draft_cost(key, costs[1])
-            drafting += cost
+            drafting += self.draft_cost(key, costs[1])
             if k > len(keys):
                 keys.append(key)
             ratio = expected / (costs[k + 1] + drafting)

@@ -320,7 +320,7 @@ class Model:
             return
         if len(self.tokens) + len(tokens) > self.n_ctx:
             raise DecodeError(f"context full: {len(self.tokens)} + {len(tokens)} tokens > n_ctx {self.n_ctx}")
-        if logits != "none" and (sample if self.graph_sampling else None) != self._chain_k:
+        if logits != "none":
             self.sample_on_backend(sample if self.graph_sampling else None)
         self._n_out, self._rows = 0, None  # the last decode's outputs are gone from here on
         lib = self.lib
@@ -411,8 +411,6 @@ class Model:
         if self.sampled != 0:
             raise DecodeError("the last decode was not sampled greedily inside llama.cpp's graph")
         get, ctx, n = self._sampled_token_ith, self._ctx_arg, self._n_out
-        if n == 1:  # plain decoding's every step
-            return [get(ctx, self._out_args[-1])]
         return [get(ctx, i) for i in self._out_args[-n:]] if n else []
 
     def sampled_token(self, i: int = -1) -> int:

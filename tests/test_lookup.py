@@ -63,7 +63,7 @@ def test_the_longest_match_is_found_from_any_first_guess(history, seq):
                    if any(history[j - n : j] == seq[-n:] for j in range(n, len(history)))), default=None)
     for guess in range(0, 15):
         found = lk._next(list(seq), guess)
-        assert (found and found[1]) == (longest and longest), (guess, found, longest)
+        assert (found[1] if found else None) == longest, (guess, found, longest)
 
 
 def test_prefers_the_most_frequent_follower():
