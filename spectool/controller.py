@@ -21,15 +21,17 @@ the tokens seen.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from itertools import chain, islice
+from itertools import chain, islice, pairwise
 from typing import Iterable, Sequence
 
 from spectool.keys import AGREED, DRAFT, MOSTLY, MTP, SPLIT, Key
 from spectool.options import DRAFT_MAX, Spec
 
 
-@dataclass
+@dataclass(slots=True)
 class _Acceptance:
+    prior: float  # the key's prior acceptance (a continuation's is the estimate for the token before it) ...
+    weight: float  # ... and its weight in observations
     tries: float = 0.0  # decayed counts of the tokens drafted under a key that were verified ...
     hits: float = 0.0  # ... and accepted
     zero_streak: int = 0
@@ -101,7 +103,7 @@ class Costs:
         derived from `verify` at most `reprice_every` verifications ago (see `price`)."""
         n, sizes, prices = self._prices
         if len(prices) <= largest or sizes != len(self.verify) or self._n - n >= self.reprice_every:
-            prices = self.price(max(largest, 2 * DRAFT_MAX + 1))
+            prices = self.price(max(largest, len(prices) - 1))
             self._prices = (self._n, len(self.verify), prices)
         return prices
 
@@ -121,11 +123,8 @@ class Costs:
         if one is None:  # one token's cost, inferred from a batch through the priors (1.0 before anything)
             one = measured[0][1] / (1 + self.jump_prior + self.slope_prior * (measured[0][0] - 2)) if measured else 1.0
         if len(measured) >= 2:  # the least-squares slope of the measured sizes >= 2
-            n = len(measured)
-            mx = sum(b for b, _ in measured) / n
-            my = sum(c for _, c in measured) / n
-            sxx = sum((b - mx) ** 2 for b, _ in measured)
-            slope = max(0.0, sum((b - mx) * (c - my) for b, c in measured) / sxx)
+            mx = sum(b for b, _ in measured) / len(measured)
+            slope = max(0.0, sum((b - mx) * c for b, c in measured) / sum((b - mx) ** 2 for b, _ in measured))
         else:
             slope = self.slope_prior * one
         if not measured or measured[0][0] > 2:  # size 2 from the priors: the cheaper of the jump over one token
@@ -133,15 +132,11 @@ class Costs:
             if measured:
                 anchor = min(anchor, measured[0][1] - self.slope_prior * one * (measured[0][0] - 2))
             measured.insert(0, (2, max(anchor, one)))
-        out, i = [0.0, one], 0
-        for b in range(2, largest + 1):
-            while i + 1 < len(measured) and measured[i + 1][0] <= b:
-                i += 1
-            (b0, c0), nxt = measured[i], measured[i + 1] if i + 1 < len(measured) else None
-            if nxt is not None:  # between two measured sizes
-                out.append(c0 + (nxt[1] - c0) * (b - b0) / (nxt[0] - b0))
-            else:
-                out.append(max(c0 + slope * (b - b0), 1e-9))
+        out = [0.0, one]
+        for (b0, c0), (b1, c1) in pairwise(measured):  # between two measured sizes: the straight line
+            out += [c0 + (c1 - c0) * (b - b0) / (b1 - b0) for b in range(b0, b1)]
+        b0, c0 = measured[-1]  # past the largest: the slope
+        out += [max(c0 + slope * (b - b0), 1e-9) for b in range(b0, largest + 1)]
         return [c if b in self.verify else self.unmeasured * c for b, c in enumerate(out)]
 
 
@@ -177,7 +172,6 @@ class Controller:
     costs: Costs | None = None  # shared with other controllers of the same target; None: a table of our own
     _acc: dict[Key, _Acceptance] = field(default_factory=dict)
     _memo: dict[Key, float] = field(default_factory=dict)
-    _priors: dict[Key, tuple[float, float]] = field(default_factory=dict)  # key -> (its own prior, weight)
 
     def __post_init__(self):
         if self.costs is None:
@@ -193,13 +187,14 @@ class Controller:
         """Drafting the tokens under `keys` took `seconds`, charged to the source of the last: a hybrid draft's
         lookup tokens cost next to nothing beside its draft-model tokens."""
         last = keys[-1].source
-        self.costs.observe_draft(keys[-1].drafter, sum(k.source is last for k in keys), seconds)
+        n = len(keys) if keys[0].source is last else sum(k.source is last for k in keys)
+        self.costs.observe_draft(keys[-1].drafter, n, seconds)
 
     def observe_accept(self, keys: Sequence[Key], drafted: int, accepted: int) -> None:
         """A step drafted `drafted` tokens, under keys[i] each, and the first `accepted` were accepted."""
         self._memo.clear()
         for i in range(min(drafted, accepted + 1)):  # token i was tried: all before it were accepted
-            a = self._stats(keys[i])
+            a = self._acc.get(keys[i]) or self._stats(keys[i])
             a.tries = a.tries * self.decay + 1.0
             a.hits = a.hits * self.decay + (1.0 if i < accepted else 0.0)
 
@@ -207,17 +202,25 @@ class Controller:
     def _stats(self, key: Key) -> _Acceptance:
         a = self._acc.get(key)
         if a is None:
-            a = self._acc[key] = _Acceptance()
+            prior, w = self.priors.get(key.anchor, self.prior_other)
+            if key.temp:
+                prior, w = prior ** self.sampled_prior[0], min(w, self.sampled_prior[1])
+            a = self._acc[key] = _Acceptance(prior, w)
         return a
 
     def acceptance(self, key: Key, optimism: float = 0.0) -> float:
-        """Estimated chance that a token drafted under `key` is accepted, given that the tokens before it were.
-        `optimism` adds an upper-confidence bonus that shrinks as the key is tried (exploration)."""
-        if not optimism and key in self._memo:
-            return self._memo[key]
-        a = self._stats(key)
-        prior, w = self.prior(key)
-        est = min(1.0, (a.hits + w * prior) / (a.tries + w) + optimism / (a.tries + w) ** 0.5)
+        """Estimated chance that a token drafted under `key` is accepted, given that the tokens before it were:
+        its observations after a prior worth `weight` observations. The prior is the key's own (`priors`, by its
+        stretch's start), or for a continuation ("lookup:2+3", see PromptLookup.keys) what the controller now
+        estimates for the token before it in its stretch. `optimism` adds an upper-confidence bonus that shrinks
+        as the key is tried (exploration)."""
+        if not optimism:
+            est = self._memo.get(key)
+            if est is not None:
+                return est
+        a = self._acc.get(key) or self._stats(key)
+        prior = a.prior if key.before is None else self.acceptance(key.before)  # prior(key), without the call
+        est = min(1.0, (a.hits + a.weight * prior) / (a.tries + a.weight) + optimism / (a.tries + a.weight) ** 0.5)
         if not optimism:
             self._memo[key] = est  # until the next observation (a stretch's keys chain through their priors)
         return est
@@ -230,14 +233,9 @@ class Controller:
         return self.acceptance(key) - self.draft_cost(key, one) / one
 
     def prior(self, key: Key) -> tuple[float, float]:
-        """(prior acceptance, its weight in observations) of a key. A continuation's ("lookup:2+3", see
-        PromptLookup.keys) is what the controller now estimates for the token before it in its stretch."""
-        own = self._priors.get(key)
-        if own is None:
-            prior, w = self.priors.get(key.anchor, self.prior_other)
-            own = self._priors[key] = ((prior ** self.sampled_prior[0], min(w, self.sampled_prior[1])) if key.temp
-                                       else (prior, w))
-        return (self.acceptance(key.before) if key.before is not None else own[0]), own[1]
+        """(prior acceptance, its weight in observations) of a key: see `acceptance`."""
+        a = self._stats(key)
+        return (a.prior if key.before is None else self.acceptance(key.before)), a.weight
 
     def verify_cost(self, batch_size: int) -> float:
         return self.costs.verify_cost(batch_size)
@@ -269,10 +267,13 @@ class Controller:
         costs = self.costs.verify_costs(self.k_max + 1)
         k_best, best = 0, 1.0 / costs[1]  # E(0) / cost(0)
         expected, run, drafting = 1.0, 1.0, 0.0
+        drafter, per_token = None, 0.0  # a draft's tokens come from one or two drafters: priced once each
         for k, key in enumerate(chain(keys, offer), 1):
             run *= self.acceptance(key, self.optimism)
             expected += run
-            drafting += self.draft_cost(key, costs[1])
+            if key.drafter is not drafter:
+                drafter, per_token = key.drafter, self.draft_cost(key, costs[1])
+            drafting += per_token
             if k > len(keys):
                 keys.append(key)
             ratio = expected / (costs[k + 1] + drafting)
@@ -296,7 +297,8 @@ class Controller:
                               best: float) -> bool:
         """Whether no draft longer than k can beat the ratio `best`: each further token adds at most `run`
         expected tokens (acceptances are at most 1) and no drafting cost."""
-        for j in range(k + 1, self.k_max + 1):
-            if expected + (j - k) * run > best * (costs[j + 1] + drafting):
+        for cost in costs[k + 2 : self.k_max + 2]:  # verifying k + 2, k + 3, ... tokens
+            expected += run
+            if expected > best * (cost + drafting):
                 return False
         return True

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, Protocol, Sequence
+from typing import Callable, ClassVar, Iterable, Iterator, Protocol, Sequence
 
 from spectool import native  # noqa: F401, I001 - llama.cpp's libraries before numpy (native.py)
 import numpy as np  # noqa: E402
@@ -192,13 +192,15 @@ class Mtp:
 class PromptLookup:
     """N-gram drafting from the prompt and the text so far.
 
-    An incremental index maps every n-gram (n_min <= n <= n_max) to the tokens that followed it, with counts and
-    the last position seen. A draft extends the current suffix one token at a time: the longest n-gram of the
+    An incremental index maps every n-gram (n_min <= n <= n_max) to the tokens that followed it, with counts, in
+    the order of their last occurrence. A draft extends the current suffix one token at a time: the longest n-gram of the
     suffix that was seen before votes for its most frequent follower (ties: the most recent). Each token costs
     O(n_max) dictionary look-ups, whatever the history's length.
     """
 
     KEY_BUCKETS = (8, 4, 3, 2, 1)  # match lengths the controller keeps apart: 1, 2, 3, 4-7, 8 and more
+    _KEYS: ClassVar[dict[tuple[int, str], Key]] = {  # (bucket, agreement) -> its key, made once
+        (n, agreement): Key.lookup(n, agreement) for n in KEY_BUCKETS for agreement in (AGREED, MOSTLY, SPLIT)}
     STRETCH_MAX = 16  # continuations further along a stretch share one key
 
     def __init__(self, n_min: int = 1, n_max: int = 12):
@@ -206,7 +208,8 @@ class PromptLookup:
             raise ValueError("lookup n-gram sizes need 1 <= n_min <= n_max")
         self.n_min, self.n_max = n_min, n_max
         self.tokens: list[int] = []
-        self.follow: list[dict[tuple[int, ...], dict[int, list[int]]]] = [{} for _ in range(n_max + 1)]
+        # follow[n]: n-gram -> the tokens that followed it -> how often, in the order of their last occurrence
+        self.follow: list[dict[tuple[int, ...], dict[int, int]]] = [{} for _ in range(n_max + 1)]
         self._peeked: tuple[int, list[int]] | None = None
         self._n_first = n_max  # how long the first match of the last prediction was (see _next)
 
@@ -215,22 +218,19 @@ class PromptLookup:
         if n_old > len(history) or (n_old and history[n_old - 1] != self.tokens[-1]):
             self.tokens, self.follow = [], [{} for _ in range(self.n_max + 1)]  # not an extension: rebuild
             n_old = 0
-        toks, follow = self.tokens, self.follow
+        toks, follow, n_min = self.tokens, self.follow, self.n_min
         for j in range(n_old, len(history)):
             t = history[j]
+            m = min(self.n_max, j)
+            tail = tuple(toks[j - m :])  # the m tokens before t: its n-grams are the last n of them
             toks.append(t)
-            for n in range(self.n_min, min(self.n_max, j) + 1):
-                gram = tuple(toks[j - n : j])
+            for n in range(n_min, m + 1):
+                gram = tail[m - n :]
                 f = follow[n].get(gram)
                 if f is None:
-                    follow[n][gram] = {t: [1, j]}
-                    continue
-                c = f.get(t)
-                if c is None:
-                    f[t] = [1, j]
-                else:
-                    c[0] += 1
-                    c[1] = j
+                    follow[n][gram] = {t: 1}
+                else:  # counted, and moved last: a follower's order is that of its last occurrence
+                    f[t] = f.pop(t, 0) + 1
 
     def _next(self, seq: list[int], n_guess: int) -> tuple[int, int, int, int] | None:
         """(token, n-gram size, its count, the count of every follower) the index predicts after `seq`, or None.
@@ -251,10 +251,10 @@ class PromptLookup:
                     return None
                 f = follow[n].get(tuple(seq[-n:]))
         if len(f) == 1:  # the usual case: one follower
-            ((t, (c, _)),) = f.items()
+            ((t, c),) = f.items()
             return t, n, c, c
-        t, (c, _) = max(f.items(), key=lambda kv: kv[1])
-        return t, n, c, sum(v[0] for v in f.values())
+        t = max(reversed(f), key=f.__getitem__)  # the most frequent; of those, the last seen
+        return t, n, f[t], sum(f.values())
 
     def predict(self, history: Sequence[int], k: int, tokens: list[int]) -> Iterator[Key]:
         """The controller keys of up to k tokens predicted after `history`, one at a time (lazily); each token is
@@ -297,7 +297,7 @@ class PromptLookup:
         token (AGREED, "lookup:N"), followed by others too but mostly by this one (MOSTLY, "lookup:N~"), or not
         mostly (SPLIT, "lookup:N?"). See Controller.priors for how often each is accepted."""
         agreement = AGREED if count == total else MOSTLY if 2 * count > total else SPLIT
-        return Key.lookup(next(b for b in cls.KEY_BUCKETS if n >= b), agreement)
+        return cls._KEYS[8 if n >= 8 else min(n, 4), agreement]
 
     def prefill(self, history: Sequence[int]) -> None:
         self._index(history)

@@ -277,6 +277,13 @@ class Model:
     def detokenizer(self) -> "Detokenizer":
         return Detokenizer(self.piece)
 
+    def first_eog(self, tokens: Sequence[int]) -> int:
+        """The index of the first end-of-generation token in `tokens` (len(tokens) if none)."""
+        for i, token in enumerate(tokens):
+            if self._eog.get(token) or (token not in self._eog and self.is_eog(token)):
+                return i
+        return len(tokens)
+
     def is_eog(self, token: int) -> bool:
         eog = self._eog.get(token)
         if eog is None:
@@ -316,49 +323,47 @@ class Model:
         final chunk are then available, i indexing its requested outputs: whole rows through `logits(i)`, or, with
         `sample` (see sample_on_backend), what llama.cpp sampled inside its graph through `sampled_token(i)` or
         `candidates(i)`."""
-        if not tokens:
+        n, pos0 = len(tokens), len(self.tokens)
+        if pos0 + n > self.n_ctx:
+            raise DecodeError(f"context full: {pos0} + {n} tokens > n_ctx {self.n_ctx}")
+        if n > self.n_batch:  # in chunks of n_batch, outputs from the final one
+            for start in range(0, n, self.n_batch):
+                chunk = tokens[start : start + self.n_batch]
+                self.eval(chunk, logits=logits if start + len(chunk) == n else "none", sample=sample)
+                if progress is not None:
+                    progress(start + len(chunk), n)
             return
-        if len(self.tokens) + len(tokens) > self.n_ctx:
-            raise DecodeError(f"context full: {len(self.tokens)} + {len(tokens)} tokens > n_ctx {self.n_ctx}")
-        if logits != "none":
+        if not n:
+            return
+        # one batch: the usual path, kept to a few plain statements (a step's verification runs it)
+        if logits != "none" and (sample if self.graph_sampling else None) != self._chain_k:
             self.sample_on_backend(sample if self.graph_sampling else None)
-        self._n_out, self._rows = 0, None  # the last decode's outputs are gone from here on
-        lib = self.lib
-        for start in range(0, len(tokens), self.n_batch):
-            chunk = tokens[start : start + self.n_batch]
-            n = len(chunk)
-            final = start + n == len(tokens)
-            pos0 = len(self.tokens)
-            if n == 1:
-                self._b_token[0], self._b_pos[0] = chunk[0], pos0
-            else:
-                self._b_token[:n] = chunk
-                self._b_pos[:n] = range(pos0, pos0 + n)
-            asked = (n, final and logits)
-            if asked != self._asked:
-                out = [final and logits == "all"] * n
-                if final and logits == "last":
-                    out[-1] = True
-                self._b_out[:n] = out
-                self._batch.n_tokens, self._asked = n, asked
-            if final:  # what the outputs will be, said before the decode: see below
-                self._n_out = n if logits == "all" else 1 if logits == "last" else 0
-                self.sampled = self._chain_k
-            rc = lib.llama_decode(self._ctx, self._batch)
-            # what runs from here to the next decode finds the CPU's caches cold (the weights went through them):
-            # on the usual path it is kept to a few plain statements
-            if rc != 0:
-                # the failed batch may be partly in the cache: drop it so `tokens` stays the truth
-                self._n_out = 0
-                lib.llama_memory_seq_rm(self._mem, 0, pos0, -1)
-                raise DecodeError(f"llama_decode failed (code {rc}) at position {pos0}: {last_log_error()}")
-            self.tokens += chunk
-            if self.on_decode is not None:
-                self.on_decode(chunk, pos0)
-            if _STATE["sigint"]:  # a Ctrl-C inside llama_decode's log lines, raised with `tokens` the truth
-                raise_pending_interrupt()
-            if progress is not None:
-                progress(start + n, len(tokens))
+        if n == 1:
+            self._b_token[0], self._b_pos[0] = tokens[0], pos0
+        else:
+            self._b_token[:n] = tokens
+            self._b_pos[:n] = range(pos0, pos0 + n)
+        if (n, logits) != self._asked:
+            self._b_out[:n] = [logits == "all"] * (n - 1) + [logits != "none"]
+            self._batch.n_tokens, self._asked = n, (n, logits)
+        # what the outputs will be, said before the decode: see below
+        self._n_out, self._rows = n if logits == "all" else int(logits == "last"), None
+        self.sampled = self._chain_k
+        rc = self.lib.llama_decode(self._ctx, self._batch)
+        # what runs from here to the next decode finds the CPU's caches cold (the weights went through them):
+        # on the usual path it is kept to a few plain statements
+        if rc != 0:
+            # the failed batch may be partly in the cache: drop it so `tokens` stays the truth
+            self._n_out = 0
+            self.lib.llama_memory_seq_rm(self._mem, 0, pos0, -1)
+            raise DecodeError(f"llama_decode failed (code {rc}) at position {pos0}: {last_log_error()}")
+        self.tokens += tokens
+        if self.on_decode is not None:
+            self.on_decode(tokens, pos0)
+        if _STATE["sigint"]:  # a Ctrl-C inside llama_decode's log lines, raised with `tokens` the truth
+            raise_pending_interrupt()
+        if progress is not None:
+            progress(n, n)
 
     def sample_on_backend(self, top_k: int | None) -> int | None:
         """Have llama.cpp sample inside its graph, where the logits are, so that a decode hands back a few numbers
@@ -410,8 +415,10 @@ class Model:
         decode."""
         if self.sampled != 0:
             raise DecodeError("the last decode was not sampled greedily inside llama.cpp's graph")
-        get, ctx, n = self._sampled_token_ith, self._ctx_arg, self._n_out
-        return [get(ctx, i) for i in self._out_args[-n:]] if n else []
+        get, ctx, ids = self._sampled_token_ith, self._ctx_arg, []
+        for i in self._out_args[-self._n_out :] if self._n_out else ():  # (a loop: cheaper cold than a comprehension)
+            ids.append(get(ctx, i))
+        return ids
 
     def sampled_token(self, i: int = -1) -> int:
         """The token llama.cpp's greedy sampler picked, inside the graph, for output `i` (sample=0)."""

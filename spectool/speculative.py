@@ -144,11 +144,10 @@ def speculative_generate(g: Generation, prompt: Sequence[int], stats: Stats | No
             # 3. emit, stopping at end-of-generation or the token budget
             new = [*d.tokens[:n_acc], t]
             finish = None
-            for i, tok in enumerate(new):
-                if target.is_eog(tok):
-                    new, finish = new[:i], "stop"
-                    break
-            if finish is None and n_new + len(new) >= g.max_tokens:
+            end = target.first_eog(new)
+            if end < len(new):
+                new, finish = new[:end], "stop"
+            elif n_new + len(new) >= g.max_tokens:
                 new, finish = new[: g.max_tokens - n_new], "length"
             x.extend(new)
             n_new += len(new)

@@ -16,8 +16,8 @@ class Stats:
     n_steps: int = 0
     n_drafted: int = 0
     n_accepted: int = 0
-    accepted_per_position: list[int] = field(default_factory=list)
-    drafted_per_position: list[int] = field(default_factory=list)
+    _drafted: list[int] = field(default_factory=list)  # steps with a draft, by how many tokens they drafted ...
+    _accepted: list[int] = field(default_factory=list)  # ... and by how many of them were accepted
     by_source: dict[str, int] = field(default_factory=dict)  # drafted tokens per source
     prompt_seconds: float = 0.0
     decode_seconds: float = 0.0
@@ -34,11 +34,20 @@ class Stats:
         self.decode_seconds += step.draft_seconds + step.verify_seconds
         if step.drafted:
             self.by_source[step.source] = self.by_source.get(step.source, 0) + step.drafted
-            for arr, n in ((self.drafted_per_position, step.drafted), (self.accepted_per_position, step.accepted)):
-                if len(arr) < n:
-                    arr.extend([0] * (n - len(arr)))
-                for i in range(n):
-                    arr[i] += 1
+            for hist, n in ((self._drafted, step.drafted), (self._accepted, step.accepted)):
+                if len(hist) <= n:
+                    hist.extend([0] * (n + 1 - len(hist)))
+                hist[n] += 1
+
+    @property
+    def drafted_per_position(self) -> list[int]:
+        """How many steps drafted a token at position i (i = 0: the first), by i."""
+        return _at_least(self._drafted)
+
+    @property
+    def accepted_per_position(self) -> list[int]:
+        """How many steps had their draft token at position i accepted, by i."""
+        return _at_least(self._accepted)
 
     @property
     def acceptance_rate(self) -> float:
@@ -78,3 +87,12 @@ class Stats:
             "finish_reason": self.finish_reason,
             "offload": self.offload,
         }
+
+
+def _at_least(hist: list[int]) -> list[int]:
+    """out[i] = how many counted at least i + 1, from hist[n] = how many counted exactly n."""
+    out, total = [], 0
+    for count in reversed(hist[1:]):
+        total += count
+        out.append(total)
+    return out[::-1]

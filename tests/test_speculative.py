@@ -6,6 +6,8 @@ import numpy as np
 import helpers
 import pytest
 from helpers import tokens_of
+from hypothesis import given, settings
+from hypothesis import strategies as hst
 
 from spectool.controller import Controller
 from spectool.drafters import DraftModel, Hybrid, PromptLookup
@@ -13,7 +15,7 @@ from spectool.engine import Model
 from spectool.keys import DRAFT, SPLIT
 from spectool.options import Spec
 from spectool.session import build_drafter
-from spectool.speculative import Generation, generate_text, speculative_generate
+from spectool.speculative import Generation, Step, generate_text, speculative_generate
 from spectool.stats import Stats
 from spectool.verify import Sampling, distribution
 
@@ -266,6 +268,7 @@ def test_end_of_generation_token_stops(target, monkeypatch):
     plain = tokens_of(Generation(target, None, max_tokens=30), prompt)
     eog = plain[10]
     monkeypatch.setattr(Model, "is_eog", lambda self, t: t == eog)
+    monkeypatch.setattr(target, "_eog", {})  # what the real is_eog learnt so far
     st = Stats()
     g = Generation(target, PromptLookup(), max_tokens=30)
     out = tokens_of(g, prompt, st)
@@ -458,3 +461,16 @@ def test_hybrid_hands_over_to_the_draft_model_where_lookup_is_worth_less(draft):
     assert d.tokens[2:] == plain_draft.tokens  # the draft model continued from lookup's tokens
     assert list(map(str, h.peek(history, 8, lambda key: worth.get(key, 0.9))[:3])) == ["lookup:2", "lookup:2+1",
                                                                                        "lookup:4?"]
+
+
+@settings(max_examples=100, deadline=None)
+@given(hst.lists(hst.integers(0, 9).flatmap(lambda d: hst.tuples(hst.just(d), hst.integers(0, d))), max_size=30))
+def test_per_position_counts_are_those_of_the_steps(steps):
+    """Stats keeps steps by draft length and by accepted length; per position i it reports how many steps drafted
+    (accepted) a token there, counted here step by step."""
+    s = Stats()
+    for drafted, accepted in steps:
+        s.add_step(Step([0] * (accepted + 1), drafted, accepted, Spec.lookup, 0.0, 0.0))
+    for per_position, count in ((s.drafted_per_position, 0), (s.accepted_per_position, 1)):
+        longest = max((step[count] for step in steps), default=0)
+        assert per_position == [sum(step[count] > i for step in steps) for i in range(longest)]
