@@ -208,48 +208,52 @@ class PromptLookup:
             raise ValueError("lookup n-gram sizes need 1 <= n_min <= n_max")
         self.n_min, self.n_max = n_min, n_max
         self.tokens: list[int] = []
-        # follow[n]: n-gram -> the tokens that followed it -> how often, in the order of their last occurrence
-        self.follow: list[dict[tuple[int, ...], dict[int, int]]] = [{} for _ in range(n_max + 1)]
+        # every n-gram seen (n_min <= n <= n_max) -> the tokens that followed it -> how often, in the order of their
+        # last occurrence. An n-gram is written as a string of n characters, chr(token) each (token ids are far
+        # below 0x110000): a string is sliced, hashed and compared in one piece, and the garbage collector does not
+        # track it, where it would track a tuple (a step's new n-grams would set off a collection every few steps)
+        self.follow: dict[str, dict[int, int]] = {}
         self._peeked: tuple[int, list[int]] | None = None
         self._n_first = n_max  # how long the first match of the last prediction was (see _next)
 
     def _index(self, history: Sequence[int]) -> None:
         n_old = len(self.tokens)
         if n_old > len(history) or (n_old and history[n_old - 1] != self.tokens[-1]):
-            self.tokens, self.follow = [], [{} for _ in range(self.n_max + 1)]  # not an extension: rebuild
+            self.tokens, self.follow = [], {}  # not an extension: rebuild
             n_old = 0
-        toks, follow, n_min = self.tokens, self.follow, self.n_min
-        for j in range(n_old, len(history)):
-            t = history[j]
-            m = min(self.n_max, j)
-            tail = tuple(toks[j - m :])  # the m tokens before t: its n-grams are the last n of them
-            toks.append(t)
+        toks, follow, n_min, n_max = self.tokens, self.follow, self.n_min, self.n_max
+        tail = "".join(map(chr, toks[-n_max:]))  # the n-grams before the next token are the ends of this
+        for t in history[n_old:]:
+            m = len(tail)
             for n in range(n_min, m + 1):
                 gram = tail[m - n :]
-                f = follow[n].get(gram)
+                f = follow.get(gram)
                 if f is None:
-                    follow[n][gram] = {t: 1}
+                    follow[gram] = {t: 1}
                 else:  # counted, and moved last: a follower's order is that of its last occurrence
                     f[t] = f.pop(t, 0) + 1
+            toks.append(t)
+            tail = tail[1 - n_max :] + chr(t) if n_max > 1 else chr(t)
 
-    def _next(self, seq: list[int], n_guess: int) -> tuple[int, int, int, int] | None:
-        """(token, n-gram size, its count, the count of every follower) the index predicts after `seq`, or None.
+    def _next(self, seq: str, n_guess: int) -> tuple[int, int, int, int] | None:
+        """(token, n-gram size, its count, the count of every follower) the index predicts after `seq` (tokens as
+        characters, see `follow`), or None.
 
         The longest n-gram ending `seq` that was seen before is searched from `n_guess` up or down: an n-gram seen
         (followed by something) means each of its suffixes was seen, and one not seen means no longer one was. In
         a stretch the guess (one more than the last match) is right at the first look-up."""
         follow, top = self.follow, min(self.n_max, len(seq))
         n = max(self.n_min, min(n_guess, top))
-        f = follow[n].get(tuple(seq[-n:]))
+        f = follow.get(seq[-n:])
         if f:
-            while n < top and (longer := follow[n + 1].get(tuple(seq[-n - 1 :]))):
+            while n < top and (longer := follow.get(seq[-n - 1 :])):
                 n, f = n + 1, longer
         else:
             while not f:
                 n -= 1
                 if n < self.n_min:
                     return None
-                f = follow[n].get(tuple(seq[-n:]))
+                f = follow.get(seq[-n:])
         if len(f) == 1:  # the usual case: one follower
             ((t, c),) = f.items()
             return t, n, c, c
@@ -267,7 +271,7 @@ class PromptLookup:
         evidence breaks the stretch (a shorter match: the copied text went another way before; or followers that
         disagreed) starts a new one under its own key (`key`)."""
         self._index(history)
-        seq = list(history[-self.n_max :])
+        seq = "".join(map(chr, history[-self.n_max :]))
         key, prev_n = None, 0
         for _ in range(k):
             nxt = self._next(seq, prev_n + 1 if key is not None else self._n_first)
@@ -281,7 +285,7 @@ class PromptLookup:
                     key = key.next
             else:
                 key = self.key(n, count, total)
-            seq.append(t)
+            seq += chr(t)
             tokens.append(t)
             prev_n = n
             yield key

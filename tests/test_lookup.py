@@ -62,13 +62,19 @@ def test_the_longest_match_is_found_from_any_first_guess(history, seq):
     longest = max((n for n in range(1, min(12, len(seq)) + 1)
                    if any(history[j - n : j] == seq[-n:] for j in range(n, len(history)))), default=None)
     for guess in range(0, 15):
-        found = lk._next(list(seq), guess)
+        found = lk._next("".join(map(chr, seq)), guess)  # tokens as characters (PromptLookup.follow)
         assert (found[1] if found else None) == longest, (guess, found, longest)
 
 
 def test_prefers_the_most_frequent_follower():
     # after "1" came 2 twice and 3 once (most recently): the count wins
     assert PromptLookup(1, 1).lookup([1, 2, 1, 2, 1, 3, 1], 1)[0] == [2]
+
+
+def test_a_tie_goes_to_the_follower_seen_last():
+    # after "1" came 2, 3, 3, then 2 again: two each, and 2 most recently (first seen first, last seen last)
+    assert PromptLookup(1, 1).lookup([1, 2, 1, 3, 1, 3, 1, 2, 1], 1)[0] == [2]
+    assert PromptLookup(1, 1).lookup([1, 2, 1, 3, 1, 2, 1, 3, 1], 1)[0] == [3]
 
 
 def test_longest_match_wins_and_reports_its_size():
