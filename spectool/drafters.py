@@ -193,9 +193,9 @@ class PromptLookup:
     """N-gram drafting from the prompt and the text so far.
 
     An incremental index maps every n-gram (n_min <= n <= n_max) to the tokens that followed it, with counts, in
-    the order of their last occurrence. A draft extends the current suffix one token at a time: the longest n-gram of the
-    suffix that was seen before votes for its most frequent follower (ties: the most recent). Each token costs
-    O(n_max) dictionary look-ups, whatever the history's length.
+    the order of their last occurrence. A draft extends the current suffix one token at a time: the longest n-gram
+    of the suffix that was seen before votes for its most frequent follower (ties: the most recent). Each token
+    costs O(n_max) dictionary look-ups, whatever the history's length.
     """
 
     KEY_BUCKETS = (8, 4, 3, 2, 1)  # match lengths the controller keeps apart: 1, 2, 3, 4-7, 8 and more
