@@ -22,7 +22,7 @@ def test_a_session_is_the_generation_the_options_describe(tiny, target):
     prompt = target.tokenize("The quick brown fox")
     plain = tokens_of(Generation(target, None, max_tokens=30), prompt)
     with open_session(Options(model=str(tiny["target"]), spec=Spec.lookup, max_tokens=30, ctx_size=1024,
-                              threads=2)) as s:
+                              threads=2, gpu_layers="0")) as s:  # on the CPU, as `target` is, on a GPU host too
         assert s.mode == "lookup" and tokens_of(s.gen, prompt) == plain
 
 
