@@ -219,7 +219,7 @@ class Controller:
             if est is not None:
                 return est
         a = self._acc.get(key) or self._stats(key)
-        prior = a.prior if key.before is None else self.acceptance(key.before)  # prior(key), without the call
+        prior = a.prior if key.before is None else self.acceptance(key.before)
         est = min(1.0, (a.hits + a.weight * prior) / (a.tries + a.weight) + optimism / (a.tries + a.weight) ** 0.5)
         if not optimism:
             self._memo[key] = est  # until the next observation (a stretch's keys chain through their priors)
@@ -231,11 +231,6 @@ class Controller:
         half a target step)."""
         one = self.costs.verify_costs(1)[1]
         return self.acceptance(key) - self.draft_cost(key, one) / one
-
-    def prior(self, key: Key) -> tuple[float, float]:
-        """(prior acceptance, its weight in observations) of a key: see `acceptance`."""
-        a = self._stats(key)
-        return (a.prior if key.before is None else self.acceptance(key.before)), a.weight
 
     def verify_cost(self, batch_size: int) -> float:
         return self.costs.verify_cost(batch_size)

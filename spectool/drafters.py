@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, ClassVar, Iterable, Iterator, Protocol, Sequence
+from typing import Callable, Iterable, Iterator, Protocol, Sequence
 
 from spectool import native  # noqa: F401, I001 - llama.cpp's libraries before numpy (native.py)
 import numpy as np  # noqa: E402
@@ -199,8 +199,6 @@ class PromptLookup:
     """
 
     KEY_BUCKETS = (8, 4, 3, 2, 1)  # match lengths the controller keeps apart: 1, 2, 3, 4-7, 8 and more
-    _KEYS: ClassVar[dict[tuple[int, str], Key]] = {  # (bucket, agreement) -> its key, made once
-        (n, agreement): Key.lookup(n, agreement) for n in KEY_BUCKETS for agreement in (AGREED, MOSTLY, SPLIT)}
     STRETCH_MAX = 16  # continuations further along a stretch share one key
 
     def __init__(self, n_min: int = 1, n_max: int = 12):
@@ -301,7 +299,7 @@ class PromptLookup:
         token (AGREED, "lookup:N"), followed by others too but mostly by this one (MOSTLY, "lookup:N~"), or not
         mostly (SPLIT, "lookup:N?"). See Controller.priors for how often each is accepted."""
         agreement = AGREED if count == total else MOSTLY if 2 * count > total else SPLIT
-        return cls._KEYS[8 if n >= 8 else min(n, 4), agreement]
+        return Key.lookup(next(b for b in cls.KEY_BUCKETS if n >= b), agreement)
 
     def prefill(self, history: Sequence[int]) -> None:
         self._index(history)

@@ -166,7 +166,7 @@ def test_sampled_runs_learn_acceptance_apart_from_greedy_ones(target):
     from spectool.verify import Sampling
 
     c = Controller()
-    greedy, sampled = c.prior(Key.lookup(8)), c.prior(Key.lookup(8).at(0.8))
+    greedy, sampled = ((a.prior, a.weight) for a in map(c._stats, (Key.lookup(8), Key.lookup(8).at(0.8))))
     assert sampled[0] < greedy[0] and sampled[1] < greedy[1]
     for _ in range(50):
         c.observe_accept([Key.lookup(8)] * 8, 8, 8)
