@@ -172,7 +172,7 @@ def repl(s, system: str | None, color_drafts: bool, quiet: bool, say: Callable[[
     messages to stderr (`say`). Returns the exit code (0; 143 after SIGTERM)."""
     import sys
 
-    from spectool.signals import SigintFlag
+    from spectool.signals import SigintFlag, Terminated
     from spectool.ui import Display, WaitBar, offload_text, summary_line
 
     try:
@@ -190,8 +190,10 @@ def repl(s, system: str | None, color_drafts: bool, quiet: bool, say: Callable[[
         except EOFError:
             print(file=sys.stderr)
             return 0
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as e:  # Ctrl-C at the prompt: a fresh line; SIGTERM: leave, as during a reply
             print(file=sys.stderr)
+            if isinstance(e, Terminated):
+                return 143
             continue
         if not line.strip():
             continue

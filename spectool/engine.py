@@ -11,6 +11,7 @@ from __future__ import annotations
 import codecs
 import ctypes
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
@@ -88,7 +89,7 @@ class Model:
         output layer runs on a GPU or a worker, not on the CPU."""
         self.path = check_gguf_file(path)
         lib = self.lib = _lib()
-        self._model = self._ctx = self._batch = None
+        self._model = self._ctx = self._batch = self._chain = None  # close() is safe on a half-built Model
         mparams = lib.llama_model_default_params()
         ngl, usable = resolve_gpu_layers(n_gpu_layers, local_only=local_only)
         mparams.n_gpu_layers = ngl
@@ -153,6 +154,7 @@ class Model:
         if flash_attn is not None:  # None: llama.cpp decides (on for CPU); its kernel sums in batch-dependent order
             cparams.flash_attn_type = int(flash_attn)
         cparams.swa_full = True  # rollback inside the sliding window needs the full-size SWA cache
+        _RECENT_LOG.clear()  # what the context's creation logs, for _no_context
         ctx = lib.llama_init_from_model(model, cparams)
         if ctx and _STATE.get("sigint"):
             lib.llama_free(ctx)
@@ -161,10 +163,7 @@ class Model:
             raise_pending_interrupt()
         if not ctx:
             self.close()
-            raise ModelLoadError(
-                f"llama.cpp could not create a context of {n_ctx} tokens for {self.path.name}: "
-                f"{last_log_error() or 'out of memory?'}"
-            )
+            raise self._no_context(n_ctx, usable if layers else [])
         self._ctx = ctx
         self._mem = lib.llama_get_memory(ctx)
         self.n_ctx = lib.llama_n_ctx(ctx)
@@ -217,6 +216,23 @@ class Model:
         where = ", ".join(d.name for d in usable)
         return (f"{self.path.name} ({size >> 20} MiB) does not fit {where} ({free >> 20} MiB free): "
                 f"try -ngl {fit} (of its {n_layer} layers), or -ngl 0 for the CPU")
+
+    def _no_context(self, n_ctx: int, usable: list[Device]) -> ModelLoadError:
+        """Why llama.cpp made no context; where an allocation failed (a KV cache too large for -c), how much it
+        wanted and how much memory was free, as _does_not_fit says for the weights."""
+        log = " ".join(_RECENT_LOG)
+        wanted = re.search(r"failed to allocate (?:\S+ )?buffer of size (\d+)", log)
+        if not wanted:
+            return ModelLoadError(f"llama.cpp could not create a context of {n_ctx} tokens for {self.path.name}: "
+                                  f"{last_log_error() or 'out of memory?'}")
+        what = "its KV cache" if "kv cache" in log.lower() else "its buffers"
+        if usable:
+            where, free = ", ".join(d.name for d in usable), sum(d.free for d in usable)
+        else:
+            where, free = "RAM", os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        return DoesNotFit(f"a context of {n_ctx} tokens for {self.path.name} does not fit: {what} needs "
+                          f"{int(wanted[1]) >> 20} MiB and {where} has {free >> 20} MiB free; try a smaller "
+                          "-c/--ctx-size")
 
     # -- lifetime ------------------------------------------------------------------------------------------
     def close(self) -> None:

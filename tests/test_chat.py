@@ -215,3 +215,21 @@ def test_a_long_prompt_shows_its_progress_in_a_real_terminal(gemma_q4, tmp_path)
     assert bar, seen[-1] if seen else "no screen"
     done_tokens, total = bar[-1].split("tokens")[0].split()[-1].split("/")
     assert 0 < int(done_tokens) <= int(total) and int(total) > 1000
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+@pytest.mark.parametrize("after_a_reply", [False, True])
+def test_sigterm_at_the_idle_prompt_exits_143(tiny, tmp_path, after_a_reply):
+    """SIGTERM while chat waits for a line ends it with 143, as it does during a reply (it used to print the
+    prompt again and stay)."""
+    pid = tmp_path / "pid"
+    cmd = f"bash -c 'echo $$ > {pid}; exec {sys.executable} -m spectool chat -m {tiny['target']} -n 8'"
+    with Pane(tmp_path, cmd) as pane:
+        pane.wait_for("/help for commands")
+        if after_a_reply:
+            pane.send("The quick brown fox")
+            pane.wait_for("tok/s")
+        time.sleep(0.5)  # at input()
+        os.kill(int(pid.read_text()), signal.SIGTERM)
+        assert pane.exit_code() == "143", pane.screen()
+        assert "Traceback" not in pane.screen()

@@ -280,3 +280,75 @@ def test_stop_strings_fuzz(target, tokens, stops, chunk):
             break
     got += stream.flush()
     assert got == expect
+
+
+# -- issue 31: bad values found by hand, each answered before anything loads where it can be -------------------
+def test_serve_without_its_libraries_says_so_before_loading(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "uvicorn", None)  # as if not installed: importing it raises ImportError
+    line = one_line_error(runner.invoke(app, ["serve", "-m", str(tmp_path / "missing.gguf")]))
+    assert "needs uvicorn" in line and "pip install uvicorn" in line  # not "model file not found": nothing loaded
+
+
+def test_a_context_too_large_for_memory_says_what_it_wanted(tiny):
+    """-c 10,000,000 wants a KV cache of 3.6 GB for the tiny model; under a 2 GB address-space limit it cannot be
+    allocated on any machine. The answer says so, and how much it wanted (the half-built Model closes cleanly)."""
+    import resource
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+    r = subprocess.run([sys.executable, "-m", "spectool", "run", "-m", str(tiny["target"]), "-ngl", "0", "-c",
+                        "10000000", "-n", "5", "hi"], capture_output=True, text=True, timeout=120, preexec_fn=limit,
+                       env=dict(os.environ, CUDA_VISIBLE_DEVICES=""), stdin=subprocess.DEVNULL)
+    assert r.returncode == 1 and r.stdout == "", r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith("error: a context of 10000000 tokens for target.gguf does not fit: its KV cache needs "
+                           "3662 MiB") and "-c/--ctx-size" in line and "_chain" not in line, line
+
+
+def test_stats_json_paths_are_checked_before_loading(tiny, tmp_path):
+    """A path that cannot be written is refused before generation, naming the path as given; a read-only file is
+    refused, not replaced."""
+    ro = tmp_path / "ro.json"
+    ro.write_text("{}\n")
+    ro.chmod(0o444)
+    cases = {tmp_path / "missing" / "s.json": "no such directory", tmp_path: "is a directory",
+             ro: "the file is read-only", Path("/proc/spectool-s.json"): "cannot write in /proc"}
+    if os.geteuid() != 0:  # root writes in any folder
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        cases[locked / "s.json"] = "cannot write in"
+    for path, message in cases.items():
+        r = runner.invoke(app, ["run", "-m", str(tiny["target"]), "-n", "5", "--stats-json", str(path), "hi"])
+        line = one_line_error(r, code=2)
+        assert line.startswith(f"error: --stats-json {path}: {message}") and ".tmp" not in line, line
+        assert r.stdout == ""  # nothing generated
+    assert ro.read_text() == "{}\n" and ro.stat().st_mode & 0o777 == 0o444
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ro.json"] + (["locked"] if os.geteuid() else [])
+
+
+def test_stats_json_is_written_when_the_reader_closes_early(tiny, tmp_path):
+    stats = tmp_path / "s.json"
+    r = subprocess.run(["bash", "-c", f"set -o pipefail; {sys.executable} -m spectool run -m {tiny['target']} -n 1500 "
+                        f"--stats-json {stats} 'The quick brown fox' | head -c 10 > /dev/null"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 141 and "Traceback" not in r.stderr, r.stderr
+    j = json.loads(stats.read_text())
+    assert j["finish_reason"] == "interrupted" and 0 < j["n_generated"] < 1500
+
+
+def test_seed_threads_and_bytes_that_are_not_utf8(tiny):
+    r = runner.invoke(app, ["run", "-m", str(tiny["target"]), "--seed", "-5", "hi"])
+    assert r.exit_code == 2 and "--seed" in r.stderr and r.stdout == "" and "Traceback" not in r.output
+    cores = os.cpu_count() or 1
+    many = runner.invoke(app, ["run", "-m", str(tiny["target"]), "-t", str(cores + 1), "-n", "3", "-q", "hi"])
+    assert many.exit_code == 0 and many.stderr.count("warning:") == 1
+    assert f"-t {cores + 1} is more threads than this machine's {cores} CPU cores" in many.stderr
+    enough = runner.invoke(app, ["run", "-m", str(tiny["target"]), "-t", str(cores), "-n", "3", "-q", "hi"])
+    assert enough.exit_code == 0 and "warning" not in enough.stderr
+    for args in ([b"\xffhi"], [b"-p", b"caf\xe9"], [b"--stop", b"\xff", b"hi"]):
+        p = subprocess.run([sys.executable.encode(), b"-m", b"spectool", b"run", b"-m", str(tiny["target"]).encode(),
+                            b"-n", b"3", *args], capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+        (line,) = p.stderr.decode().strip().splitlines()
+        assert p.returncode == 2 and line.startswith("error: an argument is not valid UTF-8") and p.stdout == b"", \
+            p.stderr

@@ -1,9 +1,10 @@
 """The README (and docs/) stay true where a machine can check them: every `spectool ...` command line parses with
-spectool's own command line, every flag named exists, and the defaults the README states are the ones `--help`
-shows."""
+spectool's own command line, every flag named exists, the defaults the README states are the ones `--help`
+shows, and the README's install brings what its serve command needs, which answers."""
 
 import re
 import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -131,3 +132,57 @@ def test_the_check_fails_on_a_flag_or_default_that_is_not_so():
     assert wrong != text and any("-c" in p and "8192" in p for p in problems(wrong))
     wrong = text.replace("0.8 (`chat`) | 0.8 |", "0.7 (`chat`) | 0.8 |")
     assert wrong != text and any("chat --temp" in p for p in problems(wrong))
+
+
+# -- the README's install, then its serve command ----------------------------------------------------------------
+def readme_section(title: str) -> str:
+    return (ROOT / "README.md").read_text().split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_readme_install_brings_what_serve_needs():
+    """`pip install -e ".[EXTRAS]"` as the README's install says: the installed package requires the server's
+    libraries without any extra beyond those."""
+    from importlib.metadata import requires
+
+    extras = set(re.search(r'pip install -e "\.\[([\w,]+)\]"', readme_section("Install"))[1].split(","))
+    installed = set()
+    for req in requires("spectool"):
+        name, _, marker = req.partition(";")
+        extra = re.search(r'extra == "(\w+)"', marker)
+        if extra is None or extra[1] in extras:
+            installed.add(re.split(r"[<>=!~ \[]", name.strip())[0].lower())
+    assert {"starlette", "uvicorn"} <= installed, sorted(installed)
+
+
+@pytest.mark.realmodel
+def test_the_readme_serve_command_answers(tmp_path):
+    """The README's `spectool serve` line, run by the installed `spectool` (on a free port instead of 8080), answers
+    /health and the README's curl request to /v1/chat/completions."""
+    import json
+    import sys
+    import urllib.request
+
+    from helpers import free_port, stop, wait_until_up
+
+    section = readme_section("Serve the OpenAI API")
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    serve_line = next(ln for ln in block.splitlines() if ln.startswith("spectool serve "))
+    curl = " ".join(ln.rstrip("\\").strip() for ln in block.splitlines() if not ln.startswith("spectool "))
+    url = re.search(r"curl -s (\S+)", curl)[1]
+    body = json.loads(shlex.split(curl)[shlex.split(curl).index("-d") + 1])
+    port = free_port()
+    exe = str(Path(sys.executable).parent / "spectool")  # the console script the install made
+    words = shlex.split(serve_line, comments=True)
+    proc = subprocess.Popen([exe, *words[1:], "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, stdin=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_up(proc, lambda: urllib.request.urlopen(base + "/health", timeout=1).status == 200, "server", 300)
+        req = urllib.request.Request(url.replace("http://127.0.0.1:8080", base), data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as r:
+            reply = json.loads(r.read())
+        assert r.status == 200 and reply["choices"][0]["message"]["content"].strip(), reply
+    finally:
+        code, err = stop(proc)
+    assert "Traceback" not in err and "error" not in err.lower(), err
