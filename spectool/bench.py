@@ -345,18 +345,26 @@ class Comparison:
     contenders: list[Contender]
     results: list[Result]
     sampled: list[Result]
+    cost_tables: list[str]  # the saved cost tables of the target (costtables.describe), which `run` starts from
+    costs_removed: int = 0  # tables removed first (--reset-costs)
 
     def to_json(self) -> dict:
         return {"target": self.target, "draft": self.draft, "prompts": self.prompts, "max_tokens": self.max_tokens,
                 "results": [r.to_json() for r in self.results], "sampled": [r.to_json() for r in self.sampled],
-                "recommendation": recommend(self.results, self.contenders)}
+                "recommendation": recommend(self.results, self.contenders), "cost_tables": self.cost_tables,
+                "cost_tables_removed": self.costs_removed}
 
 
-def compare(o, texts: Sequence[str], draft_vocab: int, with_sampled: bool, hooks, progress=None) -> Comparison:
+def compare(o, texts: Sequence[str], draft_vocab: int, with_sampled: bool, hooks, progress=None,
+            reset_costs: bool = False) -> Comparison:
     """`spectool bench`: the models of options `o` loaded through the session layer (its draft pruning too), every
     default contender on every prompt, greedy, then (with_sampled) the adaptive ones sampled with llama.cpp's
-    defaults against llama-cpp-python's own sampling. `progress(description, advance, total)` hears each prompt."""
+    defaults against llama-cpp-python's own sampling. `progress(description, advance, total)` hears each prompt.
+    Each contender learns costs of its own from nothing; `reset_costs` removes the target's saved cost tables
+    (those `spectool run` starts from) first."""
     import contextlib
+
+    from spectool import costtables
 
     from spectool.session import load_models, pruned_draft, resolve_models
 
@@ -367,6 +375,7 @@ def compare(o, texts: Sequence[str], draft_vocab: int, with_sampled: bool, hooks
         if m.draft_error is not None:
             raise m.draft_error
         target, draft = m.target, m.draft
+        removed = costtables.reset(target.path) if reset_costs else 0
         drafts = {0: (draft, None)}
         pruned_vocab = draft_vocab if draft is not None and 0 < draft_vocab < draft.n_vocab else 0
         if pruned_vocab:
@@ -386,4 +395,5 @@ def compare(o, texts: Sequence[str], draft_vocab: int, with_sampled: bool, hooks
             sampled = run(target, drafts, tokens, adaptive, o.max_tokens, on_done=done, sampling=LLAMA_CPP_SAMPLING,
                           baseline=base)
         return Comparison(str(m.target_ref), str(m.draft_ref) if m.draft_ref else None, target.path.name, len(texts),
-                          o.max_tokens, contenders, results, sampled)
+                          o.max_tokens, contenders, results, sampled,
+                          [costtables.describe(t) for t in costtables.tables(target.path)], removed)

@@ -20,6 +20,8 @@ the tokens seen.
 
 from __future__ import annotations
 
+import math
+import time
 from dataclasses import dataclass, field
 from itertools import chain, islice, pairwise
 from typing import Iterable, Sequence
@@ -37,78 +39,205 @@ class _Acceptance:
     zero_streak: int = 0
 
 
+WINDOW = 9  # samples a batch size keeps, the newest
+MAX_SECONDS = 600.0  # no verification of one batch takes this long: a saved price beyond it is damage, not a price
+
+
+def _seconds(x) -> float | None:
+    """`x` as a cost in seconds if it can be one: a finite number in (0, MAX_SECONDS)."""
+    if isinstance(x, (int, float)) and not isinstance(x, bool) and 0.0 < x < MAX_SECONDS:
+        return float(x)
+    return None
+
+
+@dataclass(slots=True)
+class _Size:
+    """One batch size's measurements: its newest samples (seconds), taken by this process (`fresh`) or else by
+    an earlier run (`run`, saved at Unix time `time`)."""
+
+    seconds: list[float]
+    fresh: bool = False
+    last: int = 0  # this process's verification count when it last measured the size
+    run: int = 0
+    time: float = 0.0
+
+    def estimate(self) -> float:
+        """The lower median: one stall among a few samples is not believed."""
+        s = sorted(self.seconds)
+        return s[(len(s) - 1) // 2]
+
+    @classmethod
+    def from_json(cls, entry) -> _Size | None:
+        """A saved size, or None where it is not what `Costs.to_json` writes. An older table's single price per size
+        reads as measured at time 0, so it is stale."""
+        if not isinstance(entry, dict):
+            entry = {"seconds": [entry], "run": 0, "time": 0.0}
+        seconds, run, when = entry.get("seconds"), entry.get("run"), entry.get("time")
+        if not isinstance(seconds, list) or not 1 <= len(seconds) <= WINDOW or None in map(_seconds, seconds):
+            return None
+        if not isinstance(run, int) or isinstance(run, bool) or run < 0 or not isinstance(when, (int, float)) \
+                or not math.isfinite(when):
+            return None
+        return cls([float(x) for x in seconds], run=run, time=float(when))
+
+
 @dataclass
 class Costs:
-    """What verifying a batch and drafting a token cost, learnt as running averages (seconds)."""
+    """What verifying a batch and drafting a token cost on this machine (seconds), measured so that a busy
+    minute cannot set a price for good.
+
+    Each batch size keeps its newest samples and is priced at their lower median (one stall is outvoted). Samples
+    are pooled only while they come close together (within `recent` verifications): a size measured again after
+    a pause, and every size a new run measures, starts from its new samples, and a saved table's samples answer
+    only until then. A price is believed when `confirm` close samples say so; otherwise only while it is within
+    `doubt` times what the believed sizes around it predict (see `price`) and no dearer than a larger size. A
+    doubted size is priced like an unmeasured one, so the controller tries it and measures it again: a price
+    inflated by a stall, a busy neighbour or an earlier day corrects itself, while a real kernel switch (a batch
+    of 8 dearer or cheaper than 7) is confirmed and kept."""
 
     jump_prior: float = 0.8  # extra cost of a batch of 2 over 1 token, relative to one token, until measured
     slope_prior: float = 0.2  # extra cost of each further batched token, relative to one token, until measured
     unmeasured: float = 0.9  # sizes not yet measured are priced this much below their estimate, so they get tried
     timed: bool = True
-    # a batch size not verified in this many verifications is forgotten: priced again from the sizes in use, and
-    # measured afresh when next tried. A size measured while the machine was busy (or on another day) must not
-    # keep the controller away from it for good.
-    forget_after: int = 256
-    # the price of every batch size is derived from `verify` anew when a size is measured for the first time or
-    # forgotten, and otherwise at most every this many verifications (the running averages move slowly): deriving
-    # it is most of the controller's work in a step
+    # a price above this many times its prediction is doubted until confirmed. On a quiet machine the measured
+    # prices of sizes 2-9 stay within 1.6x of the prediction from their neighbours (Gemma 3 270M Q4_K_M / F16 /
+    # F32 on the 2-core VMs; docs/performance.md, "Cost table"); stalls and busy neighbours make 3-24x
+    doubt: float = 2.0
+    confirm: int = 3  # close samples that confirm a price, however far it is from the prediction
+    recent: int = 64  # samples further apart than this many verifications are not pooled
+    stale_runs: int = 8  # a saved size not measured in this many runs is measured afresh ...
+    stale_seconds: float = 86400.0  # ... and so is one measured longer ago than this (the machine's load moves)
+    # the price of every batch size is derived anew when a size starts new samples, and otherwise at most every
+    # this many verifications (prices move slowly): deriving them is most of the controller's work in a step
     reprice_every: int = 8
-    verify: dict[int, float] = field(default_factory=dict)  # batch size -> seconds
+    verify: dict[int, float] = field(default_factory=dict)  # batch size -> seconds, each size's estimate
     draft: dict[Key, float] = field(default_factory=dict)  # Key.drafter -> seconds per drafted token
+    runs: int = 0  # the runs of spectool that saved this table before (this one is number runs + 1)
+    rejected: int = 0  # entries of a saved table dropped as invalid when it was read
+    _sizes: dict[int, _Size] = field(default_factory=dict)
     _warm: set = field(default_factory=set)
-    _seen: dict[int, int] = field(default_factory=dict)  # batch size -> the verification that last used it
     _n: int = 0  # verifications observed
-    _prices: tuple[int, int, list[float]] = (-1, 0, [])  # (_n, len(verify)) when derived, and verify_costs' list
+    _prices: tuple[int, int, list[float]] = (-1, 0, [])  # (_n, _version) when derived, and verify_costs' list
+    _version: int = 0  # counts the sizes that started new samples
 
-    def to_json(self) -> dict:
-        return {"verify": {str(b): c for b, c in sorted(self.verify.items())},
+    def __post_init__(self):
+        now = time.time()
+        for b, c in self.verify.items():  # prices given by the caller: as if a table saved by this run
+            self._sizes.setdefault(b, _Size([c], run=self.runs, time=now))
+
+    # -- the saved table -----------------------------------------------------------------------------------
+    def to_json(self, now: float | None = None) -> dict:
+        now = time.time() if now is None else now
+        return {"runs": self.runs + 1,
+                "verify": {str(b): {"seconds": [round(x, 7) for x in s.seconds], "run": self.runs + 1 if s.fresh else s.run,
+                                    "time": now if s.fresh else s.time} for b, s in sorted(self._sizes.items())},
                 "draft": [{"source": k.source.value, "temp": k.temp, "seconds": c} for k, c in self.draft.items()]}
 
     @classmethod
-    def from_json(cls, obj: dict) -> Costs:
-        """Costs saved by an earlier run. Each size's first new sample is still dropped as a warm-up."""
-        draft = obj.get("draft", [])
-        return cls(verify={int(b): float(c) for b, c in obj.get("verify", {}).items() if float(c) > 0},
-                   draft={Key.of(Spec(d["source"]), temp=float(d["temp"])): float(d["seconds"])
-                          for d in (draft if isinstance(draft, list) else []) if float(d["seconds"]) >= 0})
+    def from_json(cls, obj, max_batch: int = 1 << 20, now: float | None = None) -> Costs:
+        """A table written by `to_json` in an earlier run, read as input: what this code would not have written (a
+        size outside 1..max_batch, a cost that is not a finite number of seconds in (0, MAX_SECONDS), a damaged
+        draft entry) is dropped and counted in `rejected`. Sizes measured more than `stale_runs` runs or
+        `stale_seconds` ago are dropped too (not counted), to be measured afresh. Each size's first new sample is
+        still dropped as a warm-up."""
+        now = time.time() if now is None else now
+        if not isinstance(obj, dict):
+            return cls(rejected=1)
+        runs = obj.get("runs", 0)
+        runs = runs if isinstance(runs, int) and not isinstance(runs, bool) and 0 <= runs < 1 << 40 else 0
+        costs, bad = cls(runs=runs), 0
+        verify, draft = obj.get("verify", {}), obj.get("draft", [])
+        for b, entry in (verify.items() if isinstance(verify, dict) else ()):
+            s = _Size.from_json(entry) if str(b).isdigit() and 1 <= int(b) <= max_batch else None
+            if s is None:
+                bad += 1
+            elif costs.runs + 1 - s.run <= costs.stale_runs and now - costs.stale_seconds <= s.time <= now + 60:
+                costs._sizes[int(b)], costs.verify[int(b)] = s, s.estimate()
+        for d in (draft if isinstance(draft, list) else ()):
+            try:
+                temp, seconds = float(d["temp"]), d["seconds"]
+                key = Key.of(Spec(d["source"]), temp=temp)
+                if not (math.isfinite(temp) and temp >= 0 and (seconds == 0 or _seconds(seconds))):
+                    raise ValueError
+            except (TypeError, KeyError, ValueError):
+                bad += 1
+                continue
+            costs.draft[key] = float(seconds)
+        bad += (not isinstance(verify, dict)) + (not isinstance(draft, list))
+        costs.rejected = bad
+        return costs
 
+    # -- what the loop tells us ----------------------------------------------------------------------------
     def observe_verify(self, batch_size: int, seconds: float) -> None:
-        if self.timed:
-            self._n += 1
-            self._seen[batch_size] = self._n
-            self._ema(self.verify, batch_size, seconds)
-            if self._n % 32 == 0:
-                for b in [b for b in self.verify if b > 1 and self._n - self._seen.get(b, 0) > self.forget_after]:
-                    del self.verify[b]
+        if not self.timed:
+            return
+        self._n += 1
+        if batch_size not in self._warm:  # a warm-up: llama.cpp builds and allocates a graph for a new batch shape
+            self._warm.add(batch_size)
+            return
+        s = self._sizes.get(batch_size)
+        if s is None or not s.fresh or self._n - s.last > self.recent:  # new samples: the machine may have changed
+            s = self._sizes[batch_size] = _Size([], fresh=True)
+            self._version += 1
+        s.seconds.append(seconds)
+        if len(s.seconds) > WINDOW:
+            del s.seconds[0]
+        s.last = self._n
+        self.verify[batch_size] = s.estimate()
 
     def observe_draft(self, key: Key, n_drafted: int, seconds: float) -> None:
-        if self.timed and n_drafted > 0:
-            self._ema(self.draft, key, seconds / n_drafted)
-
-    def _ema(self, table: dict, key, sample: float) -> None:
-        """Running average of a cost. The first sample of each key is a warm-up (llama.cpp builds and
-        allocates a graph for a new batch shape) and is dropped; later outliers are clipped."""
+        """A running average per drafter; the first sample is a warm-up, later outliers are clipped."""
+        if not self.timed or n_drafted <= 0:
+            return
         if key not in self._warm:
             self._warm.add(key)
             return
-        old = table.get(key)
-        table[key] = sample if old is None else 0.8 * old + 0.2 * min(sample, 4 * old)
+        old, sample = self.draft.get(key), seconds / n_drafted
+        self.draft[key] = sample if old is None else 0.8 * old + 0.2 * min(sample, 4 * old)
 
+    # -- prices --------------------------------------------------------------------------------------------
     def verify_cost(self, batch_size: int) -> float:
-        """Seconds to verify a batch of `batch_size`, priced from `verify` as it is now."""
+        """Seconds to verify a batch of `batch_size`, priced from the measurements as they are now."""
         return self.price(batch_size)[batch_size]
 
     def verify_costs(self, largest: int) -> list[float]:
         """Seconds to verify a batch of each size up to at least `largest` (index = size; index 0 unused), as
-        derived from `verify` at most `reprice_every` verifications ago (see `price`)."""
-        n, sizes, prices = self._prices
-        if len(prices) <= largest or sizes != len(self.verify) or self._n - n >= self.reprice_every:
+        derived at most `reprice_every` verifications ago (see `price`)."""
+        n, version, prices = self._prices
+        if len(prices) <= largest or version != self._version or self._n - n >= self.reprice_every:
             prices = self.price(max(largest, len(prices) - 1))
-            self._prices = (self._n, len(self.verify), prices)
+            self._prices = (self._n, self._version, prices)
         return prices
 
     def price(self, largest: int) -> list[float]:
-        """Seconds to verify a batch of each size up to `largest` (index = size; index 0 unused).
+        """Seconds to verify a batch of each size up to `largest` (index = size; index 0 unused): the believed
+        prices (`believed`), and between and beyond them the curve of `curve`, discounted by `unmeasured`
+        (optimism that makes the controller measure a size)."""
+        believed = self.believed()
+        return [c if b in believed else self.unmeasured * c for b, c in enumerate(self.curve(believed, largest))]
+
+    def believed(self) -> dict[int, float]:
+        """The measured sizes whose price is believed, and at what price. A size confirmed by `confirm` close
+        samples, the newest within `recent` verifications, answers for itself. Any other (fewer samples, or
+        saved by an earlier run) is believed, in increasing size, only within `doubt` times the price that the
+        sizes believed so far give it (one token is the curve's base and always believed), and then at no more
+        than the price of a larger believed size: verifying more tokens costs more unless measurement says so."""
+        sure = {b for b, s in self._sizes.items()
+                if s.fresh and len(s.seconds) >= self.confirm and self._n - s.last <= self.recent}
+        believed = {b: self.verify[b] for b in sure}
+        for b in sorted(self.verify.keys() - sure):
+            if b == 1 or self.verify[b] <= self.doubt * self.curve(believed, b)[b]:
+                believed[b] = self.verify[b]
+        cheapest = math.inf
+        for b in sorted(believed, reverse=True):
+            if b not in sure:
+                believed[b] = min(believed[b], cheapest)
+            cheapest = min(cheapest, believed[b])
+        return believed
+
+    def curve(self, measured: dict[int, float], largest: int) -> list[float]:
+        """Seconds to verify a batch of each size up to `largest` (index = size; index 0 unused), as the prices
+        `measured` imply.
 
         Measured sizes answer for themselves; others are read off a piecewise line through the measured sizes
         (between two, the straight line; past the largest, their least-squares slope). Batches of two or more
@@ -116,28 +245,57 @@ class Costs:
         (Gemma 3 270M: 1 token 10-13 ms, 2 tokens 21-23 ms): until measured, a batch of 2 costs `jump_prior`
         more than one token and each further token `slope_prior` more, both relative to one token (or less,
         when a measured longer batch says so). Interpolating, rather than fitting one line through every size,
-        keeps short batches cheap when only long ones were measured, so they get tried. Estimates are
-        discounted by `unmeasured` (optimism that makes the controller measure a size)."""
-        measured = sorted((b, c) for b, c in self.verify.items() if b >= 2)
-        one = self.verify.get(1)
+        keeps short batches cheap when only long ones were measured, so they get tried."""
+        points = sorted((b, c) for b, c in measured.items() if b >= 2)
+        one = measured.get(1)
         if one is None:  # one token's cost, inferred from a batch through the priors (1.0 before anything)
-            one = measured[0][1] / (1 + self.jump_prior + self.slope_prior * (measured[0][0] - 2)) if measured else 1.0
-        if len(measured) >= 2:  # the least-squares slope of the measured sizes >= 2
-            mx = sum(b for b, _ in measured) / len(measured)
-            slope = max(0.0, sum((b - mx) * c for b, c in measured) / sum((b - mx) ** 2 for b, _ in measured))
+            one = points[0][1] / (1 + self.jump_prior + self.slope_prior * (points[0][0] - 2)) if points else 1.0
+        if len(points) >= 2:  # the least-squares slope of the measured sizes >= 2
+            mx = sum(b for b, _ in points) / len(points)
+            slope = max(0.0, sum((b - mx) * c for b, c in points) / sum((b - mx) ** 2 for b, _ in points))
         else:
             slope = self.slope_prior * one
-        if not measured or measured[0][0] > 2:  # size 2 from the priors: the cheaper of the jump over one token
+        if not points or points[0][0] > 2:  # size 2 from the priors: the cheaper of the jump over one token
             anchor = one * (1 + self.jump_prior)  # and the step down from the smallest measured size
-            if measured:
-                anchor = min(anchor, measured[0][1] - self.slope_prior * one * (measured[0][0] - 2))
-            measured.insert(0, (2, max(anchor, one)))
+            if points:
+                anchor = min(anchor, points[0][1] - self.slope_prior * one * (points[0][0] - 2))
+            points.insert(0, (2, max(anchor, one)))
         out = [0.0, one]
-        for (b0, c0), (b1, c1) in pairwise(measured):  # between two measured sizes: the straight line
+        for (b0, c0), (b1, c1) in pairwise(points):  # between two measured sizes: the straight line
             out += [c0 + (c1 - c0) * (b - b0) / (b1 - b0) for b in range(b0, b1)]
-        b0, c0 = measured[-1]  # past the largest: the slope
+        b0, c0 = points[-1]  # past the largest: the slope
         out += [max(c0 + slope * (b - b0), 1e-9) for b in range(b0, largest + 1)]
-        return [c if b in self.verify else self.unmeasured * c for b, c in enumerate(out)]
+        return out
+
+    # -- what the user sees --------------------------------------------------------------------------------
+    def describe(self, now: float | None = None) -> str:
+        """One line: the sizes measured, the runs, and how old the oldest and newest measurements are."""
+        now = time.time() if now is None else now
+        if not self._sizes:
+            return f"no batch measured yet ({self.runs} runs)"
+        ages = [0.0 if s.fresh else max(0.0, now - s.time) for s in self._sizes.values()]
+        newest, oldest = _age(min(ages)), _age(max(ages))
+        runs = f"{self.runs} run{'s' if self.runs != 1 else ''}"
+        return (f"{len(self._sizes)} batch sizes ({_ranges(sorted(self._sizes))}), saved by {runs}, measured "
+                f"{newest if newest == oldest else f'{newest} to {oldest}'} ago")
+
+
+def _ranges(sizes: list[int]) -> str:
+    """[1, 2, 3, 5, 8, 9] -> '1-3, 5, 8-9'."""
+    runs = [[sizes[0], sizes[0]]]
+    for b in sizes[1:]:
+        if b == runs[-1][1] + 1:
+            runs[-1][1] = b
+        else:
+            runs.append([b, b])
+    return ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in runs)
+
+
+def _age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds // size:.0f} {unit}"
+    return f"{seconds:.0f} s"
 
 
 @dataclass

@@ -8,8 +8,6 @@ progress bar, a one-line message), so a command line and a server can both build
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, ContextManager, Iterator
@@ -260,12 +258,17 @@ def open_session(o: Options, hooks: Hooks = Hooks()) -> Iterator[Session]:
         if not target.can_rollback and drafter is not None:
             notices.append(f"{target.architecture} cannot roll back its cache: plain decoding")
             drafter, mode = None, Spec.none
+        from spectool import costtables
+
         try:
-            costs_file = _costs_file(target, draft_model, o) if drafter is not None else None
+            costs_file = costtables.path_for(target, draft_model, o.threads, o.rpc, o.ctx_size) \
+                if drafter is not None else None
         except (OSError, RuntimeError):  # no usable home or cache directory: measure from scratch, keep nothing
             costs_file = None
-        controller = Controller(k_max=k_max, k_min=o.draft_min, adaptive=o.draft_min != k_max,
-                                costs=_load_costs(costs_file))
+        costs, warning = costtables.load(costs_file, max_batch=target.n_ctx)
+        if warning:
+            notices.append(warning)
+        controller = Controller(k_max=k_max, k_min=o.draft_min, adaptive=o.draft_min != k_max, costs=costs)
         s = Session(Generation(target, drafter, controller=controller), mode.value, str(m.target_ref),
                     str(m.draft_ref) if draft_model is not None else None, notices,
                     draft_model if mode in (Spec.draft, Spec.hybrid) else None, controller, k_max, o.draft_min)
@@ -274,39 +277,6 @@ def open_session(o: Options, hooks: Hooks = Hooks()) -> Iterator[Session]:
             yield s
         finally:
             if costs_file is not None and controller.costs.verify:
-                _save_costs(costs_file, controller.costs)
-
-
-def _costs_file(target, draft, o: Options) -> Path:
-    """Where this machine's measured batch costs for this target (and draft) and these settings are kept, so that
-    the next run starts from them (see controller.Costs)."""
-    import platform
-
-    from spectool.cache import cache_dir, file_tag
-    from spectool.engine import backend_info
-
-    tag = file_tag(target.path, draft.path if draft is not None else "", o.threads, target.offload,
-                   draft.offload if draft is not None else None, o.rpc or "", o.ctx_size, backend_info(),
-                   platform.machine(), os.cpu_count())
-    return cache_dir("costs") / f"{Path(target.path).stem}-{tag}.json"
-
-
-def _load_costs(path: Path | None):
-    from spectool.controller import Costs
-
-    if path is None or not path.exists():
-        return None
-    try:
-        return Costs.from_json(json.loads(path.read_text()))
-    except (OSError, ValueError, TypeError, AttributeError):
-        return None  # a damaged cache file: measure afresh
-
-
-def _save_costs(path: Path, costs) -> None:
-    from spectool.cache import write_json_atomic
-
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(path, costs.to_json())
-    except OSError:
-        pass  # a cache that cannot be written costs only speed
+                costtables.save(costs_file, controller.costs, {
+                    "target": str(Path(target.path).resolve()), "threads": o.threads, "ctx": o.ctx_size,
+                    "draft": str(Path(draft_model.path).resolve()) if draft_model is not None else None})

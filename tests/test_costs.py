@@ -1,0 +1,295 @@
+"""The cost table kept between runs: a busy minute cannot set a price for good, a saved table ages, and a damaged
+table is input like any other (one warning, a normal run, a valid file afterwards)."""
+
+import json
+import math
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+from spectool.cli import app
+from spectool.controller import MAX_SECONDS, Controller, Costs
+from spectool.keys import Key
+
+runner = CliRunner()
+ALWAYS = [Key.lookup(8)] * 16  # a drafter that is always right (after observe_accept below)
+
+
+def trusting(costs: Costs, k_max: int = 8) -> Controller:
+    ctl = Controller(k_max=k_max, costs=costs)
+    for _ in range(30):
+        ctl.observe_accept(ALWAYS[:k_max], k_max, k_max)
+    return ctl
+
+
+# -- prices --------------------------------------------------------------------------------------------------------
+def test_the_busy_minute_table_of_the_issue_is_doubted_where_its_neighbours_disagree():
+    """The table a `pip install` beside spectool left (issue 30: Gemma 3 270M Q4_K_M on a 2-core EPYC, seconds):
+    2 tokens at 338 ms and 8 at 200 ms beside 4 at 34 ms and 1 at 14 ms. Read as a saved table, 2 and 8 are far
+    above what their neighbours predict and are priced as unmeasured, so a drafter that is always right drafts
+    long at once; 4, in line with its neighbours, keeps its price."""
+    now = time.time()
+    saved = {"runs": 1, "verify": {b: {"seconds": [c], "run": 1, "time": now} for b, c in
+                                   {"1": 0.0141, "2": 0.3382, "4": 0.0340, "8": 0.2000}.items()}}
+    costs = Costs.from_json(saved)
+    assert set(costs.verify) == {1, 2, 4, 8} and set(costs.believed()) == {1, 4}
+    prices = costs.price(9)
+    assert prices[2] < 0.034 and prices[8] < 0.1 and prices[4] == 0.034
+    assert trusting(costs).choose(ALWAYS) == 8
+    assert trusting(Costs(verify={1: 0.0141, 2: 0.3382, 4: 0.0340, 8: 0.2000}, doubt=math.inf)).choose(ALWAYS) == 3
+
+
+def test_a_stall_is_confirmed_before_it_is_believed():
+    """A fresh table with one stalled sample (a batch of 5 at 241 ms beside 40 ms for 4, issue 30): the stall is
+    doubted, 5 is tried again, and its second sample, not the stall, prices it. Three close samples that agree
+    are believed however far they are from the neighbours' prediction (a real kernel switch)."""
+    ctl = trusting(Costs(), k_max=4)
+    for b, c in [(1, 0.014), (2, 0.025), (3, 0.032), (4, 0.040)] * 2 + [(5, 9.0), (5, 0.241)]:
+        ctl.observe_verify(b, c)  # each size's first sample is a warm-up
+    assert 5 not in ctl.costs.believed() and ctl.costs.verify_costs(5)[5] < 0.05
+    ctl.observe_verify(5, 0.045)
+    assert ctl.costs.verify[5] == 0.045 and ctl.costs.believed()[5] == 0.045
+    for _ in range(3):
+        ctl.observe_verify(3, 0.2)  # dear three times close together: confirmed, and no longer capped by 4
+    assert ctl.costs.believed()[3] == 0.2
+
+
+def test_a_price_above_a_larger_sizes_is_capped_until_confirmed():
+    """Verifying more tokens does not cost less than fewer, unless measurement shows it (Gemma Q4_K_M on a CPU:
+    7 tokens 60 ms, 8 tokens 43 ms, each confirmed by three samples)."""
+    costs = Costs()
+    for b, c in [(1, 13.0), (2, 22.0), (7, 60.0), (8, 43.0)]:
+        for _ in range(2):
+            costs.observe_verify(b, c)
+    assert costs.believed()[7] == 43.0  # one sample of 7: capped by 8
+    for _ in range(2):
+        costs.observe_verify(7, 60.0)
+    assert costs.believed()[7] == 60.0 and costs.believed()[8] == 43.0  # confirmed: the kernel switch is real
+
+
+def test_prices_inflated_8x_are_measured_again_and_replaced():
+    """A table whose batches of 2 to 9 were priced 8x (the benchmark's poisoning): the next run doubts them all,
+    drafts long, and what it measures replaces them; saved, the table holds the true prices."""
+    true = {b: 0.013 if b == 1 else 0.022 + 0.004 * (b - 2) for b in range(1, 34)}
+    quiet = Costs(verify={b: true[b] for b in range(1, 10)}).to_json()
+    poisoned = json.loads(json.dumps(quiet))
+    for b in range(2, 10):
+        poisoned["verify"][str(b)]["seconds"] = [8 * c for c in poisoned["verify"][str(b)]["seconds"]]
+    ctl = trusting(Costs.from_json(poisoned))
+    ks = []
+    for _ in range(40):
+        ks.append(ctl.choose(ALWAYS))
+        ctl.observe_verify(ks[-1] + 1, true[ks[-1] + 1])
+    assert ks[0] == 8 and set(ks[-20:]) == {8}
+    again = Costs.from_json(json.loads(json.dumps(ctl.costs.to_json())))
+    tried = {k + 1 for k in ks}
+    assert again.runs == 2 and 9 in tried and again.verify[1] == true[1]
+    for b in range(2, 10):  # what was measured again replaced the poison; sizes not drafted again keep it, doubted
+        assert again.verify[b] == pytest.approx(true[b] if b in tried else 8 * true[b])
+    assert set(again.believed()) == {1} | tried
+
+
+# -- ageing --------------------------------------------------------------------------------------------------------
+def test_a_saved_table_ages_by_runs_and_by_time():
+    now = 1.8e9
+    fresh = Costs()
+    for b in (1, 1, 2, 2):
+        fresh.observe_verify(b, 0.01 * b)
+    saved = fresh.to_json(now)
+    assert saved["verify"]["2"] == {"seconds": [0.02], "run": 1, "time": now}
+    assert Costs.from_json(saved, now=now + 3600).verify == {1: 0.01, 2: 0.02}  # an hour later: kept
+    assert Costs.from_json(saved, now=now + fresh.stale_seconds + 1).verify == {}  # a day later: measured afresh
+    later = dict(saved, runs=fresh.stale_runs)  # saved by 7 more runs, none of which measured these sizes: kept
+    assert Costs.from_json(later, now=now).verify == {1: 0.01, 2: 0.02}
+    assert Costs.from_json(dict(saved, runs=1 + fresh.stale_runs), now=now).verify == {}  # by 8 more: afresh
+    # a run's new samples replace the saved ones at once: an earlier run's prices answer only until then
+    costs = Costs.from_json(saved, now=now)
+    costs.observe_verify(2, 5.0), costs.observe_verify(2, 0.03)
+    assert costs.verify[2] == 0.03
+    assert Costs.from_json({"verify": {"2": 0.02}}).verify == {}  # an older table's bare prices are stale
+
+
+def test_the_table_says_how_old_it_is():
+    now = 1.8e9
+    saved = {"runs": 3, "verify": {"1": {"seconds": [0.01], "run": 3, "time": now - 120},
+                                   "2": {"seconds": [0.02], "run": 2, "time": now - 7200},
+                                   "4": {"seconds": [0.03], "run": 3, "time": now - 120}}}
+    assert Costs.from_json(saved, now=now).describe(now) == \
+        "3 batch sizes (1-2, 4), saved by 3 runs, measured 2 min to 2 h ago"
+    assert Costs().describe() == "no batch measured yet (0 runs)"
+
+
+# -- damaged tables ------------------------------------------------------------------------------------------------
+def _valid(obj) -> None:
+    """What a table must be after any run: strict JSON (no Infinity or NaN), every entry one this code reads back."""
+    json.loads(json.dumps(obj, allow_nan=False))
+    assert Costs.from_json(obj).rejected == 0
+    assert all(1 <= int(b) <= 4096 and all(0 < c < MAX_SECONDS for c in e["seconds"]) for b, e in obj["verify"].items())
+
+
+DAMAGE = {
+    "a draft entry without temp": lambda t: t["draft"].append({"source": "lookup", "seconds": 1e-5}),
+    "a draft entry without seconds": lambda t: t["draft"].append({"source": "lookup", "temp": 0.0}),
+    "a draft entry of another source": lambda t: t["draft"].append({"source": "x", "temp": 0.0, "seconds": 1e-5}),
+    "a verify size of 100000000": lambda t: t["verify"].update({"100000000": t["verify"]["2"]}),
+    "sizes 0 and -5": lambda t: t["verify"].update({"0": t["verify"]["2"], "-5": t["verify"]["2"]}),
+    "Infinity": lambda t: t["verify"]["2"]["seconds"].append(math.inf),
+    "1e308": lambda t: t["verify"]["2"]["seconds"].append(1e308),
+    "NaN in an old table's bare price": lambda t: t["verify"].update({"3": math.nan}),
+    "a run that is not a number": lambda t: t["verify"]["1"].update({"run": "yesterday"}),
+    "verify not a table": lambda t: t.update({"verify": [1, 2]}),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE) + ["not JSON", "not an object"])
+def test_a_damaged_table_is_one_warning_then_a_normal_run_and_a_valid_file(tiny, tmp_path, monkeypatch, damage):
+    """Issue 30 item 6, as a careless user edits $SPECTOOL_CACHE/costs/: each damage gives one warning line, a
+    run like one on a fresh table, and a valid file afterwards; nothing invalid is written back."""
+    monkeypatch.setenv("SPECTOOL_CACHE", str(tmp_path))
+    args = ["run", "-m", str(tiny["target"]), "-n", "24", "--spec", "lookup", "--temp", "0", "the fox the fox the"]
+    first = runner.invoke(app, args)
+    assert first.exit_code == 0, first.output
+    (path,) = (tmp_path / "costs").glob("*.json")
+    table = json.loads(path.read_text())
+    _valid(table)
+    if damage == "not JSON":
+        path.write_text('{"verify": {"2": ')
+    elif damage == "not an object":
+        path.write_text("[1, 2, 3]")
+    else:
+        DAMAGE[damage](table)
+        path.write_text(json.dumps(table))  # json writes Infinity and NaN as such: what a careless editor leaves
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0 and r.stdout == first.stdout, r.output
+    warnings = [line for line in r.stderr.splitlines() if "cost table" in line]
+    assert len(warnings) == 1 and warnings[0].startswith("spectool: warning: ") and str(path) in warnings[0], r.stderr
+    assert "Traceback" not in r.output
+    _valid(json.loads(path.read_text()))
+    again = runner.invoke(app, args)  # and it stays repaired: no warning next time
+    assert again.exit_code == 0 and "cost table" not in again.stderr, again.stderr
+
+
+def test_a_table_belongs_to_its_build_cpu_threads_and_context(tiny, tmp_path, monkeypatch):
+    """A table is never read by a run with other threads or another context (its file name says so), nor on
+    another CPU or build: the name hashes llama.cpp's system info, the llama-cpp-python version and the CPU's
+    model name too (costtables.path_for)."""
+    from spectool import costtables
+
+    monkeypatch.setenv("SPECTOOL_CACHE", str(tmp_path))
+    base = ["run", "-m", str(tiny["target"]), "-n", "8", "--spec", "lookup", "the fox the fox the"]
+    for extra in ([], ["-t", "1"], ["-c", "512"], []):
+        assert runner.invoke(app, base + extra).exit_code == 0
+    assert len(list((tmp_path / "costs").glob("*.json"))) == 3
+
+    class Target:
+        path, offload = tiny["target"], None
+
+    names = {costtables.path_for(Target, None, 2, None, 4096)}
+    monkeypatch.setattr(costtables, "cpu_name", lambda: "another CPU")
+    names.add(costtables.path_for(Target, None, 2, None, 4096))
+    import spectool.engine as engine
+
+    real = engine.backend_info
+    monkeypatch.setattr(engine, "backend_info", lambda: {**real(), "system_info": "CUDA : ARCHS = 900"})
+    names.add(costtables.path_for(Target, None, 2, None, 4096))
+    assert len(names) == 3
+
+
+def test_info_and_bench_show_the_table_and_bench_resets_it(tiny, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECTOOL_CACHE", str(tmp_path))
+    assert "none saved yet" in runner.invoke(app, ["info"]).stdout
+    r = runner.invoke(app, ["run", "-m", str(tiny["target"]), "-n", "16", "--spec", "lookup", "the fox the fox"])
+    assert r.exit_code == 0
+    (line,) = [x for x in runner.invoke(app, ["info"]).stdout.splitlines() if x.startswith("cost table")]
+    assert f"{tiny['target'].name} (ctx 4096): " in line and "saved by 1 run, measured " in line
+    bench = ["bench", "-m", str(tiny["target"]), "-n", "8", "--greedy-only", "--prompts"]
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("the fox the fox the fox\n")
+    r = runner.invoke(app, bench + [str(prompts)])
+    assert r.exit_code == 0 and [x for x in r.stdout.splitlines() if x.startswith("cost table: ")] == \
+        [f"cost table: {line.split(None, 2)[2]}"]
+    r = runner.invoke(app, bench + [str(prompts), "--reset-costs"])
+    assert r.exit_code == 0 and "removed 1 saved cost table\n" in r.stdout, r.output
+    assert "cost table: none saved yet" in r.stdout and not list((tmp_path / "costs").glob("*.json"))
+
+
+# -- the real model ------------------------------------------------------------------------------------------------
+def _runs(target, table, prompt, n, doubt=None, tokens=96):
+    """`n` runs of `spectool run --spec lookup` on one prompt, the table written and read back between them (as
+    between processes): the table, and each run's tokens per step."""
+    from spectool.drafters import PromptLookup
+    from spectool.speculative import Generation, speculative_generate
+    from spectool.stats import Stats
+
+    per_step = []
+    for _ in range(n):
+        costs = Costs.from_json(table) if table is not None else Costs()
+        if doubt is not None:
+            costs.doubt = doubt
+        st = Stats()
+        list(speculative_generate(Generation(target, PromptLookup(), controller=Controller(costs=costs),
+                                             max_tokens=tokens), prompt, st))
+        table = costs.to_json()
+        per_step.append(st.n_generated / st.n_steps)
+    return table, per_step
+
+
+@pytest.fixture(scope="module")
+def gemma(gemma_q4):
+    from spectool.engine import Model
+
+    with Model(gemma_q4, n_ctx=2048, n_threads=2) as m:
+        yield m
+
+
+@pytest.fixture(scope="module")
+def grounded(gemma):
+    import prompts
+
+    return gemma.tokenize(prompts.grounded_prompts(1)[0])
+
+
+@pytest.mark.realmodel
+def test_a_table_poisoned_8x_recovers_on_the_real_model(gemma, grounded):
+    """Gemma 3 270M Q4_K_M, a ShareGPT rewrite (lookup drafts 2-9 tokens a step there): on a table whose batches of
+    2 to 9 tokens were priced 8x (benchmarks/busy_costs.py's poisoning), the second run drafts as long as on the
+    quiet table it was made from (tokens per step within 0.8x), and no poisoned price is believed. The same table
+    with every saved price believed (no doubt: the rule before issue 30) keeps drafting short: the negative
+    control. On a GPU host this runs on the CPU too (Model's default -ngl 0)."""
+    import busy_costs
+
+    quiet, _ = _runs(gemma, None, grounded, 2)
+    poisoned = busy_costs.poison(quiet, 8.0, range(2, 10))
+    _, (reference,) = _runs(gemma, quiet, grounded, 1)
+    after, steps = _runs(gemma, poisoned, grounded, 2)
+    _, stuck = _runs(gemma, poisoned, grounded, 2, doubt=math.inf)
+    print(f"tokens/step: quiet {reference:.2f}, poisoned {steps}, never doubted {stuck}")
+    assert steps[-1] >= 0.8 * reference and stuck[-1] < 0.8 * reference
+    back = Costs.from_json(after)  # no poisoned price is believed: each believed size of 2-9 was measured again
+    assert all(after["verify"][str(b)]["seconds"] != poisoned["verify"].get(str(b), {}).get("seconds")
+               for b in back.believed() if 2 <= b <= 9)
+
+
+@pytest.mark.realmodel
+def test_runs_after_a_busy_neighbour_draft_as_on_a_quiet_machine(gemma, grounded):
+    """Issue 30's load test: a CPU-bound neighbour on every core during the first run of a fresh table, then
+    quiet runs; by the third run the table drafts as long as one never disturbed (tokens per step, measured on the
+    same prompt in the same test, within 0.8x). On this 2-core VM two spinning neighbours made a single token cost
+    0.06-6 s in that first run (a batch of 8, 0.2-0.9 s), beside 22 ms and 48-105 ms quiet. Speed itself is
+    measured in benchmarks/first_run.py --busy-minute."""
+    import os
+    import subprocess
+    import sys
+
+    spin = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+    try:
+        busy, _ = _runs(gemma, None, grounded, 1)
+    finally:
+        for p in spin:
+            p.kill()
+            p.wait()
+    _, steps = _runs(gemma, busy, grounded, 2)
+    _, reference = _runs(gemma, None, grounded, 3)
+    print(f"tokens/step: disturbed then quiet {steps}, never disturbed {reference}")
+    assert steps[-1] >= 0.8 * reference[-1]
