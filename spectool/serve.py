@@ -2,13 +2,16 @@
 
 One model, one sequence: requests take turns in arrival order (a bounded queue answers 503 when full), each
 generation runs in a worker thread and streams its text through an asyncio queue, and a client that goes away
-stops its generation at the next step. The KV cache keeps what the previous request shared with the next (its
-longest common token prefix), so an agent that resends its whole conversation prefills only what is new.
+(streamed or not) stops its generation at the next step. The event loop only moves bytes: a request's body is read
+within a size limit (413) and a time limit (408), then parsed and tokenized in a thread of its own. The KV cache
+keeps what the previous request shared with the next (its longest common token prefix), so an agent that resends
+its whole conversation prefills only what is new.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import threading
 import time
@@ -18,6 +21,10 @@ from typing import Any
 
 from spectool.options import Options, UserError, in_request, request_options
 from spectool.session import Session, generation
+
+# --max-body-bytes 0: a token is about 4 bytes of text, and JSON may spell one character in 12 bytes (two \uXXXX
+# escapes); 64 bytes a token leaves room for that and for a conversation's framing
+BODY_BYTES_PER_TOKEN = 64
 
 # request fields this server does not honour, and the values that ask nothing of it: anything else is a 400 that
 # names the field (a client that asked for three samples, log-probabilities or JSON is told, not sent free text)
@@ -47,6 +54,22 @@ class ApiError(Exception):
         return {"error": {"message": self.message, "type": self.type, "code": self.code, "param": self.param}}
 
 
+def invalid(name: str, message: str) -> ApiError:
+    return ApiError(400, f"'{name}' {message}", code=f"invalid_{name}", param=name)
+
+
+def stream_and_stop(body: dict) -> tuple[bool, list[str]]:
+    """The request's `stream` (true or false) and `stop` (a string or a list of strings) by their types, else a 400
+    naming the field; the numeric fields are checked by their declarations (options.request_options)."""
+    stream, stop = body.get("stream"), body.get("stop")
+    if stream is not None and not isinstance(stream, bool):
+        raise invalid("stream", f"must be true or false (it was sent as {json.dumps(stream)[:60]})")
+    stop = [] if stop is None else [stop] if isinstance(stop, str) else stop
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+        raise invalid("stop", "must be a string or a list of strings")
+    return bool(stream), [s for s in stop if s]
+
+
 @dataclass
 class Totals:
     requests: int = 0
@@ -71,9 +94,10 @@ class Totals:
 
 class Server:
     def __init__(self, session: Session, options: Options, model_id: str, api_key: str | None = None,
-                 queue_size: int = 8):
+                 queue_size: int = 8, say=print):
         self.session, self.options, self.model_id = session, options, model_id
-        self.api_key, self.queue_size = api_key, queue_size
+        self.api_key, self.queue_size, self.say = api_key, queue_size, say
+        self.max_body = options.max_body_bytes or BODY_BYTES_PER_TOKEN * session.gen.target.n_ctx
         self.turn = threading.Condition()  # one generation at a time, in arrival order (tickets)
         self.next_ticket = self.serving = 0
         self.counting = threading.Lock()
@@ -82,12 +106,20 @@ class Server:
         self.stopping = threading.Event()
 
     # -- requests ------------------------------------------------------------------------------------------------
-    def generation(self, body: dict, chat: bool):
-        """(Generation for this request, prompt tokens, stop strings), from the request's fields over the server's
-        options; a field the server does not honour is a 400 naming it (UNHONOURED), never ignored."""
-        from spectool.chat import FALLBACK_STOP, prompt_tokens
+    def generation(self, raw: bytes, chat: bool):
+        """(Generation for this request, prompt tokens, stop strings, stream) from its body, the request's fields
+        over the server's options; a field the server does not honour is a 400 naming it (UNHONOURED), never
+        ignored. Runs in a thread: parsing and tokenizing a large body never holds up the event loop."""
+        from spectool.chat import FALLBACK_STOP, TemplateError, prompt_tokens
 
+        try:  # (Python reads NaN and Infinity too: the field that holds one is named below)
+            body = json.loads(raw)
+        except ValueError:
+            raise ApiError(400, "the request body is not valid JSON", code="invalid_json") from None
+        if not isinstance(body, dict):
+            raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
         unhonoured(body)
+        stream, more = stream_and_stop(body)
         target = self.session.gen.target
         if chat:
             messages = body.get("messages")
@@ -95,8 +127,11 @@ class Server:
                     isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
                 raise ApiError(400, "'messages' must be a non-empty list of {role, content} objects",
                                code="invalid_messages")
-            tokens = prompt_tokens(target, [{"role": m["role"], "content": _content(m, i)}
-                                            for i, m in enumerate(messages)])
+            try:
+                tokens = prompt_tokens(target, [{"role": m["role"], "content": _content(m, i)}
+                                                for i, m in enumerate(messages)])
+            except TemplateError as e:
+                raise ApiError(400, str(e), code="invalid_messages", param="messages") from None
             stop = list(FALLBACK_STOP) if target.chat_template() is None else []
         else:
             prompt = body.get("prompt")
@@ -106,8 +141,7 @@ class Server:
                 raise ApiError(400, "'prompt' must be a non-empty string", code="invalid_prompt")
             tokens = target.tokenize(prompt, add_special=True, parse_special=True)
             stop = []
-        more = body.get("stop") or []
-        stop += [more] if isinstance(more, str) else [s for s in more if isinstance(s, str)]
+        stop += more
         if chat and body.get("max_completion_tokens") is not None:
             body = {**body, "max_tokens": body["max_completion_tokens"]}
         if len(tokens) >= target.n_ctx:
@@ -120,7 +154,30 @@ class Server:
                 raise
             name, message = in_request(e)
             raise ApiError(400, message, code=f"invalid_{name}", param=name) from None
-        return gen, tokens, stop
+        return gen, tokens, stop, stream
+
+    async def body(self, request) -> bytes:
+        """The request's body, at most `max_body` bytes (413) and sent within --body-timeout seconds (408); both
+        close the connection, as what is left of the body would be read as the next request."""
+        length = request.headers.get("content-length", "")
+        if length.isdigit() and int(length) > self.max_body:
+            raise ApiError(413, f"the request body has {length} bytes; this server takes at most {self.max_body} "
+                                "(--max-body-bytes)", code="body_too_large")
+
+        async def read() -> bytes:
+            data = bytearray()
+            async for chunk in request.stream():
+                data += chunk
+                if len(data) > self.max_body:
+                    raise ApiError(413, f"the request body is over {self.max_body} bytes (--max-body-bytes)",
+                                   code="body_too_large")
+            return bytes(data)
+
+        try:
+            return await asyncio.wait_for(read(), self.options.body_timeout)
+        except asyncio.TimeoutError:
+            raise ApiError(408, f"the request body did not arrive within {self.options.body_timeout} s "
+                                "(--body-timeout)", code="body_timeout") from None
 
     def ticket(self) -> int:
         with self.turn:
@@ -164,38 +221,51 @@ class Server:
     # -- the ASGI application ------------------------------------------------------------------------------------
     def app(self):
         from starlette.applications import Starlette
-        from starlette.requests import Request
+        from starlette.exceptions import HTTPException
+        from starlette.requests import ClientDisconnect, Request
         from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
         from starlette.routing import Route
 
         def error(e: ApiError) -> JSONResponse:
-            return JSONResponse(e.body(), status_code=e.status)
+            # a body left unread (413, 408) would be taken for the next request: those close the connection
+            close = {"Connection": "close"} if e.status in (408, 413) else None
+            return JSONResponse(e.body(), status_code=e.status, headers=close)
+
+        def answered(handler):
+            """The endpoint `handler` that always answers: ApiError as itself, anything else as a 500 and one line
+            through `say` (stderr). Nothing reaches Starlette's error middleware, which would re-raise it to uvicorn
+            (a traceback, and a keep-alive connection dropped under the client)."""
+            async def endpoint(request: Request):
+                try:
+                    return await handler(request)
+                except ApiError as e:
+                    return error(e)
+                except ClientDisconnect:  # gone while sending its body: no one reads the answer
+                    return error(ApiError(499, "the client closed the connection", code="client_closed"))
+                except Exception as e:  # noqa: BLE001 - one line on stderr, never a traceback
+                    self.say(f"error: {request.method} {request.url.path}: {type(e).__name__}: {e}")
+                    return error(ApiError(500, f"internal error: {type(e).__name__}", "server_error"))
+            return endpoint
 
         def authorised(request: Request) -> None:
-            if self.api_key and request.headers.get("authorization", "") != f"Bearer {self.api_key}":
+            # the header's bytes (Starlette decodes them as latin-1), compared in constant time
+            sent = request.headers.get("authorization", "").encode("latin-1")
+            if self.api_key and not hmac.compare_digest(sent, f"Bearer {self.api_key}".encode()):
                 raise ApiError(401, "invalid API key (send 'Authorization: Bearer KEY')", "authentication_error",
                                "invalid_api_key")
 
         async def complete(request: Request, chat: bool):
-            try:
-                authorised(request)
-                try:
-                    body = json.loads(await request.body())
-                except ValueError:
-                    raise ApiError(400, "the request body is not valid JSON", code="invalid_json") from None
-                if not isinstance(body, dict):
-                    raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
-                # one model is served: any `model` names it, as with llama-server (responses name the real one)
-                gen, tokens, stop = self.generation(body, chat)
-                with self.counting:
-                    if self.waiting >= self.queue_size:
-                        self.totals.rejected += 1
-                        raise ApiError(503, f"busy: {self.waiting} requests are waiting; try again later",
-                                       "server_error", "queue_full")
-                    self.waiting += 1
-                    self.totals.requests += 1
-            except ApiError as e:
-                return error(e)
+            authorised(request)
+            raw = await self.body(request)
+            # one model is served: any `model` names it, as with llama-server (responses name the real one)
+            gen, tokens, stop, stream = await asyncio.to_thread(self.generation, raw, chat)
+            with self.counting:
+                if self.waiting >= self.queue_size:
+                    self.totals.rejected += 1
+                    raise ApiError(503, f"busy: {self.waiting} requests are waiting; try again later",
+                                   "server_error", "queue_full")
+                self.waiting += 1
+                self.totals.requests += 1
             loop = asyncio.get_running_loop()
             queue: asyncio.Queue = asyncio.Queue()
             cancelled = threading.Event()
@@ -205,31 +275,26 @@ class Server:
             worker.start()
             rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
             created = int(time.time())
-            if body.get("stream"):
-                return StreamingResponse(self._events(request, queue, cancelled, rid, created, chat),
-                                         media_type="text/event-stream")
-            text = []
-            while True:
-                piece, end = await queue.get()
+            pieces = self._pieces(request, queue, cancelled)
+            if stream:
+                return StreamingResponse(self._events(pieces, rid, created, chat), media_type="text/event-stream")
+            text, end = [], None
+            async for piece, end in pieces:
                 if piece is not None:
                     text.append(piece)
-                    continue
-                if isinstance(end, Exception):
-                    return error(ApiError(500, f"generation failed: {end}", "server_error"))
-                return JSONResponse(self._object(rid, created, chat, "".join(text), end, len(tokens)))
+            if isinstance(end, Exception):
+                raise ApiError(500, f"generation failed: {end}", "server_error")
+            return JSONResponse(self._object(rid, created, chat, "".join(text), end, len(tokens)))
 
         async def models(request: Request):
-            try:
-                authorised(request)
-            except ApiError as e:
-                return error(e)
+            authorised(request)
             return JSONResponse({"object": "list", "data": [
                 {"id": self.model_id, "object": "model", "created": 0, "owned_by": "spectool"}]})
 
-        async def health(request: Request):
+        async def health(request: Request):  # open, as llama-server's: load balancers and probes hold no key
             return JSONResponse({"status": "ok"})
 
-        async def metrics(request: Request):
+        async def metrics(request: Request):  # open too, as llama-server's: counters only, no text of anyone's
             return PlainTextResponse(self.totals.prometheus(), media_type="text/plain; version=0.0.4")
 
         async def chat_completions(request: Request):
@@ -244,19 +309,35 @@ class Server:
             return error(ApiError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
                                   code="method_not_allowed" if exc.status_code == 405 else None))
 
-        async def internal(request: Request, exc):
-            return error(ApiError(500, f"internal error: {type(exc).__name__}", "server_error"))
+        routes = [Route("/v1/chat/completions", answered(chat_completions), methods=["POST"]),
+                  Route("/v1/completions", answered(completions), methods=["POST"]),
+                  Route("/v1/models", answered(models), methods=["GET"]),
+                  Route("/health", answered(health), methods=["GET"]),
+                  Route("/metrics", answered(metrics), methods=["GET"])]
+        return Starlette(routes=routes, exception_handlers={HTTPException: http_error})
 
-        from starlette.exceptions import HTTPException
+    @staticmethod
+    async def _pieces(request, queue, cancelled):
+        """The worker's (text, None) pieces and its last (None, Stats or Exception) as they come. A client that goes
+        away (looked for every 0.25 s, streamed or not) sets `cancelled`, which stops its generation at the next
+        step (the worker then hands over its last item); so does a stream closed early."""
+        async def watch():
+            while not await request.is_disconnected():
+                await asyncio.sleep(0.25)
+            cancelled.set()
 
-        routes = [Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-                  Route("/v1/completions", completions, methods=["POST"]),
-                  Route("/v1/models", models, methods=["GET"]),
-                  Route("/health", health, methods=["GET"]),
-                  Route("/metrics", metrics, methods=["GET"])]
-        return Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: internal})
+        watcher = asyncio.create_task(watch())
+        try:
+            while True:
+                item = await queue.get()
+                yield item
+                if item[0] is None:
+                    return
+        finally:
+            watcher.cancel()
+            cancelled.set()
 
-    async def _events(self, request, queue, cancelled, rid, created, chat):
+    async def _events(self, pieces, rid, created, chat):
         kind = "chat.completion.chunk" if chat else "text_completion"
 
         def chunk(text: str | None, finish: str | None = None, usage: dict | None = None,
@@ -274,25 +355,16 @@ class Server:
         if chat:
             yield chunk(None, delta={"role": "assistant", "content": ""})
         try:
-            while True:
-                try:
-                    piece, end = await asyncio.wait_for(queue.get(), timeout=0.25)
-                except asyncio.TimeoutError:
-                    if await request.is_disconnected():
-                        cancelled.set()
-                        return
-                    continue
+            async for piece, end in pieces:
                 if piece is not None:
                     yield chunk(piece)
-                    continue
-                if isinstance(end, Exception):
+                elif isinstance(end, Exception):
                     yield f"data: {json.dumps(ApiError(500, f'generation failed: {end}', 'server_error').body())}\n\n"
-                    return
-                yield chunk(None, _finish(end), self._usage(end, end.n_prompt_tokens))
-                yield "data: [DONE]\n\n"
-                return
+                else:
+                    yield chunk(None, _finish(end), self._usage(end, end.n_prompt_tokens))
+                    yield "data: [DONE]\n\n"
         finally:
-            cancelled.set()  # a client that went away (the stream closed early) stops the generation
+            await pieces.aclose()  # a stream closed early (the client went away) stops the generation
 
     def _usage(self, stats, n_prompt: int) -> dict:
         cached = max(0, n_prompt - 1 - stats.n_prefilled)  # the KV cache kept them from the previous request
@@ -335,12 +407,20 @@ def _content(m: dict, i: int) -> str:
     raise ApiError(400, f"messages[{i}].content must be a string or a list of text parts", code="invalid_messages")
 
 
+def check_api_key(api_key: str | None) -> None:
+    """An empty --api-key would turn authentication off without a word: refused (before the model loads)."""
+    if api_key is not None and not api_key.strip():
+        raise UserError("--api-key is empty: give a key (or set SPECTOOL_API_KEY), or leave the option out to serve "
+                        "without one", code=2)
+
+
 def serve(session: Session, options: Options, model_id: str, host: str, port: int, api_key: str | None,
           queue_size: int = 8, say=print) -> None:
     """Serve until Ctrl-C or SIGTERM (uvicorn's own handling: the response in progress finishes, then it stops)."""
     import uvicorn
 
-    server = Server(session, options, model_id, api_key, queue_size)
+    check_api_key(api_key)
+    server = Server(session, options, model_id, api_key, queue_size, say)
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         say(f"warning: serving on {host} without --api-key: anyone who can reach this port can use the model")
     say(f"serving {model_id} on http://{host}:{port}/v1 ({session.mode}); Ctrl-C stops")
