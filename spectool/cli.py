@@ -210,7 +210,7 @@ def chat(
 # -- serve -------------------------------------------------------------------------------------------------------
 @app.command(epilog="Examples:\n\n  spectool serve --pair demo-chat\n\n"
              "  spectool serve -m big.gguf -md small.gguf --host 0.0.0.0 --port 8080 --api-key SECRET")
-@takes(MODELS, DRAFTING, GENERATION, SAMPLING, HARDWARE, COMMON)
+@takes(MODELS, DRAFTING, GENERATION, SAMPLING, HARDWARE, "max_body_bytes", "body_timeout", COMMON)
 def serve(
     o: Options,
     host: Host = "127.0.0.1",
@@ -224,7 +224,9 @@ def serve(
     speculative decoding. The generation options are the defaults of requests that do not set them (greedy unless
     --temp or a request's temperature says otherwise)."""
     with cli_errors(o.debug):
-        from spectool.serve import serve as run_server
+        from spectool.serve import check_api_key, serve as run_server
+
+        check_api_key(api_key)  # an empty key is refused before the model loads
 
         with session(o) as s:
             model_id = o.pair or Path(str(s.gen.target.path)).stem

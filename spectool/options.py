@@ -7,6 +7,7 @@ here. Nothing heavy is imported: `spectool --help` stays instant.
 from __future__ import annotations
 
 import inspect
+import math
 import typing
 from dataclasses import dataclass, field, fields, replace
 from enum import Enum
@@ -50,6 +51,7 @@ class UserError(Exception):
 # the groups: a command takes whole groups (and single options by name)
 MODELS, DRAFTING, GENERATION, SAMPLING, HARDWARE, COMMON = (
     "models", "drafting", "generation", "sampling", "hardware", "common")
+SERVE = "serve"  # `spectool serve`'s limits on what clients send
 
 
 @dataclass(frozen=True)
@@ -150,7 +152,7 @@ class Options:
     frequency_penalty: float = opt(0.0, "--frequency-penalty", group=SAMPLING, min=-2.0, max=2.0,
                                    request="frequency_penalty",
                                    help="Subtract this times its count in the window from a token's logit; 0 = off.")
-    seed: Optional[int] = opt(None, "--seed", group=SAMPLING, request="seed",
+    seed: Optional[int] = opt(None, "--seed", group=SAMPLING, min=0, request="seed",
                               help="Random seed for sampling: the same seed, the same text.")
     # -- hardware
     ctx_size: int = opt(4096, "--ctx-size", "-c", group=HARDWARE, min=0, help="Context size in tokens (0 = the model's).")
@@ -165,6 +167,13 @@ class Options:
     rpc: Optional[str] = opt(None, "--rpc", group=HARDWARE, metavar="HOST:PORT[,...]", parse=_rpc,
                              help="Use the devices of these RPC workers (`spectool worker`) for the target's layers, "
                              "as llama.cpp's --rpc does. The weights travel over the network on every load.")
+    # -- serve
+    max_body_bytes: int = opt(0, "--max-body-bytes", group=SERVE, min=0,
+                              help="Largest request body in bytes; a larger one gets a 413. 0 = 64 bytes per token "
+                              "of context.")
+    body_timeout: int = opt(30, "--body-timeout", group=SERVE, min=1,
+                            help="Seconds a client has to send its whole request body; then a 408 and the connection "
+                            "closes.")
     # -- common
     yes: bool = opt(False, "--yes", "-y", group=COMMON, help="Download without asking.")
     debug: bool = opt(False, "--debug", group=COMMON, help="Show tracebacks and llama.cpp's log.")
@@ -236,7 +245,9 @@ def request_options(base: Options, body: dict) -> Options:
         if decl.request is None or body.get(decl.request) is None:
             continue
         value, want = body[decl.request], int if kind in (int, Optional[int]) else float
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or (want is int and value != int(value)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+                isinstance(value, float) and not math.isfinite(value)) or (
+                want is int and value != int(value)):
             raise UserError(f"{decl.flags[0]} must be {'an integer' if want is int else 'a number'}", code=2,
                             option=name)
         changes[name] = decl.check(name, want(value))
