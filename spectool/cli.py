@@ -116,6 +116,32 @@ def read_prompt(prompt: str | None) -> str:
     return "\n".join(parts)
 
 
+def writable(path: Path, flag: str) -> None:
+    """A file a command writes when it ends, checked before anything loads, so that a bad path costs no
+    generation: a directory, a missing folder, a folder it cannot write in, or a read-only file (replacing it
+    would drop its mode) is one line naming the path as given."""
+    if path.is_dir():
+        raise UserError(f"{flag} {path}: is a directory", code=2)
+    if path.exists() and (not os.access(path, os.W_OK) or not path.stat().st_mode & 0o222):
+        raise UserError(f"{flag} {path}: the file is read-only", code=2)
+    if not path.parent.is_dir():
+        raise UserError(f"{flag} {path}: no such directory {path.parent}", code=2)
+    import tempfile
+
+    try:  # what saving will do: make a file in that folder
+        tempfile.TemporaryFile(dir=path.parent).close()
+    except OSError as e:
+        raise UserError(f"{flag} {path}: cannot write in {path.parent} ({e.strerror})", code=2) from None
+
+
+def save_stats(stats, path: Path | None) -> None:
+    if path:
+        try:
+            stats.save(path)
+        except OSError as e:  # the temporary file's name would mean nothing to the user
+            raise UserError(f"--stats-json {path}: could not write it ({e.strerror})") from None
+
+
 def _confirm(question: str) -> bool:
     return typer.confirm(question, default=True, err=True)
 
@@ -169,18 +195,24 @@ def run(
         if prompt and prompt_option:
             raise UserError("give the prompt once: PROMPT or -p/--prompt", code=2)
         text = read_prompt(prompt or prompt_option)
+        if stats_json:
+            writable(stats_json, "--stats-json")
         with session(o) as s, SigintFlag() as interrupted:
             stats, pieces = complete(s, text, stop, truncate, interrupted, say)
             display = Display(stats, quiet=quiet, color_drafts=color_drafts)
             s.gen.on_prefill = display.prefill
-            with display:
-                try:
-                    display.stream(pieces)
-                except KeyboardInterrupt:  # a second Ctrl-C, or one during the prompt
-                    stats.finish_reason = "interrupted"
-            if stats_json:
-                stats.save(stats_json)
+            try:
+                with display:
+                    try:
+                        display.stream(pieces)
+                    except KeyboardInterrupt:  # a second Ctrl-C, or one during the prompt
+                        stats.finish_reason = "interrupted"
+            except BrokenPipeError:  # the reader went away (`| head`): the statistics are written all the same
+                stats.finish_reason = stats.finish_reason or "interrupted"
+                save_stats(stats, stats_json)
+                raise
             display.summary()
+            save_stats(stats, stats_json)
             if o.debug:
                 say(f"display rendering took {display.render_seconds:.3f}s")
             if stats.finish_reason == "interrupted":
@@ -228,6 +260,12 @@ def serve(
 
         check_api_key(api_key)  # an empty key is refused before the model loads
 
+        try:  # before the model loads: a missing server library is one line, not a wait and then a failure
+            import starlette  # noqa: F401
+            import uvicorn  # noqa: F401
+        except ImportError as e:
+            raise UserError(f"spectool serve needs uvicorn and starlette ({e.name or e} is missing): "
+                            "pip install uvicorn starlette") from None
         with session(o) as s:
             model_id = o.pair or Path(str(s.gen.target.path)).stem
             run_server(s, o, model_id, host, port, api_key, queue, say=say)
@@ -248,6 +286,9 @@ def bench(
     sampled: Annotated[bool, typer.Option(
         "--sampled/--greedy-only", help="Also measure sampling at temperature 0.8 with llama.cpp's defaults, "
         "against llama-cpp-python's own plain sampling.")] = True,
+    reset_costs: Annotated[bool, typer.Option(
+        "--reset-costs", help="First remove the target's saved cost tables (what `run` learnt this machine "
+        "charges): later runs measure afresh.")] = False,
 ) -> None:
     """Plain vs speculative decoding on this machine, side by side, with your model(s) and prompts: greedy, and
     sampled (llama.cpp's defaults) against llama-cpp-python's own sampler."""
@@ -263,7 +304,7 @@ def bench(
         with Progress(console=Console(stderr=True), transient=True) as progress:
             task = progress.add_task("benchmarking")
             c = B.compare(o, texts, draft_vocab, sampled, hooks(), lambda description, advance, total: progress.update(
-                task, advance=advance, total=total, description=description))
+                task, advance=advance, total=total, description=description), reset_costs=reset_costs)
         if plot:
             B.plot({"greedy": c.results, "temperature 0.8": c.sampled} if c.sampled else {c.model_name: c.results},
                    str(plot))
@@ -279,6 +320,11 @@ def bench(
                                               f"{s.min_p:g}: speedups over llama-cpp-python's own plain sampling"))
         print()
         print(B.recommend(c.results, c.contenders))
+        print()
+        if reset_costs:
+            print(f"removed {c.costs_removed} saved cost table{'' if c.costs_removed == 1 else 's'}")
+        for line in c.cost_tables or ["none saved yet: the first `spectool run` measures this machine's costs"]:
+            print(f"cost table: {line}")
 
 
 # -- check -------------------------------------------------------------------------------------------------------
@@ -350,10 +396,11 @@ def info(o: Options, as_json: AsJson = False) -> None:
     """What this installation can do: versions, CPU features, backends and devices, GPU offload and RPC, threads,
     and the folders spectool uses."""
     with cli_errors(o.debug):
-        from spectool import devices
+        from spectool import costtables, devices
 
         devices.set_verbose(o.debug)
         data = devices.installation_info(o.rpc)
+        data["cost_tables"] = [costtables.describe(t) for t in costtables.tables()]
     if as_json:
         print(json.dumps(data, indent=2))
         return
@@ -368,6 +415,8 @@ def info(o: Options, as_json: AsJson = False) -> None:
     rows += [(f"device {d['name']}", f"{d['type']}, {d['backend']}: {d['description']}; "
               f"{d['memory_total'] // mib} MiB, {d['memory_free'] // mib} MiB free") for d in data["devices"]]
     rows += [(f"{k} folder", v) for k, v in data["paths"].items()]
+    rows += [("cost table", t) for t in data["cost_tables"] or ["none saved yet (spectool run measures and keeps "
+                                                                 "this machine's costs; bench --reset-costs clears)"]]
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
@@ -392,6 +441,13 @@ def worker(
 
 def main() -> None:
     signal.signal(signal.SIGTERM, on_sigterm)
+    for arg in sys.argv[1:]:  # bytes that are not UTF-8 arrive as surrogates, and fail deep inside: say so here
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            print(f"error: an argument is not valid UTF-8: {os.fsencode(arg)[:60]!r} (spectool reads UTF-8 text)",
+                  file=sys.stderr)
+            sys.exit(2)
     app()
 
 

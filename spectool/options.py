@@ -91,6 +91,17 @@ def _gpu_layers(value: str) -> str:
         raise typer.BadParameter(str(e)) from None
 
 
+def _threads(value: int | None) -> int | None:
+    import os
+    import sys
+
+    cores = os.cpu_count() or 1
+    if value is not None and value > cores:  # llama.cpp takes any number, and crawls: -t 1000 made 5 tokens in 50 s
+        print(f"spectool: warning: -t {value} is more threads than this machine's {cores} CPU cores; llama.cpp "
+              "slows down when threads outnumber the cores", file=sys.stderr)
+    return value
+
+
 def _rpc(value: str | None) -> str | None:
     if not value:
         return value
@@ -156,7 +167,8 @@ class Options:
                               help="Random seed for sampling: the same seed, the same text.")
     # -- hardware
     ctx_size: int = opt(4096, "--ctx-size", "-c", group=HARDWARE, min=0, help="Context size in tokens (0 = the model's).")
-    threads: Optional[int] = opt(None, "--threads", "-t", group=HARDWARE, min=1, help="CPU threads.")
+    threads: Optional[int] = opt(None, "--threads", "-t", group=HARDWARE, min=1, parse=_threads,
+                                  help="CPU threads.")
     gpu_layers: str = opt("auto", "--gpu-layers", "-ngl", group=HARDWARE, metavar="N|auto|all", parse=_gpu_layers,
                           help="Target layers to offload to the GPU or RPC workers; auto = all of them when there is "
                           "a device to offload to (an error when they do not fit), none otherwise.")
