@@ -57,6 +57,18 @@ def one_run(target, table: dict | None, prompt: list[int], tokens: int) -> tuple
     return costs.to_json(), r
 
 
+def alternate(target, tables: dict[str, dict | None], prompts: list[list[int]], tokens: int) -> dict[str, bench.Result]:
+    """Every prompt a run on each table in turn (`tables` updated as they learn): each table's totals."""
+    totals = {k: bench.Result(k) for k in tables}
+    for prompt in prompts:
+        for k in tables:
+            tables[k], r = one_run(target, tables[k], prompt, tokens)
+            t = totals[k]
+            t.tokens, t.seconds, t.steps, t.generated = (t.tokens + r.tokens, t.seconds + r.seconds,
+                                                         t.steps + r.steps, t.generated + r.generated)
+    return totals
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompts", type=int, default=8, help="prompts per set")
@@ -81,14 +93,7 @@ def main() -> None:
                 quiet, _ = one_run(target, quiet, prompt, args.tokens)
             tables = {"quiet": quiet, "poisoned": poison(quiet, args.factor, range(2, 10))}
             for n in range(1, args.passes + 1):
-                totals = {k: bench.Result(k) for k in tables}
-                for prompt in prompts:
-                    for k in tables:
-                        tables[k], r = one_run(target, tables[k], prompt, args.tokens)
-                        totals[k].tokens += r.tokens
-                        totals[k].seconds += r.seconds
-                        totals[k].steps += r.steps
-                        totals[k].generated += r.generated
+                totals = alternate(target, tables, prompts, args.tokens)
                 q, p = totals["quiet"], totals["poisoned"]
                 print(f"| {name} | {n} | {q.tokens_per_second:.1f} | {p.tokens_per_second:.1f} | "
                       f"{p.tokens_per_second / q.tokens_per_second:.2f}x | {q.mean_accepted_length:.1f} | "

@@ -30,7 +30,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 import prompts as P  # noqa: E402
-from busy_costs import one_run  # noqa: E402
+from busy_costs import alternate, one_run  # noqa: E402
 
 from spectool import bench, engine  # noqa: E402
 from spectool.bench import Contender  # noqa: E402
@@ -96,12 +96,7 @@ def busy_minute(path: Path, sets: dict, args) -> None:
             with neighbours():
                 disturbed, first = one_run(target, None, prompts[0], args.tokens)
             tables = {"undisturbed": one_run(target, None, prompts[0], args.tokens)[0], "disturbed": disturbed}
-            totals = {k: bench.Result(k) for k in tables}
-            for prompt in prompts[1:]:
-                for k in tables:
-                    tables[k], r = one_run(target, tables[k], prompt, args.tokens)
-                    totals[k].tokens += r.tokens
-                    totals[k].seconds += r.seconds
+            totals = alternate(target, tables, prompts[1:], args.tokens)
             u, d = totals["undisturbed"].tokens_per_second, totals["disturbed"].tokens_per_second
             print(f"| {name} | {first.tokens_per_second:.1f} | {u:.1f} | {d:.1f} | {d / u:.2f}x |", flush=True)
 

@@ -1,0 +1,75 @@
+"""How far a quiet machine's batch prices stray from what their neighbours predict: the spread behind
+controller.Costs.doubt.
+
+    python benchmarks/cost_shape.py              # about 2 minutes on 2 cores
+    python benchmarks/cost_shape.py --sizes 33 --samples 9
+
+For Gemma 3 270M Q4_K_M, F16 and F32: every batch size from 1 to --sizes verified --samples times after a
+prompt (first of each size dropped as a warm-up), priced at the lower median of its samples as Costs does. Then,
+as Costs.believed checks a size it has not confirmed, each size in increasing order against the curve through the
+smaller sizes (Costs.curve): the ratio of its price to that prediction. A quiet machine's largest ratio must stay
+well below `doubt`, or real prices would be doubted and measured again and again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+import prompts as P  # noqa: E402
+from run import models  # noqa: E402
+
+from spectool import engine  # noqa: E402
+from spectool.controller import Costs  # noqa: E402
+
+
+def prices(target, prompt: list[int], sizes: int, samples: int) -> dict[int, float]:
+    target.eval(prompt[:-1])
+    out = {}
+    for b in range(1, sizes + 1):
+        seen = []
+        for _ in range(samples + 1):
+            t0 = time.perf_counter()
+            target.eval([prompt[-1]] * b, logits="all")
+            seen.append(time.perf_counter() - t0)
+            target.rollback(len(prompt) - 1)
+        out[b] = sorted(seen[1:])[(samples - 1) // 2]
+    return out
+
+
+def ratios(measured: dict[int, float]) -> dict[int, float]:
+    """Each size's price over what the smaller sizes predict (Costs.curve), as Costs.believed checks it."""
+    costs, out = Costs(), {}
+    for b in sorted(measured):
+        if b > 1:
+            out[b] = measured[b] / costs.curve({s: measured[s] for s in measured if s < b}, b)[b]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", type=int, default=17)
+    ap.add_argument("--samples", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    engine.set_verbose(False)
+    print(f"doubt = {Costs().doubt}; sizes 1-{args.sizes}, lower median of {args.samples} samples each\n")
+    print("| model | 1 token ms | largest ratio (size) | ratios of sizes 2.. |\n|---|---:|---:|---|")
+    text = P.humaneval_prompts(1)[0]
+    for name, path in models().items():
+        with engine.Model(path, n_ctx=4096, n_threads=args.threads) as target:
+            measured = prices(target, target.tokenize(text), args.sizes, args.samples)
+        r = ratios(measured)
+        worst = max(r, key=r.get)
+        print(f"| {name} | {measured[1] * 1000:.1f} | {r[worst]:.2f} ({worst}) | "
+              f"{' '.join(f'{x:.2f}' for x in r.values())} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
