@@ -6,8 +6,8 @@ controller.Costs.doubt.
 
 For Gemma 3 270M Q4_K_M, F16 and F32: every batch size from 1 to --sizes verified --samples times after a
 prompt (first of each size dropped as a warm-up), priced at the lower median of its samples as Costs does. Then,
-as Costs.believed checks a size it has not confirmed, each size in increasing order against the curve through the
-smaller sizes (Costs.curve): the ratio of its price to that prediction. A quiet machine's largest ratio must stay
+as Costs.believed checks a size it has not confirmed, each size in increasing order against what the smaller
+sizes predict for it (Costs.predict): the ratio of its price to that prediction. A quiet machine's largest ratio must stay
 well below `doubt`, or real prices would be doubted and measured again and again.
 """
 
@@ -44,12 +44,9 @@ def prices(target, prompt: list[int], sizes: int, samples: int) -> dict[int, flo
 
 
 def ratios(measured: dict[int, float]) -> dict[int, float]:
-    """Each size's price over what the smaller sizes predict (Costs.curve), as Costs.believed checks it."""
-    costs, out = Costs(), {}
-    for b in sorted(measured):
-        if b > 1:
-            out[b] = measured[b] / costs.curve({s: measured[s] for s in measured if s < b}, b)[b]
-    return out
+    """Each size's price over what the smaller sizes predict (Costs.predict), as Costs.believed checks it."""
+    costs, sizes = Costs(), sorted(measured)
+    return {b: measured[b] / costs.predict(measured, sizes[:i], b) for i, b in enumerate(sizes) if b > 1}
 
 
 def main() -> None:

@@ -20,6 +20,7 @@ the tokens seen.
 
 from __future__ import annotations
 
+import bisect
 import math
 import time
 from dataclasses import dataclass, field
@@ -219,21 +220,43 @@ class Costs:
     def believed(self) -> dict[int, float]:
         """The measured sizes whose price is believed, and at what price. A size confirmed by `confirm` close
         samples, the newest within `recent` verifications, answers for itself. Any other (fewer samples, or
-        saved by an earlier run) is believed, in increasing size, only within `doubt` times the price that the
-        sizes believed so far give it (one token is the curve's base and always believed), and then at no more
-        than the price of a larger believed size: verifying more tokens costs more unless measurement says so."""
+        saved by an earlier run) is believed, in increasing size, only within `doubt` times what the sizes
+        believed so far predict for it (`predict`; one token, the base, always), and then at no more than the
+        price of a larger believed size: verifying more tokens costs more unless measurement says so."""
         sure = {b for b, s in self._sizes.items()
                 if s.fresh and len(s.seconds) >= self.confirm and self._n - s.last <= self.recent}
         believed = {b: self.verify[b] for b in sure}
+        sizes = sorted(believed)
         for b in sorted(self.verify.keys() - sure):
-            if b == 1 or self.verify[b] <= self.doubt * self.curve(believed, b)[b]:
+            if b == 1 or self.verify[b] <= self.doubt * self.predict(believed, sizes, b):
                 believed[b] = self.verify[b]
+                bisect.insort(sizes, b)
         cheapest = math.inf
-        for b in sorted(believed, reverse=True):
+        for b in reversed(sizes):
             if b not in sure:
                 believed[b] = min(believed[b], cheapest)
             cheapest = min(cheapest, believed[b])
         return believed
+
+    def predict(self, prices: dict[int, float], sizes: list[int], b: int) -> float:
+        """What `prices` (their sizes in increasing order in `sizes`, b not among them) say a batch of `b` costs:
+        the straight line between its nearest neighbours; below the smallest, the smallest's price; past the
+        largest, its price and the least-squares slope of the sizes >= 2 (where fewer than two are known, the
+        priors' jump and slope relative to one token); infinite where nothing is known."""
+        i = bisect.bisect(sizes, b)
+        if 0 < i < len(sizes):
+            lo, hi = sizes[i - 1], sizes[i]
+            return prices[lo] + (prices[hi] - prices[lo]) * (b - lo) / (hi - lo)
+        if i < len(sizes):
+            return prices[sizes[0]]
+        if not sizes:
+            return math.inf
+        lo, c = sizes[-1], prices[sizes[-1]]
+        points = [(s, prices[s]) for s in sizes if s >= 2]
+        if len(points) >= 2:
+            return c + _slope(points) * (b - lo)
+        one = prices.get(1) or c / (1 + self.jump_prior + self.slope_prior * (lo - 2))
+        return c + one * (self.jump_prior * (lo == 1) + self.slope_prior * (b - max(lo, 2)))
 
     def curve(self, measured: dict[int, float], largest: int) -> list[float]:
         """Seconds to verify a batch of each size up to `largest` (index = size; index 0 unused), as the prices
@@ -250,11 +273,7 @@ class Costs:
         one = measured.get(1)
         if one is None:  # one token's cost, inferred from a batch through the priors (1.0 before anything)
             one = points[0][1] / (1 + self.jump_prior + self.slope_prior * (points[0][0] - 2)) if points else 1.0
-        if len(points) >= 2:  # the least-squares slope of the measured sizes >= 2
-            mx = sum(b for b, _ in points) / len(points)
-            slope = max(0.0, sum((b - mx) * c for b, c in points) / sum((b - mx) ** 2 for b, _ in points))
-        else:
-            slope = self.slope_prior * one
+        slope = _slope(points) if len(points) >= 2 else self.slope_prior * one
         if not points or points[0][0] > 2:  # size 2 from the priors: the cheaper of the jump over one token
             anchor = one * (1 + self.jump_prior)  # and the step down from the smallest measured size
             if points:
@@ -278,6 +297,12 @@ class Costs:
         runs = f"{self.runs} run{'s' if self.runs != 1 else ''}"
         return (f"{len(self._sizes)} batch sizes ({_ranges(sorted(self._sizes))}), saved by {runs}, measured "
                 f"{newest if newest == oldest else f'{newest} to {oldest}'} ago")
+
+
+def _slope(points: list[tuple[int, float]]) -> float:
+    """The least-squares slope through (size, seconds) points, at least 0."""
+    mx = sum(b for b, _ in points) / len(points)
+    return max(0.0, sum((b - mx) * c for b, c in points) / sum((b - mx) ** 2 for b, _ in points))
 
 
 def _ranges(sizes: list[int]) -> str:
