@@ -43,10 +43,15 @@ def prices(target, prompt: list[int], sizes: int, samples: int) -> dict[int, flo
     return out
 
 
-def ratios(measured: dict[int, float]) -> dict[int, float]:
-    """Each size's price over what the smaller sizes predict (Costs.predict), as Costs.believed checks it."""
+def ratios(measured: dict[int, float]) -> tuple[dict[int, float], dict[int, float]]:
+    """Each size's price over what Costs.predict makes of the others, as Costs.believed checks a size: from the
+    smaller sizes alone (a fresh table's first pass), and from all the others (its nearest neighbours on both
+    sides: a saved price judged against this run's)."""
     costs, sizes = Costs(), sorted(measured)
-    return {b: measured[b] / costs.predict(measured, sizes[:i], b) for i, b in enumerate(sizes) if b > 1}
+    below = {b: measured[b] / costs.predict(measured, sizes[:i], b)[0] for i, b in enumerate(sizes) if b > 1}
+    around = {b: measured[b] / costs.predict(measured, sizes[:i] + sizes[i + 1:], b)[0]
+              for i, b in enumerate(sizes) if b > 1}
+    return below, around
 
 
 def main() -> None:
@@ -57,15 +62,16 @@ def main() -> None:
     args = ap.parse_args()
     engine.set_verbose(False)
     print(f"doubt = {Costs().doubt}; sizes 1-{args.sizes}, lower median of {args.samples} samples each\n")
-    print("| model | 1 token ms | largest ratio (size) | ratios of sizes 2.. |\n|---|---:|---:|---|")
+    print("| model | 1 token ms | from smaller sizes: largest ratio (size) | from neighbours: largest (size) | "
+          "ratios of sizes 2.. from their neighbours |\n|---|---:|---:|---:|---|")
     text = P.humaneval_prompts(1)[0]
     for name, path in models().items():
         with engine.Model(path, n_ctx=4096, n_threads=args.threads) as target:
             measured = prices(target, target.tokenize(text), args.sizes, args.samples)
-        r = ratios(measured)
-        worst = max(r, key=r.get)
-        print(f"| {name} | {measured[1] * 1000:.1f} | {r[worst]:.2f} ({worst}) | "
-              f"{' '.join(f'{x:.2f}' for x in r.values())} |", flush=True)
+        below, around = ratios(measured)
+        w, v = max(below, key=below.get), max(around, key=around.get)
+        print(f"| {name} | {measured[1] * 1000:.1f} | {below[w]:.2f} ({w}) | {around[v]:.2f} ({v}) | "
+              f"{' '.join(f'{x:.2f}' for x in around.values())} |", flush=True)
 
 
 if __name__ == "__main__":

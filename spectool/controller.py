@@ -53,11 +53,11 @@ def _seconds(x) -> float | None:
 
 @dataclass(slots=True)
 class _Size:
-    """One batch size's measurements: its newest samples (seconds), taken by this process (`fresh`) or else by
-    an earlier run (`run`, saved at Unix time `time`)."""
+    """One batch size's measurements: its newest samples (seconds), the last `fresh` of them taken by this
+    process, the others by an earlier run (`run`, saved at Unix time `time`) or before a pause."""
 
     seconds: list[float]
-    fresh: bool = False
+    fresh: int = 0
     last: int = 0  # this process's verification count when it last measured the size
     run: int = 0
     time: float = 0.0
@@ -87,10 +87,11 @@ class Costs:
     """What verifying a batch and drafting a token cost on this machine (seconds), measured so that a busy
     minute cannot set a price for good.
 
-    Each batch size keeps its newest samples and is priced at their lower median (one stall is outvoted). Samples
-    are pooled only while they come close together (within `recent` verifications): a size measured again after
-    a pause, and every size a new run measures, starts from its new samples, and a saved table's samples answer
-    only until then. A price is believed when `confirm` close samples say so; otherwise only while it is within
+    Each batch size keeps its newest samples and is priced at their lower median (one stall, or the slower first
+    run of a new batch shape, is outvoted). Samples are pooled only while they come close together (within
+    `recent` verifications): a size measured again after a pause, and every size a new run measures, starts anew
+    from its old estimate as one sample beside its new ones, so a saved table's prices lose weight as soon as this
+    run measures. A price is believed when `confirm` close samples say so; otherwise only while it is within
     `doubt` times what the believed sizes around it predict (see `price`) and no dearer than a larger size. A
     doubted size is priced like an unmeasured one, so the controller tries it and measures it again: a price
     inflated by a stall, a busy neighbour or an earlier day corrects itself, while a real kernel switch (a batch
@@ -100,10 +101,14 @@ class Costs:
     slope_prior: float = 0.2  # extra cost of each further batched token, relative to one token, until measured
     unmeasured: float = 0.9  # sizes not yet measured are priced this much below their estimate, so they get tried
     timed: bool = True
-    # a price above this many times its prediction is doubted until confirmed. On a quiet machine the measured
-    # prices of sizes 2-9 stay within 1.6x of the prediction from their neighbours (Gemma 3 270M Q4_K_M / F16 /
-    # F32 on the 2-core VMs; docs/performance.md, "Cost table"); stalls and busy neighbours make 3-24x
-    doubt: float = 2.0
+    # a price above this many times its prediction is doubted until confirmed. On a quiet 2-core VM the prices of
+    # sizes 2-33 stayed within 1.32x of what the smaller sizes predict and 1.12x of what their neighbours on both
+    # sides do (Gemma 3 270M Q4_K_M / F16 / F32, benchmarks/cost_shape.py; docs/performance.md, "The cost table");
+    # a busy spell left a whole table 2.2-2.6x dear, single stalls 3-24x
+    doubt: float = 1.5
+    # ... and this many times a prediction that rests on the priors (one token's price, the priors' jump and slope):
+    # on the 2-core VMs a batch of 4 or 8 of Gemma 3 270M Q4_K_M cost 0.6-1.8x what the priors make of one token's
+    doubt_priors: float = 3.0
     confirm: int = 3  # close samples that confirm a price, however far it is from the prediction
     recent: int = 64  # samples further apart than this many verifications are not pooled
     stale_runs: int = 8  # a saved size not measured in this many runs is measured afresh ...
@@ -116,10 +121,13 @@ class Costs:
     runs: int = 0  # the runs of spectool that saved this table before (this one is number runs + 1)
     rejected: int = 0  # entries of a saved table dropped as invalid when it was read
     _sizes: dict[int, _Size] = field(default_factory=dict)
-    _warm: set = field(default_factory=set)
+    _warm: set = field(default_factory=set)  # drafters whose first draft was timed (a warm-up)
     _n: int = 0  # verifications observed
     _prices: tuple[int, int, list[float]] = (-1, 0, [])  # (_n, _version) when derived, and verify_costs' list
     _version: int = 0  # counts the sizes that started new samples
+    _drift: dict[int, list[float]] = field(default_factory=dict)  # by the run that saved a size: this run's first
+    # sample of it over its saved price
+    _read_at: dict[int, float] = field(default_factory=dict)  # saved sizes read at their run's drift (believed)
 
     def __post_init__(self):
         now = time.time()
@@ -129,9 +137,11 @@ class Costs:
     # -- the saved table -----------------------------------------------------------------------------------
     def to_json(self, now: float | None = None) -> dict:
         now = time.time() if now is None else now
+        self.believed()  # which saved prices are read at their run's drift (_read_at): they are saved so
         return {"runs": self.runs + 1,
-                "verify": {str(b): {"seconds": [round(x, 7) for x in s.seconds], "run": self.runs + 1 if s.fresh else s.run,
-                                    "time": now if s.fresh else s.time} for b, s in sorted(self._sizes.items())},
+                "verify": {str(b): {"seconds": [round(x * self._read_at.get(b, 1.0), 7) for x in s.seconds],
+                                    "run": self.runs + 1 if s.fresh else s.run, "time": now if s.fresh else s.time}
+                           for b, s in sorted(self._sizes.items())},
                 "draft": [{"source": k.source.value, "temp": k.temp, "seconds": c} for k, c in self.draft.items()]}
 
     @classmethod
@@ -139,8 +149,7 @@ class Costs:
         """A table written by `to_json` in an earlier run, read as input: what this code would not have written (a
         size outside 1..max_batch, a cost that is not a finite number of seconds in (0, MAX_SECONDS), a damaged
         draft entry) is dropped and counted in `rejected`. Sizes measured more than `stale_runs` runs or
-        `stale_seconds` ago are dropped too (not counted), to be measured afresh. Each size's first new sample is
-        still dropped as a warm-up."""
+        `stale_seconds` ago are dropped too (not counted), to be measured afresh."""
         now = time.time() if now is None else now
         if not isinstance(obj, dict):
             return cls(rejected=1)
@@ -173,14 +182,14 @@ class Costs:
         if not self.timed:
             return
         self._n += 1
-        if batch_size not in self._warm:  # a warm-up: llama.cpp builds and allocates a graph for a new batch shape
-            self._warm.add(batch_size)
-            return
         s = self._sizes.get(batch_size)
-        if s is None or not s.fresh or self._n - s.last > self.recent:  # new samples: the machine may have changed
-            s = self._sizes[batch_size] = _Size([], fresh=True)
+        if s is not None and not s.fresh:
+            self._drift.setdefault(s.run, []).append(seconds / s.estimate())
+        if s is None or not s.fresh or self._n - s.last > self.recent:  # anew: the machine may have changed
+            s = self._sizes[batch_size] = _Size([] if s is None else [s.estimate()])
             self._version += 1
         s.seconds.append(seconds)
+        s.fresh += 1
         if len(s.seconds) > WINDOW:
             del s.seconds[0]
         s.last = self._n
@@ -220,16 +229,24 @@ class Costs:
     def believed(self) -> dict[int, float]:
         """The measured sizes whose price is believed, and at what price. A size confirmed by `confirm` close
         samples, the newest within `recent` verifications, answers for itself. Any other (fewer samples, or
-        saved by an earlier run) is believed, in increasing size, only within `doubt` times what the sizes
-        believed so far predict for it (`predict`; one token, the base, always), and then at no more than the
-        price of a larger believed size: verifying more tokens costs more unless measurement says so."""
+        saved by an earlier run) is believed only within `doubt` times what the sizes believed so far predict for
+        it (`predict`; `doubt_priors` times where that rests on the priors; one token, the base, always), this run's
+        sizes first and the saved ones after them, each in increasing size. A saved price is taken as saved or at
+        its run's `drift`, whichever is nearer the prediction. Then a believed price is no more than the price of a
+        larger believed size: verifying more tokens costs more unless measurement says so."""
         sure = {b for b, s in self._sizes.items()
-                if s.fresh and len(s.seconds) >= self.confirm and self._n - s.last <= self.recent}
-        believed = {b: self.verify[b] for b in sure}
+                if s.fresh >= self.confirm and self._n - s.last <= self.recent}
+        believed, self._read_at = {b: self.verify[b] for b in sure}, {}
         sizes = sorted(believed)
-        for b in sorted(self.verify.keys() - sure):
-            if b == 1 or self.verify[b] <= self.doubt * self.predict(believed, sizes, b):
-                believed[b] = self.verify[b]
+        # this run's prices first, then the saved ones: a saved price is judged against what the machine charges now
+        for b in sorted(self.verify.keys() - sure, key=lambda b: (not self._sizes[b].fresh, b)):
+            price, by_priors = self.predict(believed, sizes, b)
+            mine, s = self.verify[b], self._sizes[b]
+            if not s.fresh and price < math.inf and (drift := self.drift(s.run)) != 1.0 \
+                    and abs(math.log(mine * drift / price)) < abs(math.log(mine / price)):
+                mine, self._read_at[b] = mine * drift, drift
+            if b == 1 or mine <= (self.doubt_priors if by_priors else self.doubt) * price:
+                believed[b] = mine
                 bisect.insort(sizes, b)
         cheapest = math.inf
         for b in reversed(sizes):
@@ -238,25 +255,33 @@ class Costs:
             cheapest = min(cheapest, believed[b])
         return believed
 
-    def predict(self, prices: dict[int, float], sizes: list[int], b: int) -> float:
-        """What `prices` (their sizes in increasing order in `sizes`, b not among them) say a batch of `b` costs:
-        the straight line between its nearest neighbours; below the smallest, the smallest's price; past the
-        largest, its price and the least-squares slope of the sizes >= 2 (where fewer than two are known, the
-        priors' jump and slope relative to one token); infinite where nothing is known."""
+    def drift(self, run: int) -> float:
+        """How much dearer this machine is now than when the run `run` measured the sizes it saved: the lower
+        median of this run's first sample of each of them over its saved price (1 before any). What a busy minute
+        measured and this run did not measure again can then be read at the rate of now (see `believed`)."""
+        d = sorted(self._drift.get(run, (1.0,)))
+        return d[(len(d) - 1) // 2]
+
+    def predict(self, prices: dict[int, float], sizes: list[int], b: int) -> tuple[float, bool]:
+        """What `prices` (their sizes in increasing order in `sizes`, b not among them) say a batch of `b` costs, and
+        whether that rests on the priors: the straight line between its nearest neighbours; below the smallest, the
+        smallest's price; past the largest, its price and the least-squares slope of the sizes >= 2, or where fewer
+        than two of those are known, the priors' jump and slope relative to one token; infinite where nothing is
+        known."""
         i = bisect.bisect(sizes, b)
         if 0 < i < len(sizes):
             lo, hi = sizes[i - 1], sizes[i]
-            return prices[lo] + (prices[hi] - prices[lo]) * (b - lo) / (hi - lo)
+            return prices[lo] + (prices[hi] - prices[lo]) * (b - lo) / (hi - lo), False
         if i < len(sizes):
-            return prices[sizes[0]]
+            return prices[sizes[0]], False
         if not sizes:
-            return math.inf
+            return math.inf, True
         lo, c = sizes[-1], prices[sizes[-1]]
         points = [(s, prices[s]) for s in sizes if s >= 2]
         if len(points) >= 2:
-            return c + _slope(points) * (b - lo)
+            return c + _slope(points) * (b - lo), False
         one = prices.get(1) or c / (1 + self.jump_prior + self.slope_prior * (lo - 2))
-        return c + one * (self.jump_prior * (lo == 1) + self.slope_prior * (b - max(lo, 2)))
+        return c + one * (self.jump_prior * (lo == 1) + self.slope_prior * (b - max(lo, 2))), True
 
     def curve(self, measured: dict[int, float], largest: int) -> list[float]:
         """Seconds to verify a batch of each size up to `largest` (index = size; index 0 unused), as the prices

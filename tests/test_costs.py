@@ -5,6 +5,7 @@ import json
 import math
 import time
 
+import busy_costs
 import pytest
 from typer.testing import CliRunner
 
@@ -37,7 +38,8 @@ def test_the_busy_minute_table_of_the_issue_is_doubted_where_its_neighbours_disa
     prices = costs.price(9)
     assert prices[2] < 0.034 and prices[8] < 0.1 and prices[4] == 0.034
     assert trusting(costs).choose(ALWAYS) == 8
-    assert trusting(Costs(verify={1: 0.0141, 2: 0.3382, 4: 0.0340, 8: 0.2000}, doubt=math.inf)).choose(ALWAYS) == 3
+    believing = Costs(verify={1: 0.0141, 2: 0.3382, 4: 0.0340, 8: 0.2000}, doubt=math.inf, doubt_priors=math.inf)
+    assert trusting(believing).choose(ALWAYS) == 3
 
 
 def test_a_stall_is_confirmed_before_it_is_believed():
@@ -45,8 +47,8 @@ def test_a_stall_is_confirmed_before_it_is_believed():
     doubted, 5 is tried again, and its second sample, not the stall, prices it. Three close samples that agree
     are believed however far they are from the neighbours' prediction (a real kernel switch)."""
     ctl = trusting(Costs(), k_max=4)
-    for b, c in [(1, 0.014), (2, 0.025), (3, 0.032), (4, 0.040)] * 2 + [(5, 9.0), (5, 0.241)]:
-        ctl.observe_verify(b, c)  # each size's first sample is a warm-up
+    for b, c in [(1, 0.014), (2, 0.025), (3, 0.032), (4, 0.040)] * 2 + [(5, 0.241)]:
+        ctl.observe_verify(b, c)
     assert 5 not in ctl.costs.believed() and ctl.costs.verify_costs(5)[5] < 0.05
     ctl.observe_verify(5, 0.045)
     assert ctl.costs.verify[5] == 0.045 and ctl.costs.believed()[5] == 0.045
@@ -69,25 +71,27 @@ def test_a_price_above_a_larger_sizes_is_capped_until_confirmed():
 
 
 def test_prices_inflated_8x_are_measured_again_and_replaced():
-    """A table whose batches of 2 to 9 were priced 8x (the benchmark's poisoning): the next run doubts them all,
-    drafts long, and what it measures replaces them; saved, the table holds the true prices."""
+    """A table whose batches of 2 to 9 were priced 8x (the benchmark's poisoning): the next run doubts them, drafts
+    long at once, and what it measures replaces them. The sizes it did not measure again were saved by the same
+    run as those it did, which now cost an eighth of their saved price (the drift): they are read, and saved, at
+    that rate, so the whole table is true again after a few steps, and nothing is doubted."""
     true = {b: 0.013 if b == 1 else 0.022 + 0.004 * (b - 2) for b in range(1, 34)}
     quiet = Costs(verify={b: true[b] for b in range(1, 10)}).to_json()
-    poisoned = json.loads(json.dumps(quiet))
-    for b in range(2, 10):
-        poisoned["verify"][str(b)]["seconds"] = [8 * c for c in poisoned["verify"][str(b)]["seconds"]]
+    poisoned = busy_costs.poison(quiet, 8.0, range(2, 4097))
     ctl = trusting(Costs.from_json(poisoned))
     ks = []
     for _ in range(40):
         ks.append(ctl.choose(ALWAYS))
         ctl.observe_verify(ks[-1] + 1, true[ks[-1] + 1])
-    assert ks[0] == 8 and set(ks[-20:]) == {8}
+    assert ks[0] == 8 and set(ks[-30:]) == {8}
+    assert len({k + 1 for k in ks}) < 9  # not every size was measured again ...
     again = Costs.from_json(json.loads(json.dumps(ctl.costs.to_json())))
-    tried = {k + 1 for k in ks}
-    assert again.runs == 2 and 9 in tried and again.verify[1] == true[1]
-    for b in range(2, 10):  # what was measured again replaced the poison; sizes not drafted again keep it, doubted
-        assert again.verify[b] == pytest.approx(true[b] if b in tried else 8 * true[b])
-    assert set(again.believed()) == {1} | tried
+    assert again.runs == 2 and all(again.verify[b] == pytest.approx(true[b]) for b in range(1, 10))  # ... yet all true
+    assert set(again.believed()) == set(range(1, 10))
+    stuck = trusting(Costs.from_json(poisoned))  # the negative control: no doubt, no drift
+    stuck.costs.doubt = stuck.costs.doubt_priors = math.inf
+    stuck.costs.drift = lambda run: 1.0
+    assert stuck.choose(ALWAYS) < 8
 
 
 # -- ageing --------------------------------------------------------------------------------------------------------
@@ -97,15 +101,18 @@ def test_a_saved_table_ages_by_runs_and_by_time():
     for b in (1, 1, 2, 2):
         fresh.observe_verify(b, 0.01 * b)
     saved = fresh.to_json(now)
-    assert saved["verify"]["2"] == {"seconds": [0.02], "run": 1, "time": now}
+    assert saved["verify"]["2"] == {"seconds": [0.02, 0.02], "run": 1, "time": now}
     assert Costs.from_json(saved, now=now + 3600).verify == {1: 0.01, 2: 0.02}  # an hour later: kept
     assert Costs.from_json(saved, now=now + fresh.stale_seconds + 1).verify == {}  # a day later: measured afresh
     later = dict(saved, runs=fresh.stale_runs)  # saved by 7 more runs, none of which measured these sizes: kept
     assert Costs.from_json(later, now=now).verify == {1: 0.01, 2: 0.02}
     assert Costs.from_json(dict(saved, runs=1 + fresh.stale_runs), now=now).verify == {}  # by 8 more: afresh
-    # a run's new samples replace the saved ones at once: an earlier run's prices answer only until then
+    # a run's first sample of a size starts it anew, beside the saved estimate as one sample: a saved price loses
+    # its weight as soon as this run measures (here, the lower median of 0.02 and the new ones)
     costs = Costs.from_json(saved, now=now)
-    costs.observe_verify(2, 5.0), costs.observe_verify(2, 0.03)
+    costs.observe_verify(2, 5.0)
+    assert costs.verify[2] == 0.02 and costs._sizes[2].seconds == [0.02, 5.0]
+    costs.observe_verify(2, 0.03), costs.observe_verify(2, 0.03)
     assert costs.verify[2] == 0.03
     assert Costs.from_json({"verify": {"2": 0.02}}).verify == {}  # an older table's bare prices are stale
 
@@ -215,9 +222,10 @@ def test_info_and_bench_show_the_table_and_bench_resets_it(tiny, tmp_path, monke
 
 
 # -- the real model ------------------------------------------------------------------------------------------------
-def _runs(target, table, prompt, n, doubt=None, tokens=96):
+def _runs(target, table, prompt, n, believe_all=False, tokens=96):
     """`n` runs of `spectool run --spec lookup` on one prompt, the table written and read back between them (as
-    between processes): the table, and each run's tokens per step."""
+    between processes): the table, and each run's tokens per step. `believe_all`: no price is doubted and no
+    saved price is read at its run's drift (the rule before issue 30, as a negative control)."""
     from spectool.drafters import PromptLookup
     from spectool.speculative import Generation, speculative_generate
     from spectool.stats import Stats
@@ -225,8 +233,9 @@ def _runs(target, table, prompt, n, doubt=None, tokens=96):
     per_step = []
     for _ in range(n):
         costs = Costs.from_json(table) if table is not None else Costs()
-        if doubt is not None:
-            costs.doubt = doubt
+        if believe_all:
+            costs.doubt = costs.doubt_priors = math.inf
+            costs.drift = lambda run: 1.0
         st = Stats()
         list(speculative_generate(Generation(target, PromptLookup(), controller=Controller(costs=costs),
                                              max_tokens=tokens), prompt, st))
@@ -252,23 +261,21 @@ def grounded(gemma):
 
 @pytest.mark.realmodel
 def test_a_table_poisoned_8x_recovers_on_the_real_model(gemma, grounded):
-    """Gemma 3 270M Q4_K_M, a ShareGPT rewrite (lookup drafts 2-9 tokens a step there): on a table whose batches of
-    2 to 9 tokens were priced 8x (benchmarks/busy_costs.py's poisoning), the second run drafts as long as on the
-    quiet table it was made from (tokens per step within 0.8x), and no poisoned price is believed. The same table
-    with every saved price believed (no doubt: the rule before issue 30) keeps drafting short: the negative
+    """Gemma 3 270M Q4_K_M, a ShareGPT rewrite: on a table whose batches of 2 tokens and more were all priced 8x
+    (benchmarks/busy_costs.py's poisoning, over every size), the second run drafts as long as on the quiet table
+    it was made from (tokens per step within 0.8x), and no poisoned price is believed afterwards. The same table
+    with every saved price believed as saved (the rule before issue 30) keeps drafting short: the negative
     control. On a GPU host this runs on the CPU too (Model's default -ngl 0)."""
-    import busy_costs
-
     quiet, _ = _runs(gemma, None, grounded, 2)
-    poisoned = busy_costs.poison(quiet, 8.0, range(2, 10))
+    poisoned = busy_costs.poison(quiet, 8.0, range(2, 4097))
     _, (reference,) = _runs(gemma, quiet, grounded, 1)
     after, steps = _runs(gemma, poisoned, grounded, 2)
-    _, stuck = _runs(gemma, poisoned, grounded, 2, doubt=math.inf)
+    _, stuck = _runs(gemma, poisoned, grounded, 2, believe_all=True)
     print(f"tokens/step: quiet {reference:.2f}, poisoned {steps}, never doubted {stuck}")
     assert steps[-1] >= 0.8 * reference and stuck[-1] < 0.8 * reference
-    back = Costs.from_json(after)  # no poisoned price is believed: each believed size of 2-9 was measured again
+    back = Costs.from_json(after)  # no poisoned price is believed: each was measured again or read at the drift
     assert all(after["verify"][str(b)]["seconds"] != poisoned["verify"].get(str(b), {}).get("seconds")
-               for b in back.believed() if 2 <= b <= 9)
+               for b in back.believed() if b >= 2)
 
 
 @pytest.mark.realmodel
