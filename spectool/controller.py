@@ -113,9 +113,9 @@ class Costs:
     recent: int = 64  # samples further apart than this many verifications are not pooled
     stale_runs: int = 8  # a saved size not measured in this many runs is measured afresh ...
     stale_seconds: float = 86400.0  # ... and so is one measured longer ago than this (the machine's load moves)
-    # the price of every batch size is derived anew when a size starts new samples, and otherwise at most every
-    # this many verifications (prices move slowly): deriving them is most of the controller's work in a step
-    reprice_every: int = 8
+    # the price of every batch size is derived anew when a size is measured for the first time, and otherwise at most
+    # every this many verifications (prices move slowly): deriving them is most of the controller's work in a step
+    reprice_every: int = 16
     verify: dict[int, float] = field(default_factory=dict)  # batch size -> seconds, each size's estimate
     draft: dict[Key, float] = field(default_factory=dict)  # Key.drafter -> seconds per drafted token
     runs: int = 0  # the runs of spectool that saved this table before (this one is number runs + 1)
@@ -124,7 +124,7 @@ class Costs:
     _warm: set = field(default_factory=set)  # drafters whose first draft was timed (a warm-up)
     _n: int = 0  # verifications observed
     _prices: tuple[int, int, list[float]] = (-1, 0, [])  # (_n, _version) when derived, and verify_costs' list
-    _version: int = 0  # counts the sizes that started new samples
+    _version: int = 0  # counts the sizes measured for the first time
     _drift: dict[int, list[float]] = field(default_factory=dict)  # by the run that saved a size: this run's first
     # sample of it over its saved price
     _read_at: dict[int, float] = field(default_factory=dict)  # saved sizes read at their run's drift (believed)
@@ -186,8 +186,8 @@ class Costs:
         if s is not None and not s.fresh:
             self._drift.setdefault(s.run, []).append(seconds / s.estimate())
         if s is None or not s.fresh or self._n - s.last > self.recent:  # anew: the machine may have changed
+            self._version += s is None  # a size measured for the first time is priced at once
             s = self._sizes[batch_size] = _Size([] if s is None else [s.estimate()])
-            self._version += 1
         s.seconds.append(seconds)
         s.fresh += 1
         if len(s.seconds) > WINDOW:
@@ -265,9 +265,9 @@ class Costs:
     def predict(self, prices: dict[int, float], sizes: list[int], b: int) -> tuple[float, bool]:
         """What `prices` (their sizes in increasing order in `sizes`, b not among them) say a batch of `b` costs, and
         whether that rests on the priors: the straight line between its nearest neighbours; below the smallest, the
-        smallest's price; past the largest, its price and the least-squares slope of the sizes >= 2, or where fewer
-        than two of those are known, the priors' jump and slope relative to one token; infinite where nothing is
-        known."""
+        smallest's price; past the largest, its price and the least-squares slope of the four largest sizes >= 2,
+        or where fewer than two of those are known, the priors' jump and slope relative to one token; infinite where
+        nothing is known."""
         i = bisect.bisect(sizes, b)
         if 0 < i < len(sizes):
             lo, hi = sizes[i - 1], sizes[i]
@@ -277,7 +277,7 @@ class Costs:
         if not sizes:
             return math.inf, True
         lo, c = sizes[-1], prices[sizes[-1]]
-        points = [(s, prices[s]) for s in sizes if s >= 2]
+        points = [(s, prices[s]) for s in sizes[-4:] if s >= 2]
         if len(points) >= 2:
             return c + _slope(points) * (b - lo), False
         one = prices.get(1) or c / (1 + self.jump_prior + self.slope_prior * (lo - 2))

@@ -163,7 +163,7 @@ def test_a_size_confirmed_dear_on_a_busy_stretch_is_tried_again_once_the_machine
     keys = [Key.lookup(8)] * 7
     assert ctl.choose(keys) == 3  # 8 is confirmed dear: a batch of 4
     chosen = []
-    for _ in range(ctl.costs.recent + 40):  # steps at the true prices of the sizes chosen
+    for _ in range(ctl.costs.recent + 5 * ctl.costs.reprice_every):  # steps at the true prices of the sizes chosen
         chosen.append(ctl.choose(keys))
         ctl.observe_verify(chosen[-1] + 1, true[chosen[-1] + 1])
     assert set(chosen[: ctl.costs.recent - ctl.costs.reprice_every]) == {3} and set(chosen[-10:]) == {7}
