@@ -232,7 +232,8 @@ class Costs:
         saved by an earlier run) is believed only within `doubt` times what the sizes believed so far predict for
         it (`predict`; `doubt_priors` times where that rests on the priors; one token, the base, always), this run's
         sizes first and the saved ones after them, each in increasing size. A saved price is taken as saved or at
-        its run's `drift`, whichever is nearer the prediction. Then a believed price is no more than the price of a
+        its run's `drift`, whichever is nearer the prediction (at the drift, a measurement, where the prediction
+        rests on the priors). Then a believed price is no more than the price of a
         larger believed size: verifying more tokens costs more unless measurement says so."""
         sure = {b for b, s in self._sizes.items()
                 if s.fresh >= self.confirm and self._n - s.last <= self.recent}
@@ -242,8 +243,8 @@ class Costs:
         for b in sorted(self.verify.keys() - sure, key=lambda b: (not self._sizes[b].fresh, b)):
             price, by_priors = self.predict(believed, sizes, b)
             mine, s = self.verify[b], self._sizes[b]
-            if not s.fresh and price < math.inf and (drift := self.drift(s.run)) != 1.0 \
-                    and abs(math.log(mine * drift / price)) < abs(math.log(mine / price)):
+            if not s.fresh and price < math.inf and (drift := self.drift(s.run)) != 1.0 and (
+                    by_priors or abs(math.log(mine * drift / price)) < abs(math.log(mine / price))):
                 mine, self._read_at[b] = mine * drift, drift
             if b == 1 or mine <= (self.doubt_priors if by_priors else self.doubt) * price:
                 believed[b] = mine
