@@ -263,7 +263,7 @@ def grounded(gemma):
 def test_a_table_poisoned_8x_recovers_on_the_real_model(gemma, grounded):
     """Gemma 3 270M Q4_K_M, a ShareGPT rewrite: on a table whose batches of 2 tokens and more were all priced 8x
     (benchmarks/busy_costs.py's poisoning, over every size), the second run drafts as long as on the quiet table
-    it was made from (tokens per step within 0.8x), and no poisoned price is believed afterwards. The same table
+    it was made from (tokens per step over two runs at least 0.7x), and no poisoned price is believed afterwards. The same table
     with every saved price believed as saved (the rule before issue 30) keeps drafting short: the negative
     control. On a GPU host this runs on the CPU too (Model's default -ngl 0)."""
     quiet, _ = _runs(gemma, None, grounded, 2)
@@ -272,7 +272,7 @@ def test_a_table_poisoned_8x_recovers_on_the_real_model(gemma, grounded):
     after, steps = _runs(gemma, poisoned, grounded, 2)
     _, stuck = _runs(gemma, poisoned, grounded, 2, believe_all=True)
     print(f"tokens/step: quiet {reference:.2f}, poisoned {steps}, never doubted {stuck}")
-    assert steps[-1] >= 0.8 * reference and stuck[-1] < 0.8 * reference
+    assert sum(steps) / 2 >= 0.7 * reference and sum(stuck) / 2 < 0.6 * reference  # seen: 1.0-1.2x and 0.37x
     back = Costs.from_json(after)  # no poisoned price is believed: each was measured again or read at the drift
     assert all(after["verify"][str(b)]["seconds"] != poisoned["verify"].get(str(b), {}).get("seconds")
                for b in back.believed() if b >= 2)
@@ -281,8 +281,9 @@ def test_a_table_poisoned_8x_recovers_on_the_real_model(gemma, grounded):
 @pytest.mark.realmodel
 def test_runs_after_a_busy_neighbour_draft_as_on_a_quiet_machine(gemma, grounded):
     """Issue 30's load test: a CPU-bound neighbour on every core during the first run of a fresh table, then
-    quiet runs; by the third run the table drafts as long as one never disturbed (tokens per step, measured on the
-    same prompt in the same test, within 0.8x). On this 2-core VM two spinning neighbours made a single token cost
+    quiet runs; those runs draft about as long as on a table never disturbed (tokens per step on the same prompt in
+    the same test, their mean at least 0.6x: two tables that learn apart drafted 0.77-1.45x of each other here,
+    while a table whose saved prices are all believed drafted 0.23-0.52x, see the test above). On this 2-core VM two spinning neighbours made a single token cost
     0.06-6 s in that first run (a batch of 8, 0.2-0.9 s), beside 22 ms and 48-105 ms quiet. Speed itself is
     measured in benchmarks/first_run.py --busy-minute."""
     import os
@@ -299,4 +300,4 @@ def test_runs_after_a_busy_neighbour_draft_as_on_a_quiet_machine(gemma, grounded
     _, steps = _runs(gemma, busy, grounded, 2)
     _, reference = _runs(gemma, None, grounded, 3)
     print(f"tokens/step: disturbed then quiet {steps}, never disturbed {reference}")
-    assert steps[-1] >= 0.8 * reference[-1]
+    assert sum(steps) >= 0.6 * sum(reference[1:])
