@@ -48,10 +48,12 @@ def poison(table: dict, factor: float, sizes: range) -> dict:
     return out
 
 
-def one_run(target, table: dict | None, prompt: list[int], tokens: int) -> tuple[dict, bench.Result]:
-    """One `spectool run`: the table read, one prompt generated, the table written."""
-    costs = Costs.from_json(table) if table is not None else Costs()
-    st, r = Stats(mode="lookup"), bench.Result("lookup")
+def one_run(target, table: dict | None, prompt: list[int], tokens: int, into: bench.Result | None = None,
+            read=Costs.from_json) -> tuple[dict, bench.Result]:
+    """One `spectool run --spec lookup`: the table read (`read`; a fresh one for None), one prompt generated and
+    added to `into` (else a Result of its own), the table written."""
+    costs = read(table) if table is not None else Costs()
+    st, r = Stats(mode="lookup"), into or bench.Result("lookup")
     g = Contender("lookup", "lookup", 32).generation(target, {}, tokens, costs)
     r.add(st, *bench.timed_generation(g, prompt, st))
     return costs.to_json(), r
@@ -62,10 +64,7 @@ def alternate(target, tables: dict[str, dict | None], prompts: list[list[int]], 
     totals = {k: bench.Result(k) for k in tables}
     for prompt in prompts:
         for k in tables:
-            tables[k], r = one_run(target, tables[k], prompt, tokens)
-            t = totals[k]
-            t.tokens, t.seconds, t.steps, t.generated = (t.tokens + r.tokens, t.seconds + r.seconds,
-                                                         t.steps + r.steps, t.generated + r.generated)
+            tables[k], _ = one_run(target, tables[k], prompt, tokens, totals[k])
     return totals
 
 

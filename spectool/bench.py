@@ -365,7 +365,6 @@ def compare(o, texts: Sequence[str], draft_vocab: int, with_sampled: bool, hooks
     import contextlib
 
     from spectool import costtables
-
     from spectool.session import load_models, pruned_draft, resolve_models
 
     progress = progress or (lambda description, advance, total: None)

@@ -64,8 +64,7 @@ class _Size:
 
     def estimate(self) -> float:
         """The lower median: one stall among a few samples is not believed."""
-        s = sorted(self.seconds)
-        return s[(len(s) - 1) // 2]
+        return _lower_median(self.seconds)
 
     @classmethod
     def from_json(cls, entry) -> _Size | None:
@@ -260,8 +259,7 @@ class Costs:
         """How much dearer this machine is now than when the run `run` measured the sizes it saved: the lower
         median of this run's first sample of each of them over its saved price (1 before any). What a busy minute
         measured and this run did not measure again can then be read at the rate of now (see `believed`)."""
-        d = sorted(self._drift.get(run, (1.0,)))
-        return d[(len(d) - 1) // 2]
+        return _lower_median(self._drift.get(run, (1.0,)))
 
     def predict(self, prices: dict[int, float], sizes: list[int], b: int) -> tuple[float, bool]:
         """What `prices` (their sizes in increasing order in `sizes`, b not among them) say a batch of `b` costs, and
@@ -323,6 +321,11 @@ class Costs:
         runs = f"{self.runs} run{'s' if self.runs != 1 else ''}"
         return (f"{len(self._sizes)} batch sizes ({_ranges(sorted(self._sizes))}), saved by {runs}, measured "
                 f"{newest if newest == oldest else f'{newest} to {oldest}'} ago")
+
+
+def _lower_median(xs: Sequence[float]) -> float:
+    s = sorted(xs)
+    return s[(len(s) - 1) // 2]
 
 
 def _slope(points: list[tuple[int, float]]) -> float:

@@ -222,25 +222,23 @@ def test_info_and_bench_show_the_table_and_bench_resets_it(tiny, tmp_path, monke
 
 
 # -- the real model ------------------------------------------------------------------------------------------------
-def _runs(target, table, prompt, n, believe_all=False, tokens=96):
-    """`n` runs of `spectool run --spec lookup` on one prompt, the table written and read back between them (as
-    between processes): the table, and each run's tokens per step. `believe_all`: no price is doubted and no
-    saved price is read at its run's drift (the rule before issue 30, as a negative control)."""
-    from spectool.drafters import PromptLookup
-    from spectool.speculative import Generation, speculative_generate
-    from spectool.stats import Stats
+def _believing(table: dict) -> Costs:
+    """A saved table read with every price believed as saved: no doubt, no drift (the rule before issue 30)."""
+    costs = Costs.from_json(table)
+    costs.doubt = costs.doubt_priors = math.inf
+    costs.drift = lambda run: 1.0
+    return costs
 
+
+def _runs(target, table, prompt, n, believe_all=False, tokens=96):
+    """`n` runs of `spectool run --spec lookup` on one prompt (busy_costs.one_run: the table written and read back
+    between them, as between processes): the table, and each run's tokens per step. `believe_all`: read the table
+    with `_believing`, as a negative control."""
     per_step = []
     for _ in range(n):
-        costs = Costs.from_json(table) if table is not None else Costs()
-        if believe_all:
-            costs.doubt = costs.doubt_priors = math.inf
-            costs.drift = lambda run: 1.0
-        st = Stats()
-        list(speculative_generate(Generation(target, PromptLookup(), controller=Controller(costs=costs),
-                                             max_tokens=tokens), prompt, st))
-        table = costs.to_json()
-        per_step.append(st.n_generated / st.n_steps)
+        table, r = busy_costs.one_run(target, table, prompt, tokens,
+                                      read=_believing if believe_all else Costs.from_json)
+        per_step.append(r.mean_accepted_length)
     return table, per_step
 
 
