@@ -126,7 +126,6 @@ class Costs:
     _version: int = 0  # counts the sizes measured for the first time
     _drift: dict[int, list[float]] = field(default_factory=dict)  # by the run that saved a size: this run's first
     # sample of it over its saved price
-    _read_at: dict[int, float] = field(default_factory=dict)  # saved sizes read at their run's drift (believed)
 
     def __post_init__(self):
         now = time.time()
@@ -136,11 +135,10 @@ class Costs:
     # -- the saved table -----------------------------------------------------------------------------------
     def to_json(self, now: float | None = None) -> dict:
         now = time.time() if now is None else now
-        self.believed()  # which saved prices are read at their run's drift (_read_at): they are saved so
         return {"runs": self.runs + 1,
-                "verify": {str(b): {"seconds": [round(x * self._read_at.get(b, 1.0), 7) for x in s.seconds],
+                "verify": {str(b): {"seconds": [round(x, 7) for x in s.seconds],
                                     "run": self.runs + 1 if s.fresh else s.run, "time": now if s.fresh else s.time}
-                           for b, s in sorted(self._sizes.items())},
+                           for b, s in sorted(self._sizes.items()) if s.fresh or not self.forgotten(s.run)},
                 "draft": [{"source": k.source.value, "temp": k.temp, "seconds": c} for k, c in self.draft.items()]}
 
     @classmethod
@@ -185,8 +183,9 @@ class Costs:
         if s is not None and not s.fresh:
             self._drift.setdefault(s.run, []).append(seconds / s.estimate())
         if s is None or not s.fresh or self._n - s.last > self.recent:  # anew: the machine may have changed
-            self._version += s is None  # a size measured for the first time is priced at once
-            s = self._sizes[batch_size] = _Size([] if s is None else [s.estimate()])
+            old = [] if s is None or (not s.fresh and self.forgotten(s.run)) else [s.estimate()]
+            self._version += not old  # a size measured for the first time (or afresh) is priced at once
+            s = self._sizes[batch_size] = _Size(old)
         s.seconds.append(seconds)
         s.fresh += 1
         if len(s.seconds) > WINDOW:
@@ -228,25 +227,23 @@ class Costs:
     def believed(self) -> dict[int, float]:
         """The measured sizes whose price is believed, and at what price. A size confirmed by `confirm` close
         samples, the newest within `recent` verifications, answers for itself. Any other (fewer samples, or
-        saved by an earlier run) is believed only within `doubt` times what the sizes believed so far predict for
-        it (`predict`; `doubt_priors` times where that rests on the priors; one token, the base, always), this run's
-        sizes first and the saved ones after them, each in increasing size. A saved price is taken as saved or at
-        its run's `drift`, whichever is nearer the prediction (at the drift, a measurement, where the prediction
-        rests on the priors). Then a believed price is no more than the price of a
-        larger believed size: verifying more tokens costs more unless measurement says so."""
+        saved by an earlier run that is not `forgotten`) is believed only within `doubt` times what the sizes
+        believed so far predict for it (`predict`; `doubt_priors` times where that rests on the priors; one token,
+        the base, always), this run's sizes first and the saved ones after them, each in increasing size. Then a
+        believed price is no more than the price of a larger believed size: verifying more tokens costs more
+        unless measurement says so."""
         sure = {b for b, s in self._sizes.items()
                 if s.fresh >= self.confirm and self._n - s.last <= self.recent}
-        believed, self._read_at = {b: self.verify[b] for b in sure}, {}
+        believed = {b: self.verify[b] for b in sure}
         sizes = sorted(believed)
         # this run's prices first, then the saved ones: a saved price is judged against what the machine charges now
         for b in sorted(self.verify.keys() - sure, key=lambda b: (not self._sizes[b].fresh, b)):
+            s = self._sizes[b]
+            if not s.fresh and self.forgotten(s.run):
+                continue
             price, by_priors = self.predict(believed, sizes, b)
-            mine, s = self.verify[b], self._sizes[b]
-            if not s.fresh and price < math.inf and (drift := self.drift(s.run)) != 1.0 and (
-                    by_priors or abs(math.log(mine * drift / price)) < abs(math.log(mine / price))):
-                mine, self._read_at[b] = mine * drift, drift
-            if b == 1 or mine <= (self.doubt_priors if by_priors else self.doubt) * price:
-                believed[b] = mine
+            if b == 1 or self.verify[b] <= (self.doubt_priors if by_priors else self.doubt) * price:
+                believed[b] = self.verify[b]
                 bisect.insort(sizes, b)
         cheapest = math.inf
         for b in reversed(sizes):
@@ -257,9 +254,15 @@ class Costs:
 
     def drift(self, run: int) -> float:
         """How much dearer this machine is now than when the run `run` measured the sizes it saved: the lower
-        median of this run's first sample of each of them over its saved price (1 before any). What a busy minute
-        measured and this run did not measure again can then be read at the rate of now (see `believed`)."""
+        median of this run's first sample of each of them over its saved price (1 before any)."""
         return _lower_median(self._drift.get(run, (1.0,)))
+
+    def forgotten(self, run: int) -> bool:
+        """Whether the sizes that the run `run` saved are no longer believed, nor saved again: that run measured a
+        machine more than `doubt` times dearer than this one (a busy minute). Its prices are then out of date as a
+        whole, and their shape too: a busy neighbour slows some batch sizes several times more than others. The
+        other way round (a dearer machine now) is left to the doubt of each price, since a stall only inflates."""
+        return self.drift(run) * self.doubt < 1.0
 
     def predict(self, prices: dict[int, float], sizes: list[int], b: int) -> tuple[float, bool]:
         """What `prices` (their sizes in increasing order in `sizes`, b not among them) say a batch of `b` costs, and

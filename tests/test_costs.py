@@ -72,9 +72,9 @@ def test_a_price_above_a_larger_sizes_is_capped_until_confirmed():
 
 def test_prices_inflated_8x_are_measured_again_and_replaced():
     """A table whose batches of 2 to 9 were priced 8x (the benchmark's poisoning): the next run doubts them, drafts
-    long at once, and what it measures replaces them. The sizes it did not measure again were saved by the same
-    run as those it did, which now cost an eighth of their saved price (the drift): they are read, and saved, at
-    that rate, so the whole table is true again after a few steps, and nothing is doubted."""
+    long at once, and what it measures replaces them. Its first samples of the saved sizes show the run that saved
+    them measured a machine far dearer than this one: that run is forgotten, and what this run did not measure
+    again is not saved back, so the next table holds only true prices."""
     true = {b: 0.013 if b == 1 else 0.022 + 0.004 * (b - 2) for b in range(1, 34)}
     quiet = Costs(verify={b: true[b] for b in range(1, 10)}).to_json()
     poisoned = busy_costs.poison(quiet, 8.0, range(2, 4097))
@@ -84,14 +84,32 @@ def test_prices_inflated_8x_are_measured_again_and_replaced():
         ks.append(ctl.choose(ALWAYS))
         ctl.observe_verify(ks[-1] + 1, true[ks[-1] + 1])
     assert ks[0] == 8 and set(ks[-30:]) == {8}
-    assert len({k + 1 for k in ks}) < 9  # not every size was measured again ...
+    measured = {k + 1 for k in ks}
+    assert len(measured) < 9 and ctl.costs.forgotten(poisoned["verify"]["2"]["run"])  # not every size was measured again ...
     again = Costs.from_json(json.loads(json.dumps(ctl.costs.to_json())))
-    assert again.runs == 2 and all(again.verify[b] == pytest.approx(true[b]) for b in range(1, 10))  # ... yet all true
-    assert set(again.believed()) == set(range(1, 10))
-    stuck = trusting(Costs.from_json(poisoned))  # the negative control: no doubt, no drift
+    assert again.runs == 2 and set(again.verify) == measured  # ... and those that were not are forgotten
+    assert all(again.verify[b] == pytest.approx(true[b]) for b in measured) and set(again.believed()) == measured
+    stuck = trusting(Costs.from_json(poisoned))  # the negative control: no doubt, nothing forgotten
     stuck.costs.doubt = stuck.costs.doubt_priors = math.inf
-    stuck.costs.drift = lambda run: 1.0
     assert stuck.choose(ALWAYS) < 8
+
+
+def test_a_run_measured_on_a_dearer_machine_is_forgotten_as_a_whole():
+    """A busy minute leaves a table dear and out of shape (two spinning neighbours slowed a batch of 8 several times
+    more than one token, tests below): once this run finds the sizes it measures again more than `doubt` times
+    cheaper than saved, the others from that run are priced as unmeasured (so they get tried) and not saved back.
+    A dearer machine now does not forget a table: one stall would otherwise throw away every run's measurements."""
+    now = time.time()
+    busy = {"runs": 1, "verify": {str(b): {"seconds": [c], "run": 1, "time": now}
+                                  for b, c in {1: 0.05, 2: 0.08, 4: 0.11, 8: 0.25}.items()}}
+    costs = Costs.from_json(busy)
+    assert set(costs.believed()) == {1, 2, 4, 8} and not costs.forgotten(1)
+    costs.observe_verify(1, 0.013)
+    assert costs.forgotten(1) and set(costs.believed()) == {1} and costs.verify_costs(8)[8] < 0.25 * 0.013 / 0.05
+    assert set(costs.to_json()["verify"]) == {"1"} and costs.verify[1] == 0.013  # the busy sample is not kept
+    stalled = Costs.from_json(busy)
+    stalled.observe_verify(1, 0.5)  # ten times dearer now: a stall, or a busier machine
+    assert not stalled.forgotten(1) and set(stalled.to_json()["verify"]) == {"1", "2", "4", "8"}
 
 
 # -- ageing --------------------------------------------------------------------------------------------------------
@@ -223,10 +241,10 @@ def test_info_and_bench_show_the_table_and_bench_resets_it(tiny, tmp_path, monke
 
 # -- the real model ------------------------------------------------------------------------------------------------
 def _believing(table: dict) -> Costs:
-    """A saved table read with every price believed as saved: no doubt, no drift (the rule before issue 30)."""
+    """A saved table read with every price believed as saved: no doubt, nothing forgotten (the rule before issue
+    30)."""
     costs = Costs.from_json(table)
     costs.doubt = costs.doubt_priors = math.inf
-    costs.drift = lambda run: 1.0
     return costs
 
 
@@ -271,7 +289,7 @@ def test_a_table_poisoned_8x_recovers_on_the_real_model(gemma, grounded):
     _, stuck = _runs(gemma, poisoned, grounded, 2, believe_all=True)
     print(f"tokens/step: quiet {reference:.2f}, poisoned {steps}, never doubted {stuck}")
     assert sum(steps) / 2 >= 0.7 * reference and sum(stuck) / 2 < 0.6 * reference  # seen: 1.0-1.2x and 0.37x
-    back = Costs.from_json(after)  # no poisoned price is believed: each was measured again or read at the drift
+    back = Costs.from_json(after)  # no poisoned price is believed: each was measured again or forgotten
     assert all(after["verify"][str(b)]["seconds"] != poisoned["verify"].get(str(b), {}).get("seconds")
                for b in back.believed() if b >= 2)
 
