@@ -30,10 +30,11 @@ sys.path.insert(0, str(HERE.parent))
 import prompts as P  # noqa: E402
 from run import models  # noqa: E402
 
-from spectool import bench, engine  # noqa: E402
+from spectool import bench  # noqa: E402
+from spectool.llama import engine  # noqa: E402
 from spectool.bench import Contender  # noqa: E402
-from spectool.controller import Costs  # noqa: E402
-from spectool.stats import Stats  # noqa: E402
+from spectool.core.costs import Costs  # noqa: E402
+from spectool.core.stats import Stats  # noqa: E402
 
 
 def poison(table: dict, factor: float, sizes: range) -> dict:

@@ -25,8 +25,8 @@ sys.path.insert(0, str(HERE.parent))
 import prompts as P  # noqa: E402
 from run import models  # noqa: E402
 
-from spectool import engine  # noqa: E402
-from spectool.controller import Costs  # noqa: E402
+from spectool.llama import engine  # noqa: E402
+from spectool.core.costs import Costs  # noqa: E402
 
 
 def prices(target, prompt: list[int], sizes: int, samples: int) -> dict[int, float]:

@@ -6,7 +6,7 @@ import ctypes
 import os
 from pathlib import Path
 
-from spectool.engine import EngineError, _lib, check_gguf_file, last_log_error
+from spectool.llama.engine import EngineError, _lib, check_gguf_file, last_log_error
 
 
 def quantize(src: str | os.PathLike, dst: str | os.PathLike, ftype: str, *, threads: int | None = None) -> Path:

@@ -33,7 +33,8 @@ sys.path.insert(0, str(HERE.parent))
 import prompts as P  # noqa: E402
 from busy_costs import alternate, one_run  # noqa: E402
 
-from spectool import bench, engine  # noqa: E402
+from spectool import bench  # noqa: E402
+from spectool.llama import engine  # noqa: E402
 from spectool.bench import Contender  # noqa: E402
 
 

@@ -27,11 +27,12 @@ sys.path.insert(0, str(HERE.parent))
 import prompts as P  # noqa: E402
 from run import models  # noqa: E402
 
-from spectool import engine  # noqa: E402 (llama.cpp's libraries before numpy: spectool/native.py)
-from spectool.controller import Controller, Costs  # noqa: E402
+from spectool.llama import engine  # noqa: E402 (llama.cpp's libraries before numpy: spectool/llama/native.py)
+from spectool.core.costs import Costs  # noqa: E402
+from spectool.core.controller import Controller  # noqa: E402
 import numpy as np  # noqa: E402
-from spectool.drafters import PromptLookup  # noqa: E402
-from spectool.speculative import Generation, speculative_generate  # noqa: E402
+from spectool.drafters.lookup import PromptLookup  # noqa: E402
+from spectool.core.speculative import Generation, speculative_generate  # noqa: E402
 
 
 def accepted(draft, y, j) -> int:

@@ -29,10 +29,12 @@ sys.path.insert(0, str(HERE.parent))
 import prompts as P  # noqa: E402
 
 from derive import quantize  # noqa: E402
-from spectool import bench, devices, engine, prune  # noqa: E402
+from spectool import bench  # noqa: E402
+from spectool.llama import devices, engine  # noqa: E402
+from spectool.drafters import prune  # noqa: E402
 from spectool.bench import Contender, Result  # noqa: E402
 from spectool.ui import offload_text  # noqa: E402
-from spectool.verify import Sampling  # noqa: E402
+from spectool.core.verify import Sampling  # noqa: E402
 
 CACHE = Path(os.environ.get("SPECTOOL_BENCH_CACHE", Path.home() / ".cache" / "spectool-bench"))
 

@@ -32,11 +32,12 @@ import llamacpp  # noqa: E402
 import prompts as P  # noqa: E402
 from run import models, on_gpu  # noqa: E402
 
-from spectool import bench, engine  # noqa: E402
+from spectool import bench  # noqa: E402
+from spectool.llama import engine  # noqa: E402
 from spectool.bench import Contender, Result  # noqa: E402
-from spectool.controller import Costs  # noqa: E402
-from spectool.speculative import Generation, speculative_generate  # noqa: E402
-from spectool.stats import Stats  # noqa: E402
+from spectool.core.costs import Costs  # noqa: E402
+from spectool.core.speculative import Generation, speculative_generate  # noqa: E402
+from spectool.core.stats import Stats  # noqa: E402
 from spectool.ui import offload_text  # noqa: E402
 
 SETS = {"code editing (HumanEval)": P.humaneval_prompts, "grounded chat (ShareGPT)": P.grounded_prompts,

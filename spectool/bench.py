@@ -12,13 +12,14 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterator, Sequence
 
-from spectool.controller import Controller, Costs
-from spectool.options import DRAFT_MAX, Spec, llama_cpp_sampling
-from spectool.registry import PAIR_DRAFT_MAX
+from spectool.core.costs import Costs
+from spectool.core.controller import Controller
+from spectool.options import DRAFT_MAX, Mode, llama_cpp_sampling
+from spectool.models.registry import PAIR_DRAFT_MAX
 from spectool.session import build_drafter
-from spectool.speculative import Generation, speculative_generate
-from spectool.stats import Stats
-from spectool.verify import Sampling
+from spectool.core.speculative import Generation, speculative_generate
+from spectool.core.stats import Stats
+from spectool.core.verify import Sampling
 
 LLAMA_CPP_SAMPLING = llama_cpp_sampling()  # llama.cpp's default sampling (options.py)
 
@@ -36,7 +37,7 @@ BUILTIN_PROMPTS = [
 @dataclass
 class Contender:
     name: str
-    mode: Spec  # none | lookup | draft | hybrid
+    mode: Mode  # none | lookup | draft | hybrid
     k_max: int = 0  # most drafts per step (0 with mode none)
     fixed: bool = False
     draft_vocab: int = 0  # > 0: the draft pruned to this many tokens (see prune.py)
@@ -46,7 +47,7 @@ class Contender:
         """`drafts` maps a draft vocabulary size (0: the full draft) to (Model, kept ids or None); `costs` is
         the table of measured batch costs to start from and add to."""
         model, ids = drafts.get(self.draft_vocab, (None, None))
-        drafter, _ = build_drafter(Spec(self.mode), model, ids=ids, n_target=target.n_vocab)
+        drafter, _ = build_drafter(Mode(self.mode), model, ids=ids, n_target=target.n_vocab)
         ctl = Controller(k_max=self.k_max, k_min=self.k_max if self.fixed else 0, adaptive=not self.fixed,
                          costs=costs)
         return Generation(target, drafter, sampling, ctl, max_tokens=max_tokens, seed=seed)
@@ -54,10 +55,10 @@ class Contender:
     @property
     def flags(self) -> str:
         """The `spectool run` options that reproduce this contender."""
-        if self.mode == Spec.none:
+        if self.mode == Mode.none:
             return "--spec none"
         k = f"--draft-min {self.k_max} --draft-max {self.k_max}" if self.fixed else f"--draft-max {self.k_max}"
-        return f"--spec {Spec(self.mode).value} {k}" + (f" --draft-vocab {self.draft_vocab}" if self.draft_vocab else "")
+        return f"--spec {Mode(self.mode).value} {k}" + (f" --draft-vocab {self.draft_vocab}" if self.draft_vocab else "")
 
 
 def machine(threads: int | None) -> str:
@@ -81,8 +82,8 @@ def machine(threads: int | None) -> str:
 def default_contenders(with_draft: bool, pruned_vocab: int = 0, pair_draft_max: int = PAIR_DRAFT_MAX) -> list[Contender]:
     """spectool's modes as `spectool run` runs them (lookup up to DRAFT_MAX, the draft model up to the pair's
     draft_max, hybrid twice that), and fixed draft lengths beside them."""
-    L, D, H = Spec.lookup, Spec.draft, Spec.hybrid
-    out = [Contender("plain", Spec.none), Contender("lookup", L, DRAFT_MAX)]
+    L, D, H = Mode.lookup, Mode.draft, Mode.hybrid
+    out = [Contender("plain", Mode.none), Contender("lookup", L, DRAFT_MAX)]
     out += [Contender(f"lookup k={k}", L, k, True) for k in (4, 8)]
     if with_draft:
         out += [Contender("draft", D, pair_draft_max), Contender("hybrid", H, 2 * pair_draft_max)]
@@ -298,7 +299,7 @@ def reference_completions(path, texts: Sequence[str], max_tokens: int, sampling:
 
     from llama_cpp import llama as high  # noqa: PLC0415
 
-    from spectool.native import _STATE, _lib, avoid_amx
+    from spectool.llama.native import _STATE, _lib, avoid_amx
 
     lib, default_params = _lib(), high.llama_cpp.llama_model_default_params
 

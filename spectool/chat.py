@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from spectool.engine import EngineError
-from spectool.speculative import Generation, Step, generate_text
-from spectool.stats import Stats
+from spectool.llama.engine import EngineError
+from spectool.core.speculative import Generation, Step, generate_text
+from spectool.core.stats import Stats
 
 # without a chat template the conversation is "User: ... / Assistant: ..." lines: a reply ends where the model
 # starts the next turn, of either side (a base model, asked something, tends to write both)

@@ -56,10 +56,10 @@ def _root(
 
 # -- errors ------------------------------------------------------------------------------------------------------
 def _error_table():
-    from spectool.engine import DecodeError, DoesNotFit, ModelLoadError
-    from spectool.devices import RpcError
-    from spectool.hub import HubError
-    from spectool.registry import RegistryError
+    from spectool.llama.engine import DecodeError, DoesNotFit, ModelLoadError
+    from spectool.llama.devices import RpcError
+    from spectool.models.hub import HubError
+    from spectool.models.registry import RegistryError
 
     return {
         UserError: "", HubError: "", RegistryError: "", RpcError: "", DoesNotFit: "",
@@ -338,7 +338,7 @@ def check(
     """What TARGET (and DRAFT) are: vocabulary and MTP heads; with DRAFT, whether it can draft for TARGET by
     llama.cpp's vocabulary rule (exit 0 if so, 1 if not)."""
     with cli_errors(o.debug):
-        from spectool.compat import check_files
+        from spectool.models.compat import check_files
 
         facts, problems = check_files(target, draft, o.debug)
     for role, path, (v, heads) in zip(("target:", "draft: "), (target, draft), facts):
@@ -365,7 +365,7 @@ def pull(
 ) -> None:
     """Download a pair (or one model) into the Hugging Face cache; files already there are not fetched again."""
     with cli_errors(o.debug):
-        from spectool import hub
+        from spectool.models import hub
 
         hub.VERBOSE["on"] = o.debug
         for role, ref, path in hub.pull(name, o.yes, _confirm if sys.stdin.isatty() else None):
@@ -378,7 +378,7 @@ def models(o: Options, as_json: AsJson = False) -> None:
     """The curated pairs: sizes, memory needed, licences, and whether they are downloaded (from the local cache
     only)."""
     with cli_errors(o.debug):
-        from spectool.hub import catalogue
+        from spectool.models.hub import catalogue
 
         rows = catalogue()
     if as_json:
@@ -396,7 +396,8 @@ def info(o: Options, as_json: AsJson = False) -> None:
     """What this installation can do: versions, CPU features, backends and devices, GPU offload and RPC, threads,
     and the folders spectool uses."""
     with cli_errors(o.debug):
-        from spectool import costtables, devices
+        from spectool import costtables
+        from spectool.llama import devices
 
         devices.set_verbose(o.debug)
         data = devices.installation_info(o.rpc)
@@ -432,7 +433,7 @@ def worker(
 ) -> None:
     """Lend this machine's GPUs (else its CPU) to `spectool run --rpc` elsewhere: llama.cpp's RPC server."""
     with cli_errors(o.debug):
-        from spectool import devices
+        from spectool.llama import devices
 
         devices.set_verbose(o.debug)
         devices.run_worker(host, port, o.threads, lambda line: print(f"spectool worker: {line}", file=sys.stderr,

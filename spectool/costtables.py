@@ -9,8 +9,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from spectool.cache import cache_dir, file_tag, write_json_atomic
-from spectool.controller import Costs
+from spectool.models.cache import cache_dir, file_tag, write_json_atomic
+from spectool.core.costs import Costs
 
 
 def path_for(target, draft, threads: int | None, rpc: str | None, ctx_size: int) -> Path:
@@ -21,7 +21,7 @@ def path_for(target, draft, threads: int | None, rpc: str | None, ctx_size: int)
     read."""
     import platform
 
-    from spectool.engine import backend_info
+    from spectool.llama.engine import backend_info
 
     tag = file_tag(target.path, draft.path if draft is not None else "", threads, target.offload,
                    draft.offload if draft is not None else None, rpc or "", ctx_size, backend_info(),

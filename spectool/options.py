@@ -10,20 +10,19 @@ import inspect
 import math
 import typing
 from dataclasses import dataclass, field, fields, replace
-from enum import Enum
+from enum import StrEnum
 from typing import Annotated, Any, Callable, Optional
+
+from spectool.core.controller import DRAFT_MAX  # noqa: F401 - the front ends' name for it
 
 # llama.cpp's temperature (common/common.h: temp 0.80): chat's default and the benchmarks' sampled runs. `run` and
 # `serve` default to 0 (greedy) so that pipes, code edits and API calls reproduce.
 LLAMA_CPP_TEMP = 0.8
-# How many tokens a step may draft when a pair does not say (models.toml's draft_max says it per pair): lookup's
-# controller keeps drafts short where their evidence is weak, so the cap only bounds the long copies.
-DRAFT_MAX = 32
 
 
-class Spec(str, Enum):
-    """How drafts are made: the modes a user picks (auto, none) and the sources a step's drafts come from (lookup,
-    draft, mtp: the target's own MTP heads, hybrid: lookup's tokens then the draft model's or the MTP head's)."""
+class Mode(StrEnum):
+    """How the user asks for drafts (--spec): auto picks the best source the models allow; none drafts nothing;
+    the others name the Source (core/keys.py) to draft by."""
 
     auto = "auto"
     draft = "draft"
@@ -31,12 +30,6 @@ class Spec(str, Enum):
     mtp = "mtp"
     hybrid = "hybrid"
     none = "none"
-
-    def __str__(self) -> str:  # "lookup", not "Spec.lookup", in messages, panels and f-strings
-        return self.value
-
-    def __format__(self, spec: str) -> str:
-        return format(self.value, spec)
 
 
 class UserError(Exception):
@@ -83,7 +76,7 @@ def opt(default, *flags: str, help: str, group: str, **decl) -> Any:
 def _gpu_layers(value: str) -> str:
     import typer
 
-    from spectool.devices import parse_gpu_layers
+    from spectool.llama.devices import parse_gpu_layers
 
     try:
         return str(parse_gpu_layers(value))
@@ -107,7 +100,7 @@ def _rpc(value: str | None) -> str | None:
         return value
     import typer
 
-    from spectool.devices import RpcError, parse_endpoints
+    from spectool.llama.devices import RpcError, parse_endpoints
 
     try:
         return ",".join(f"{h}:{p}" for h, p in parse_endpoints(value))
@@ -128,7 +121,7 @@ class Options:
     model_draft: Optional[str] = opt(None, "--model-draft", "-md", "--spec-draft-model", group=MODELS,
                                      help="Draft model: a .gguf path or hf:... reference.")
     # -- drafting
-    spec: Spec = opt(Spec.auto, "--spec", group=DRAFTING,
+    spec: Mode = opt(Mode.auto, "--spec", group=DRAFTING,
                      help="How to draft. auto: hybrid with a draft model; without one, the target's MTP heads when "
                      "it has them, else prompt lookup. mtp: the target's own MTP (NextN) heads.")
     draft_max: Optional[int] = opt(None, "--draft-max", "--spec-draft-n-max", group=DRAFTING, min=0, max=64,
@@ -192,7 +185,7 @@ class Options:
 
     def sampling(self):
         """verify.Sampling from these options (the one top-p check)."""
-        from spectool.verify import Sampling
+        from spectool.core.verify import Sampling
 
         if self.top_p <= 0.0:
             raise UserError("--top-p must be in (0, 1]", code=2, option="top_p")

@@ -187,8 +187,8 @@ class Server:
     def run(self, ticket: int, gen, tokens, stop, push, cancelled: threading.Event):
         """Generate in this (worker) thread once `ticket` is served, handing (text, None) pieces and finally
         (None, Stats) to `push`."""
-        from spectool.speculative import generate_text
-        from spectool.stats import Stats
+        from spectool.core.speculative import generate_text
+        from spectool.core.stats import Stats
 
         stats = Stats(mode=self.session.mode)
         with self.turn:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, ContextManager, Iterator
 
-from spectool.options import DRAFT_MAX, Options, Spec, UserError  # noqa: F401 - the session layer's vocabulary
+from spectool.options import DRAFT_MAX, Options, Mode, UserError  # noqa: F401 - the session layer's vocabulary
 
 
 class _NoBar:
@@ -88,8 +88,8 @@ def fit_prompt(tokens: list[int], n_ctx: int, max_tokens: int, truncate: bool, b
 def complete(s: Session, text: str, stop, truncate: bool, interrupted, say: Callable[[str], None] = lambda line: None):
     """`spectool run`'s generation: (its Stats, filled as it goes, and the (text, Step) pairs of the completion of
     `text`, see speculative.generate_text)."""
-    from spectool.speculative import generate_text
-    from spectool.stats import Stats
+    from spectool.core.speculative import generate_text
+    from spectool.core.stats import Stats
 
     target = s.gen.target
     tokens = fit_prompt(target.tokenize(text, add_special=True, parse_special=True), target.n_ctx, s.gen.max_tokens,
@@ -104,7 +104,7 @@ def generation(s: Session, o: Options):
     session's timed controller, which learns this machine's costs; seeded sampling gets an untimed one of its own,
     so that k, and with it the use of random numbers, depends only on the tokens: the same seed gives the same
     text after any earlier request and on any machine (controller.py)."""
-    from spectool.controller import Controller
+    from spectool.core.controller import Controller
 
     sampling = o.sampling()
     ctl = s.controller
@@ -116,7 +116,7 @@ def generation(s: Session, o: Options):
 
 def resolve_models(o: Options):
     """(target ref, draft ref or None, the pair's draft length) from -m / -md / --pair / the default pair."""
-    from spectool import registry
+    from spectool.models import registry
 
     if o.pair and o.model:
         raise UserError("give either --pair or -m, not both", code=2)
@@ -139,8 +139,9 @@ def load_models(o: Options, stack: contextlib.ExitStack, refs: tuple, want_draft
     """Download if needed and load the target and (when wanted) the draft of `refs` (from resolve_models);
     check that they share a vocabulary. A draft that cannot be used is reported in `draft_error`, not raised:
     the caller decides."""
-    from spectool import devices, engine, hub
-    from spectool.compat import vocab_differences
+    from spectool.llama import devices, engine
+    from spectool.models import hub
+    from spectool.models.compat import vocab_differences
 
     engine.set_verbose(o.debug)
     hub.VERBOSE["on"] = o.debug
@@ -173,41 +174,45 @@ def load_models(o: Options, stack: contextlib.ExitStack, refs: tuple, want_draft
     return out
 
 
-def build_drafter(spec: Spec, draft_model, p_min: float = 0.0, notices: list[str] | None = None, ids=None,
+def build_drafter(spec: Mode, draft_model, p_min: float = 0.0, notices: list[str] | None = None, ids=None,
                   n_target: int = 0, mtp=None):
-    """(drafter, the Spec it drafts by) for a mode: the one place drafters are made (run, chat, serve, bench, the
+    """(drafter, the Mode it drafts by) for a mode: the one place drafters are made (run, chat, serve, bench, the
     tests). `mtp` is the target's MTP head (engine.MtpContext) when it has one. auto: hybrid with a draft model,
     else the MTP head, else prompt lookup; hybrid without a draft model pairs lookup with the MTP head. Falls back
     to prompt lookup when what a mode needs is missing (unless demanded)."""
-    from spectool.drafters import DraftModel, Hybrid, Mtp, PromptLookup
+    from spectool.drafters.draft_model import DraftModel
+    from spectool.drafters.hybrid import Hybrid
+    from spectool.drafters.mtp import Mtp
+    from spectool.drafters.lookup import PromptLookup
 
-    if spec is Spec.none:
-        return None, Spec.none
-    if spec is Spec.auto:
-        spec = Spec.hybrid if draft_model is not None else Spec.mtp if mtp is not None else Spec.lookup
-    if spec is Spec.mtp and mtp is None:
+    if spec is Mode.none:
+        return None, Mode.none
+    if spec is Mode.auto:
+        spec = Mode.hybrid if draft_model is not None else Mode.mtp if mtp is not None else Mode.lookup
+    if spec is Mode.mtp and mtp is None:
         raise UserError("--spec mtp needs a target with MTP heads (NextN layers; `spectool check MODEL` says)",
                         code=2)
-    if spec in (Spec.draft, Spec.hybrid) and draft_model is None and not (spec is Spec.hybrid and mtp is not None):
-        if spec is Spec.draft:
+    if spec in (Mode.draft, Mode.hybrid) and draft_model is None and not (spec is Mode.hybrid and mtp is not None):
+        if spec is Mode.draft:
             raise UserError("--spec draft needs a draft model (-md MODEL.gguf)", code=2)
         if notices is not None:
             notices.append("no draft model: using prompt lookup")
-        spec = Spec.lookup
-    if spec is Spec.lookup:
+        spec = Mode.lookup
+    if spec is Mode.lookup:
         return PromptLookup(), spec
     if draft_model is None:  # mtp, or hybrid with the MTP head
         head = Mtp(mtp, p_min=p_min)
-        return (head, spec) if spec is Spec.mtp else (Hybrid(PromptLookup(), head), spec)
+        return (head, spec) if spec is Mode.mtp else (Hybrid(PromptLookup(), head), spec)
     dm = DraftModel(draft_model, p_min=p_min, ids=ids, n_target=n_target)
-    return (dm, spec) if spec is Spec.draft else (Hybrid(PromptLookup(), dm), spec)
+    return (dm, spec) if spec is Mode.draft else (Hybrid(PromptLookup(), dm), spec)
 
 
 def pruned_draft(stack: contextlib.ExitStack, draft_model, vocab: int, o: Options, hooks: Hooks = Hooks(),
                  keep_original: bool = False):
     """The loaded draft's copy pruned to `vocab` tokens (made on first use and cached), in its place unless
     `keep_original`: (Model, kept ids, a notice)."""
-    from spectool import engine, prune
+    from spectool.llama import engine
+    from spectool.drafters import prune
 
     if not prune.cached_path(draft_model.path, vocab).exists():
         hooks.say(f"preparing a {vocab}-token copy of the draft (once; it is cached)")
@@ -228,17 +233,17 @@ def open_session(o: Options, hooks: Hooks = Hooks()) -> Iterator[Session]:
     k_max = o.draft_max if o.draft_max is not None else refs[2]
     if o.draft_min > k_max:
         raise UserError("--draft-min must not exceed --draft-max", code=2)
-    from spectool.controller import Controller
-    from spectool.speculative import Generation
+    from spectool.core.controller import Controller
+    from spectool.core.speculative import Generation
 
     notices: list[str] = []
     with contextlib.ExitStack() as stack:
         # the target's MTP heads are loaded where they may draft: --spec mtp, or auto / hybrid without a draft model
-        use_mtp = o.spec in (Spec.mtp, Spec.auto, Spec.hybrid) and (refs[1] is None or o.spec is Spec.mtp)
-        m = load_models(o, stack, refs, want_draft=o.spec not in (Spec.none, Spec.lookup, Spec.mtp), hooks=hooks,
+        use_mtp = o.spec in (Mode.mtp, Mode.auto, Mode.hybrid) and (refs[1] is None or o.spec is Mode.mtp)
+        m = load_models(o, stack, refs, want_draft=o.spec not in (Mode.none, Mode.lookup, Mode.mtp), hooks=hooks,
                         load_mtp=use_mtp)
         if m.draft_error is not None:
-            if o.spec is Spec.draft:
+            if o.spec is Mode.draft:
                 raise m.draft_error
             notices.append(m.draft_notice + "; using prompt lookup")
         target, draft_model, ids = m.target, m.draft, None
@@ -246,18 +251,18 @@ def open_session(o: Options, hooks: Hooks = Hooks()) -> Iterator[Session]:
             draft_model, ids, notice = pruned_draft(stack, draft_model, o.draft_vocab, o, hooks)
             notices.append(notice)
         mtp = None
-        if o.spec is Spec.mtp and target.n_nextn and not target.can_rollback:
+        if o.spec is Mode.mtp and target.n_nextn and not target.can_rollback:
             raise UserError(f"{target.architecture} keeps a recurrent state that cannot drop rejected drafts: "
                             "spectool cannot draft from its MTP heads (llama.cpp restores checkpoints instead)",
                             code=2)
         if use_mtp and target.n_nextn and target.can_rollback:
-            from spectool.engine import MtpContext
+            from spectool.llama.engine import MtpContext
 
             mtp = stack.enter_context(contextlib.closing(MtpContext(target)))
         drafter, mode = build_drafter(o.spec, draft_model, o.draft_p_min, notices, ids, target.n_vocab, mtp)
         if not target.can_rollback and drafter is not None:
             notices.append(f"{target.architecture} cannot roll back its cache: plain decoding")
-            drafter, mode = None, Spec.none
+            drafter, mode = None, Mode.none
         from spectool import costtables
 
         try:
@@ -271,7 +276,7 @@ def open_session(o: Options, hooks: Hooks = Hooks()) -> Iterator[Session]:
         controller = Controller(k_max=k_max, k_min=o.draft_min, adaptive=o.draft_min != k_max, costs=costs)
         s = Session(Generation(target, drafter, controller=controller), mode.value, str(m.target_ref),
                     str(m.draft_ref) if draft_model is not None else None, notices,
-                    draft_model if mode in (Spec.draft, Spec.hybrid) else None, controller, k_max, o.draft_min)
+                    draft_model if mode in (Mode.draft, Mode.hybrid) else None, controller, k_max, o.draft_min)
         s.gen = generation(s, o)
         try:
             yield s

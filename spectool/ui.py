@@ -21,12 +21,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColum
 from rich.table import Table
 from rich.text import Text
 
-from spectool.options import Spec
-from spectool.stats import Stats
+from spectool.core.keys import Source
+from spectool.core.stats import Stats
 
 # ANSI colours of accepted-draft text, one for every source a step's drafts can come from: green (lookup), cyan
 # (draft model), yellow (MTP head), and magenta for a hybrid step's drafts (lookup's tokens, then the others')
-SOURCE_STYLE = {Spec.lookup: 32, Spec.draft: 36, Spec.mtp: 33, Spec.hybrid: 35}
+SOURCE_STYLE = {Source.lookup: 32, Source.draft: 36, Source.mtp: 33, Source.hybrid: 35}
 
 
 def summary_line(st: Stats) -> str:
@@ -129,7 +129,7 @@ class Display:
         self.render_seconds += time.perf_counter() - t
         return Group(*parts)
 
-    def text(self, piece: str, source: Spec = Spec.none) -> None:
+    def text(self, piece: str, source: Source = Source.none) -> None:
         if not piece:
             return
         if self.color and source in SOURCE_STYLE:  # colour each line, so no escape code spans a newline

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 NUMPY_BEFORE_LLAMA = "numpy" in sys.modules  # test_load_order.py: nothing the test run loads first imports numpy
-import spectool.native  # noqa: F401, E402 - llama.cpp's libraries before numpy, as in spectool (native.py)
+import spectool.llama.native  # noqa: F401, E402 - llama.cpp's libraries before numpy, as in spectool (native.py)
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # derive.quantize
@@ -30,7 +30,7 @@ def mtp_path(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def target(tiny):
-    from spectool.engine import Model
+    from spectool.llama.engine import Model
 
     with Model(tiny["target"], n_ctx=1024, n_threads=2) as m:
         yield m
@@ -38,7 +38,7 @@ def target(tiny):
 
 @pytest.fixture(scope="session")
 def draft(tiny):
-    from spectool.engine import Model
+    from spectool.llama.engine import Model
 
     with Model(tiny["draft"], n_ctx=1024, n_threads=2) as m:
         yield m

@@ -44,7 +44,7 @@ def accepts(port: int, timeout: float = 1.0) -> bool:
 
 def tokens_of(g, prompt, stats=None) -> list[int]:
     """Every token a speculative.Generation produces for `prompt`."""
-    from spectool.speculative import speculative_generate
+    from spectool.core.speculative import speculative_generate
 
     return [t for step in speculative_generate(g, prompt, stats) for t in step.tokens]
 
@@ -89,7 +89,7 @@ def refuses(addr: str, port: int) -> bool:
 def drafters(draft_model) -> dict:
     """A maker of each drafter spectool runs, from the session layer's own factory (the one place drafters are
     made): lookup, the draft model, and hybrid."""
-    from spectool.options import Spec
+    from spectool.options import Mode
     from spectool.session import build_drafter
 
-    return {m.value: (lambda m=m: build_drafter(m, draft_model)[0]) for m in (Spec.lookup, Spec.draft, Spec.hybrid)}
+    return {m.value: (lambda m=m: build_drafter(m, draft_model)[0]) for m in (Mode.lookup, Mode.draft, Mode.hybrid)}

@@ -118,7 +118,7 @@ def test_lookup_bound_replays_policies_and_the_oracle_bounds_them():
     import random
 
     import lookup_bound as L
-    from spectool.controller import Costs
+    from spectool.core.costs import Costs
 
     cost = [0.0, 1.0] + [1.6 + 0.15 * (b - 2) for b in range(2, 40)]
     rng = random.Random(3)

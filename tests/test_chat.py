@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 
 from spectool.chat import Chat, TemplateError, render
 from spectool.cli import app
-from spectool.drafters import PromptLookup
-from spectool.speculative import Generation
+from spectool.drafters.lookup import PromptLookup
+from spectool.core.speculative import Generation
 
 
 def test_render_uses_the_template_and_the_fallback():
@@ -149,8 +149,8 @@ def test_ctrl_c_during_run_keeps_the_text_and_exits_130(gemma_q4, tmp_path):
 
 
 def test_a_seeded_chat_does_not_replay_its_random_stream(target):
-    from spectool.controller import Controller
-    from spectool.verify import Sampling
+    from spectool.core.controller import Controller
+    from spectool.core.verify import Sampling
 
     def replies(seed):
         chat = Chat(Generation(target, PromptLookup(), Sampling(1.0), Controller(timed=False), max_tokens=20,
@@ -167,7 +167,7 @@ def test_a_seeded_chat_does_not_replay_its_random_stream(target):
 
 
 def test_a_long_chat_drops_its_oldest_turns_and_keeps_the_system_prompt(tiny):
-    from spectool.engine import EngineError, Model
+    from spectool.llama.engine import EngineError, Model
 
     with Model(tiny["target"], n_ctx=256) as m:  # llama.cpp's smallest context
         chat = Chat(Generation(m, PromptLookup(), max_tokens=40), system="be brief")

@@ -110,8 +110,8 @@ def test_pipe_purity(tiny, tmp_path):
         input=b"The quick brown fox jumps over the lazy dog.", capture_output=True, env=env, timeout=60,
     )
     assert p.returncode == 0, p.stderr
-    from spectool.engine import Model
-    from spectool.speculative import Generation, generate_text
+    from spectool.llama.engine import Model
+    from spectool.core.speculative import Generation, generate_text
 
     with Model(tiny["target"], n_ctx=4096) as m:
         prompt = m.tokenize("The quick brown fox jumps over the lazy dog.\nSummarize:", parse_special=True)
@@ -153,7 +153,7 @@ def test_incompatible_draft_falls_back_or_is_refused(tiny, tmp_path):
 def test_vocab_differences_unit(target):
     from dataclasses import replace
 
-    from spectool.compat import vocab_differences
+    from spectool.models.compat import vocab_differences
 
     a = target.vocab_info()
     assert vocab_differences(a, a) == []
@@ -211,7 +211,7 @@ def test_measured_costs_carry_over_to_the_next_run(tiny, tmp_path, monkeypatch):
 
 
 def test_an_empty_cache_variable_means_the_default(monkeypatch):
-    from spectool.cache import cache_dir
+    from spectool.models.cache import cache_dir
 
     monkeypatch.setenv("SPECTOOL_CACHE", "")
     assert cache_dir("costs") == Path.home() / ".cache" / "spectool" / "costs"  # not ./costs

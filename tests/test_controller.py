@@ -5,8 +5,9 @@ import random
 
 import pytest
 
-from spectool.controller import Controller, Costs
-from spectool.keys import AGREED, DRAFT, MOSTLY, SPLIT, Key  # noqa: F401
+from spectool.core.costs import Costs
+from spectool.core.controller import Controller
+from spectool.core.keys import AGREED, DRAFT, MOSTLY, SPLIT, Key  # noqa: F401
 
 
 def drive(ctl, key, accept_p, cost1=0.013, slope=0.55, steps=400, seed=0):
@@ -186,9 +187,9 @@ def test_unmeasured_sizes_are_priced_a_little_low_so_they_get_measured():
 def test_sampled_runs_learn_acceptance_apart_from_greedy_ones(target):
     """Acceptance falls when sampling: a sampled run's keys carry its temperature, start from a lower prior of
     little weight, and do not inherit what greedy runs measured."""
-    from spectool.drafters import PromptLookup
-    from spectool.speculative import Generation, speculative_generate
-    from spectool.verify import Sampling
+    from spectool.drafters.lookup import PromptLookup
+    from spectool.core.speculative import Generation, speculative_generate
+    from spectool.core.verify import Sampling
 
     c = Controller()
     greedy, sampled = ((a.prior, a.weight) for a in map(c._stats, (Key.lookup(8), Key.lookup(8).at(0.8))))
@@ -235,7 +236,7 @@ def test_prompt_lookup_falls_back_to_plain_decoding_where_nothing_repeats():
     """Text where n-grams recur but never predict what comes next (random tokens from a small alphabet): lookup
     keeps offering drafts and the controller, having learnt their keys fail, declines them (k = 0), re-probes
     aside. The same controller drafts on text that does repeat."""
-    from spectool.drafters import PromptLookup
+    from spectool.drafters.lookup import PromptLookup
 
     def run(text):
         lookup, ctl, history, ks = PromptLookup(), Controller(k_max=16), list(text[:50]), []

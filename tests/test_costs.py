@@ -10,8 +10,9 @@ import pytest
 from typer.testing import CliRunner
 
 from spectool.cli import app
-from spectool.controller import MAX_SECONDS, Controller, Costs
-from spectool.keys import Key
+from spectool.core.costs import MAX_SECONDS, Costs
+from spectool.core.controller import Controller
+from spectool.core.keys import Key
 
 runner = CliRunner()
 ALWAYS = [Key.lookup(8)] * 16  # a drafter that is always right (after observe_accept below)
@@ -213,7 +214,7 @@ def test_a_table_belongs_to_its_build_cpu_threads_and_context(tiny, tmp_path, mo
     names = {costtables.path_for(Target, None, 2, None, 4096)}
     monkeypatch.setattr(costtables, "cpu_name", lambda: "another CPU")
     names.add(costtables.path_for(Target, None, 2, None, 4096))
-    import spectool.engine as engine
+    import spectool.llama.engine as engine
 
     real = engine.backend_info
     monkeypatch.setattr(engine, "backend_info", lambda: {**real(), "system_info": "CUDA : ARCHS = 900"})
@@ -262,7 +263,7 @@ def _runs(target, table, prompt, n, believe_all=False, tokens=96):
 
 @pytest.fixture(scope="module")
 def gemma(gemma_q4):
-    from spectool.engine import Model
+    from spectool.llama.engine import Model
 
     with Model(gemma_q4, n_ctx=2048, n_threads=2) as m:
         yield m

@@ -5,7 +5,7 @@ import shutil
 import numpy as np
 import pytest
 
-from spectool.engine import Model, ModelLoadError, backend_info, check_gguf_file
+from spectool.llama.engine import Model, ModelLoadError, backend_info, check_gguf_file
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -165,7 +165,7 @@ def test_close_is_idempotent(tiny):
     import subprocess
     import sys
 
-    code = (f"from spectool.engine import Model\nm = Model({str(tiny['draft'])!r}, n_ctx=64)\nm.close()\nm.close()\n"
+    code = (f"from spectool.llama.engine import Model\nm = Model({str(tiny['draft'])!r}, n_ctx=64)\nm.close()\nm.close()\n"
             "assert m._ctx is None and m._model is None and m._batch is None\nprint('closed twice')")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "closed twice", r.stderr[-2000:]
@@ -174,7 +174,7 @@ def test_close_is_idempotent(tiny):
 def test_quantize_writes_atomically(tmp_path, tiny):
     from derive import quantize
 
-    from spectool.engine import EngineError
+    from spectool.llama.engine import EngineError
 
     out = quantize(tiny["target"], tmp_path / "t16.gguf", "F16")
     with Model(out, n_ctx=64) as m:

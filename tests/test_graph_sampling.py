@@ -10,11 +10,11 @@ equality is exact there too.
 import numpy as np
 import pytest
 
-from spectool.controller import Controller
-from spectool.engine import DecodeError, Model
-from spectool.speculative import Generation
-from spectool.stats import Stats
-from spectool.verify import Sampling, backend_chain, dist_at, distribution
+from spectool.core.controller import Controller
+from spectool.llama.engine import DecodeError, Model
+from spectool.core.speculative import Generation
+from spectool.core.stats import Stats
+from spectool.core.verify import Sampling, backend_chain, dist_at, distribution
 from helpers import drafters, tokens_of
 from test_speculative import N_RUNS, chi2_rejects, exact_joint, sample_joint
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from helpers import spectool
 from typer.testing import CliRunner
 
-from spectool.cache import write_json_atomic
+from spectool.models.cache import write_json_atomic
 from spectool.cli import UserError, app, read_prompt
 
 runner = CliRunner()
@@ -155,10 +155,12 @@ def rss_mb() -> float:
 
 
 def test_4000_tokens_keep_memory_flat_and_the_cache_right(tiny):
-    from spectool.drafters import DraftModel, Hybrid, PromptLookup
-    from spectool.engine import Model
-    from spectool.speculative import Generation, speculative_generate
-    from spectool.stats import Stats
+    from spectool.drafters.draft_model import DraftModel
+    from spectool.drafters.hybrid import Hybrid
+    from spectool.drafters.lookup import PromptLookup
+    from spectool.llama.engine import Model
+    from spectool.core.speculative import Generation, speculative_generate
+    from spectool.core.stats import Stats
 
     with Model(tiny["target"], n_ctx=4200, flash_attn=False) as t, Model(tiny["draft"], n_ctx=4200) as d:
         prompt = t.tokenize("The quick brown fox")
@@ -182,9 +184,9 @@ def test_4000_tokens_keep_memory_flat_and_the_cache_right(tiny):
 
 def test_50_turn_chat_keeps_memory_flat_and_the_cache_right(tiny):
     from spectool.chat import Chat
-    from spectool.drafters import PromptLookup
-    from spectool.engine import Model
-    from spectool.speculative import Generation
+    from spectool.drafters.lookup import PromptLookup
+    from spectool.llama.engine import Model
+    from spectool.core.speculative import Generation
 
     with Model(tiny["target"], n_ctx=4096, flash_attn=False) as t:
         chat = Chat(Generation(t, PromptLookup(), max_tokens=20))
@@ -264,7 +266,7 @@ def test_read_prompt_fuzz(data, prompt):
                                                                max_size=3), st.integers(1, 5))
 def test_stop_strings_fuzz(target, tokens, stops, chunk):
     """Streaming with stop strings, fed in chunks, gives the full text cut at the first stop string."""
-    from spectool.speculative import TextStream
+    from spectool.core.speculative import TextStream
 
     full = target.detokenize(tokens)
     expect = full

@@ -1,5 +1,5 @@
 """llama.cpp's shared libraries are loaded before numpy, whichever way a program comes into spectool
-(spectool/native.py says why: on an H200 with CUDA 13 the other order segfaulted on every model load).
+(spectool/llama/native.py says why: on an H200 with CUDA 13 the other order segfaulted on every model load).
 
 On a CPU build the wrong order does not crash, so these tests check the order itself, the same way on a CPU and on
 a GPU host: a finder placed first on `sys.meta_path` looks, when numpy is first imported, whether llama.cpp's
@@ -66,7 +66,7 @@ def test_the_command_line_loads_llama_cpp_before_numpy(tiny, tmp_path):
 
 def test_the_probe_sees_the_wrong_order(tmp_path):
     """The check can fail: numpy imported by hand before spectool is caught."""
-    assert order("import numpy, spectool.verify", tmp_path) == "numpy first"
+    assert order("import numpy, spectool.core.verify", tmp_path) == "numpy first"
 
 
 def test_the_test_run_itself_loaded_llama_cpp_first():

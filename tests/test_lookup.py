@@ -3,7 +3,7 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spectool.drafters import PromptLookup
+from spectool.drafters.lookup import PromptLookup
 
 
 def brute_force(history, k, n_min, n_max):

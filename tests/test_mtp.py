@@ -17,10 +17,10 @@ def test_the_trunk_of_an_mtp_model_decodes_as_any_model(mtp_path):
     speculation over it (prompt lookup) gives plain decoding's text."""
     from helpers import tokens_of
 
-    from spectool.controller import Controller
-    from spectool.drafters import PromptLookup
-    from spectool.engine import Model
-    from spectool.speculative import Generation
+    from spectool.core.controller import Controller
+    from spectool.drafters.lookup import PromptLookup
+    from spectool.llama.engine import Model
+    from spectool.core.speculative import Generation
 
     with Model(mtp_path, n_ctx=512, n_threads=2) as m:
         assert m.architecture == "glm4moe" and m.n_nextn == 1 and m.offload["of"] == 3  # 2 blocks + output
@@ -35,7 +35,7 @@ import pytest  # noqa: E402
 
 @pytest.fixture(scope="module")
 def mtp_target(mtp_path):
-    from spectool.engine import Model, MtpContext
+    from spectool.llama.engine import Model, MtpContext
 
     with Model(mtp_path, n_ctx=1024, n_threads=2, load_mtp=True) as m:
         head = MtpContext(m)
@@ -47,16 +47,17 @@ def mtp_target(mtp_path):
 
 def heads(mtp_target):
     """The drafters that use the MTP head, made by the session layer's factory."""
-    from spectool.options import Spec
+    from spectool.options import Mode
     from spectool.session import build_drafter
 
     from test_speculative import SplitHybrid
 
-    from spectool.drafters import Mtp, PromptLookup
+    from spectool.drafters.mtp import Mtp
+    from spectool.drafters.lookup import PromptLookup
 
     _, head = mtp_target
-    return {"mtp": lambda: build_drafter(Spec.mtp, None, mtp=head)[0],
-            "hybrid-mtp": lambda: build_drafter(Spec.hybrid, None, mtp=head)[0],
+    return {"mtp": lambda: build_drafter(Mode.mtp, None, mtp=head)[0],
+            "hybrid-mtp": lambda: build_drafter(Mode.hybrid, None, mtp=head)[0],
             # hands over to the head after lookup's first token: every draft mixes the two
             "hybrid-mtp-split": lambda: SplitHybrid(PromptLookup(), Mtp(head))}
 
@@ -70,9 +71,9 @@ PROMPTS = ["The quick brown fox", "def add(a, b):\n    return a + b\n\ndef greet
 def test_greedy_output_under_mtp_equals_plain_decoding(mtp_target, text, n):
     from helpers import tokens_of
 
-    from spectool.controller import Controller
-    from spectool.speculative import Generation
-    from spectool.stats import Stats
+    from spectool.core.controller import Controller
+    from spectool.core.speculative import Generation
+    from spectool.core.stats import Stats
 
     target, _ = mtp_target
     prompt = target.tokenize(text)
@@ -91,11 +92,11 @@ def test_sampled_tokens_under_mtp_follow_the_target_distribution(mtp_target):
     tokens (hybrid), as for the other drafters (test_speculative.py)."""
     from test_speculative import K_DRAFT, N_RUNS, SAMPLING, chi2_rejects, exact_joint, sample_joint
 
-    from spectool.stats import Stats
+    from spectool.core.stats import Stats
 
     from helpers import tokens_of
 
-    from spectool.speculative import Generation
+    from spectool.core.speculative import Generation
 
     target, _ = mtp_target
     prompt = target.tokenize("the dog the fox the dog the fox the dog the fox the dog the")
@@ -116,7 +117,7 @@ def test_sampled_tokens_under_mtp_follow_the_target_distribution(mtp_target):
 
 def test_a_wrong_rule_under_mtp_is_caught(mtp_target, monkeypatch):
     """The check above can fail: with q of the first position used at every position, it rejects."""
-    import spectool.speculative as spec
+    import spectool.core.speculative as spec
     from test_speculative import N_RUNS, SAMPLING, _wrong, chi2_rejects, exact_joint, sample_joint
 
     target, _ = mtp_target
@@ -165,10 +166,10 @@ def test_the_mtp_head_drafts_and_accepts_what_llama_cpps_draft_mtp_does(mtp_path
     import llamacpp
     from helpers import tokens_of
 
-    from spectool.controller import Controller
-    from spectool.drafters import Mtp
-    from spectool.engine import Model, MtpContext
-    from spectool.speculative import Generation, speculative_generate
+    from spectool.core.controller import Controller
+    from spectool.drafters.mtp import Mtp
+    from spectool.llama.engine import Model, MtpContext
+    from spectool.core.speculative import Generation, speculative_generate
 
     theirs = llamacpp.draft_mtp(speculative_simple, mtp_path, text, 40, n_draft=3)
     with Model(mtp_path, n_ctx=512, n_threads=2, load_mtp=True) as m:

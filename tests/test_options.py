@@ -77,12 +77,15 @@ def test_groups_are_what_the_commands_take():
     assert {"spec", "draft_max"} <= set(by_group[DRAFTING]) and {"yes", "debug"} == set(by_group[COMMON])
 
 
-def test_modes_and_sources_are_one_enum_and_every_source_has_a_colour():
+def test_every_source_has_a_colour_and_every_mode_past_auto_names_a_source():
     """Drafts come from lookup, the draft model, the MTP head, or two in one step (hybrid): each has its colour under
-    --color-drafts, and each reads as its plain name in panels and messages."""
-    from spectool.options import Spec
+    --color-drafts, and each reads as its plain name in panels and messages. A mode other than auto drafts by the
+    source of its name."""
+    from spectool.core.keys import Source
+    from spectool.options import Mode
     from spectool.ui import SOURCE_STYLE
 
-    assert set(SOURCE_STYLE) == {Spec.lookup, Spec.draft, Spec.mtp, Spec.hybrid}
+    assert set(SOURCE_STYLE) == set(Source) - {Source.none}
     assert len(set(SOURCE_STYLE.values())) == len(SOURCE_STYLE)
-    assert f"{Spec.hybrid}" == str(Spec.hybrid) == "hybrid" and f"{Spec.none:>5}" == " none"
+    assert {Source(m.value) for m in Mode if m is not Mode.auto} == set(Source)
+    assert f"{Source.hybrid}" == str(Mode.hybrid) == "hybrid" and f"{Source.none:>5}" == " none"

@@ -11,8 +11,8 @@ import pytest
 
 import helpers
 from fakehub import FakeHub
-from spectool import registry
-from spectool.registry import ModelRef, RegistryError
+from spectool.models import registry
+from spectool.models.registry import ModelRef, RegistryError
 from tinymodels import write_split_target
 
 ROOT = Path(__file__).resolve().parents[1]

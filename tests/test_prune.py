@@ -3,12 +3,14 @@
 import numpy as np
 import pytest
 
-from spectool import prune
-from spectool.controller import Controller
-from spectool.drafters import DraftModel, Hybrid, PromptLookup
-from spectool.engine import Model
-from spectool.speculative import Generation, speculative_generate
-from spectool.stats import Stats
+from spectool.drafters import prune
+from spectool.core.controller import Controller
+from spectool.drafters.draft_model import DraftModel
+from spectool.drafters.hybrid import Hybrid
+from spectool.drafters.lookup import PromptLookup
+from spectool.llama.engine import Model
+from spectool.core.speculative import Generation, speculative_generate
+from spectool.core.stats import Stats
 
 VOCAB = 400
 

@@ -3,10 +3,11 @@
 import numpy as np
 import pytest
 
-from spectool.controller import Controller
-from spectool.drafters import DraftModel, PromptLookup
-from spectool.engine import Model
-from spectool.speculative import Generation, generate_text, speculative_generate
+from spectool.core.controller import Controller
+from spectool.drafters.draft_model import DraftModel
+from spectool.drafters.lookup import PromptLookup
+from spectool.llama.engine import Model
+from spectool.core.speculative import Generation, generate_text, speculative_generate
 
 pytestmark = pytest.mark.realmodel
 
@@ -42,7 +43,7 @@ def test_batch_agrees_with_sequential_q4(gemma_q4):
     # batched and a single-token row picked different tokens (issue 21), as llama.cpp's own tools differ there:
     # on a host with a GPU device a row may flip where its two best logits are within 0.5 of each other (5 of these
     # 9 rows are; the other 4 are 0.65-3.5 apart), never elsewhere.
-    from spectool.devices import devices
+    from spectool.llama.devices import devices
 
     agree = batch.argmax(1) == seq.argmax(1)
     top2 = np.sort(seq, axis=1)[:, -2:]

@@ -14,7 +14,7 @@ import time
 import pytest
 from helpers import SPECTOOL, accepts, free_port, other_addresses, refuses, spectool, start, stop, wait_until_up
 
-from spectool import devices, engine
+from spectool.llama import devices, engine
 
 PROMPT = "The quick brown fox"
 
@@ -197,7 +197,7 @@ def test_weights_that_do_not_fit_the_device_are_one_line_with_a_number_to_try(ge
 def test_the_live_panel_names_the_backend_and_the_layers(worker, tiny, tmp_path):
     from rich.console import Console
 
-    from spectool.stats import Stats
+    from spectool.core.stats import Stats
     from spectool.ui import stats_table
 
     _, stats = generate(tiny, tmp_path, "-md", str(tiny["draft"]), "--spec", "draft", "--rpc", worker.endpoint)

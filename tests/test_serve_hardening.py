@@ -99,7 +99,7 @@ def test_a_500_answers_and_the_connection_stays_usable(tiny, capsys):
     the connection under the client (a connection reset)."""
     import uvicorn
 
-    from spectool.options import Options, Spec
+    from spectool.options import Options, Mode
     from spectool.serve import Server as App
     from spectool.session import open_session
 
@@ -109,7 +109,7 @@ def test_a_500_answers_and_the_connection_stays_usable(tiny, capsys):
                 raise RuntimeError("injected")
             return super().generation(raw, chat)
 
-    o = Options(model=str(tiny["target"]), ctx_size=1024, threads=2, spec=Spec.none)
+    o = Options(model=str(tiny["target"]), ctx_size=1024, threads=2, spec=Mode.none)
     with open_session(o) as s:
         port = free_port()
         web = uvicorn.Server(uvicorn.Config(Failing(s, o, "target").app(), host="127.0.0.1",

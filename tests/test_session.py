@@ -4,12 +4,12 @@ import pytest
 
 from helpers import tokens_of
 
-from spectool.session import Hooks, Options, Spec, UserError, _NoBar, open_session
-from spectool.speculative import Generation
+from spectool.session import Hooks, Options, Mode, UserError, _NoBar, open_session
+from spectool.core.speculative import Generation
 
 
 def test_a_session_is_the_generation_the_options_describe(tiny, target):
-    o = Options(model=str(tiny["target"]), model_draft=str(tiny["draft"]), spec=Spec.hybrid, temp=0.5, top_k=7,
+    o = Options(model=str(tiny["target"]), model_draft=str(tiny["draft"]), spec=Mode.hybrid, temp=0.5, top_k=7,
                 repeat_penalty=1.1, draft_max=6, draft_min=2, max_tokens=40, ctx_size=512, threads=2, seed=3)
     with open_session(o) as s:
         g = s.gen
@@ -21,7 +21,7 @@ def test_a_session_is_the_generation_the_options_describe(tiny, target):
     # greedy, lookup: the same tokens as plain decoding with the shared tiny target
     prompt = target.tokenize("The quick brown fox")
     plain = tokens_of(Generation(target, None, max_tokens=30), prompt)
-    with open_session(Options(model=str(tiny["target"]), spec=Spec.lookup, max_tokens=30, ctx_size=1024,
+    with open_session(Options(model=str(tiny["target"]), spec=Mode.lookup, max_tokens=30, ctx_size=1024,
                               threads=2, gpu_layers="0")) as s:  # on the CPU, as `target` is, on a GPU host too
         assert s.mode == "lookup" and tokens_of(s.gen, prompt) == plain
 
@@ -31,7 +31,7 @@ def test_a_draft_that_cannot_draft_falls_back_with_a_notice(tiny):
     with open_session(o) as s:
         assert s.mode == "lookup" and any("does not match" in n for n in s.notices)
     with pytest.raises(UserError, match="does not match"):
-        with open_session(Options(model=str(tiny["target"]), model_draft=str(tiny["foreign"]), spec=Spec.draft,
+        with open_session(Options(model=str(tiny["target"]), model_draft=str(tiny["foreign"]), spec=Mode.draft,
                                   ctx_size=256, threads=2)):
             pass
 

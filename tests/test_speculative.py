@@ -9,15 +9,18 @@ from helpers import tokens_of
 from hypothesis import given, settings
 from hypothesis import strategies as hst
 
-from spectool.controller import Controller
-from spectool.drafters import DraftModel, Hybrid, PromptLookup
-from spectool.engine import Model
-from spectool.keys import DRAFT, SPLIT
-from spectool.options import Spec
+from spectool.core.controller import Controller
+from spectool.drafters.draft_model import DraftModel
+from spectool.drafters.hybrid import Hybrid
+from spectool.drafters.lookup import PromptLookup
+from spectool.llama.engine import Model
+from spectool.core.keys import DRAFT, SPLIT
+from spectool.options import Mode
+from spectool.core.keys import Source
 from spectool.session import build_drafter
-from spectool.speculative import Generation, Step, generate_text, speculative_generate
-from spectool.stats import Stats
-from spectool.verify import Sampling, distribution
+from spectool.core.speculative import Generation, Step, generate_text, speculative_generate
+from spectool.core.stats import Stats
+from spectool.core.verify import Sampling, distribution
 
 PROMPTS = [
     "The quick brown fox",
@@ -38,7 +41,7 @@ def drafters(draft):
     """spectool's drafters (helpers.drafters), and two variants that only the tests make: a hybrid that hands over
     after every stretch's first token, and a draft model that stops below probability 0.6."""
     return {**helpers.drafters(draft), "hybrid-split": lambda: SplitHybrid(PromptLookup(), DraftModel(draft)),
-            "draft-pmin": lambda: build_drafter(Spec.draft, draft, p_min=0.6)[0]}
+            "draft-pmin": lambda: build_drafter(Mode.draft, draft, p_min=0.6)[0]}
 
 
 @pytest.mark.parametrize("text", PROMPTS)
@@ -110,7 +113,7 @@ def test_rollback_happens_even_when_a_step_raises(target, draft):
 
 
 def test_failing_draft_model_falls_back_to_lookup(target, draft):
-    from spectool.engine import DecodeError
+    from spectool.llama.engine import DecodeError
 
     class Failing(DraftModel):
         def propose(self, *a, **kw):
@@ -207,7 +210,7 @@ def test_sampled_tokens_follow_the_target_distribution(target, draft, lookup_pro
 
 def _wrong(kind):
     """Realistic bugs in the acceptance step, each of which the test above must catch."""
-    import spectool.verify as V
+    import spectool.core.verify as V
 
     right = V.accept_sampled
     return {
@@ -221,8 +224,8 @@ def _wrong(kind):
                                       ("p row off by one", "lookup"), ("resample from p", "lookup")])
 def test_negative_controls_fail(target, draft, lookup_prompt, monkeypatch, bug, kind):
     """The same test must reject a wrong acceptance rule, at any draft position."""
-    import spectool.speculative as spec
-    import spectool.verify as V
+    import spectool.core.speculative as spec
+    import spectool.core.verify as V
 
     if bug == "resample from p":
         monkeypatch.setattr(V, "residual", lambda p, q: p)
@@ -393,7 +396,7 @@ def test_an_interruption_keeps_the_text_held_back_for_a_stop_string(target):
 def test_a_fresh_cost_table_measures_batches_before_the_first_step(target):
     """A first run does not trust priors that may not fit the machine: it measures batches of 1, 2, 4 and 8
     tokens first, leaves the cache as it was, and an already measured table is not measured again."""
-    from spectool.controller import Costs
+    from spectool.core.costs import Costs
 
     prompt = target.tokenize("The quick brown fox")
     plain = tokens_of(Generation(target, None, max_tokens=30), prompt)
@@ -427,7 +430,7 @@ def test_calibration_measures_long_batches_where_costs_are_flat(monkeypatch, sha
     the longest a step may verify (k_max + 1 = 33), so the controller drafts long there; where a batch of 8 already
     costs more than two tokens (a CPU) it stops at 8. The batch costs come from a fake clock the fake model
     advances: a flat 1.0 + 0.01 per token, or a CPU-like 1.0 + 0.5 per token."""
-    import spectool.speculative as spec
+    import spectool.core.speculative as spec
 
     clock = [0.0]
     monkeypatch.setattr(spec.time, "perf_counter", lambda: clock[0])
@@ -470,7 +473,7 @@ def test_per_position_counts_are_those_of_the_steps(steps):
     (accepted) a token there, counted here step by step."""
     s = Stats()
     for drafted, accepted in steps:
-        s.add_step(Step([0] * (accepted + 1), drafted, accepted, Spec.lookup, 0.0, 0.0))
+        s.add_step(Step([0] * (accepted + 1), drafted, accepted, Source.lookup, 0.0, 0.0))
     for per_position, count in ((s.drafted_per_position, 0), (s.accepted_per_position, 1)):
         longest = max((step[count] for step in steps), default=0)
         assert per_position == [sum(step[count] > i for step in steps) for i in range(longest)]

@@ -6,7 +6,7 @@ import ctypes
 import numpy as np
 import pytest
 
-from spectool.verify import (Dist, Sampling, accept_greedy, accept_sampled, distribution, greedy_token, penalize,
+from spectool.core.verify import (Dist, Sampling, accept_greedy, accept_sampled, distribution, greedy_token, penalize,
                              residual)
 
 # -- the oracle --------------------------------------------------------------------------------------------------
@@ -142,7 +142,7 @@ def test_adversarial_rows_match_llama_cpp(name, s):
 
 @pytest.mark.realmodel
 def test_real_gemma_rows_match_llama_cpp(gemma_q4):
-    from spectool.engine import Model
+    from spectool.llama.engine import Model
 
     with Model(gemma_q4, n_ctx=256, n_threads=2) as m:
         prompt = m.tokenize("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n")

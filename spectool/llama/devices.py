@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from spectool.native import _STATE, EngineError, _lib, backend_info, last_log_error, set_verbose  # noqa: F401
+from spectool.llama.native import _STATE, EngineError, _lib, backend_info, last_log_error, set_verbose  # noqa: F401
 
 DEVICE_TYPES = ("CPU", "GPU", "IGPU", "ACCEL")  # enum ggml_backend_dev_type
 REINSTALL_RPC = ('this llama-cpp-python was built without RPC; reinstall it with -DGGML_RPC=on added to the '
@@ -281,8 +281,8 @@ def installation_info(rpc: str | None) -> dict:
     from huggingface_hub import constants
 
     from spectool import __version__
-    from spectool.cache import cache_dir
-    from spectool.registry import user_file
+    from spectool.models.cache import cache_dir
+    from spectool.models.registry import user_file
 
     if rpc:
         add_rpc_workers(parse_endpoints(rpc))

@@ -19,7 +19,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from spectool import native  # noqa: F401, I001 - llama.cpp's libraries before numpy (native.py)
+from spectool.llama import native  # noqa: F401, I001 - llama.cpp's libraries before numpy (native.py)
 import numpy as np  # noqa: E402
 
 WHOLE_HISTORY = 1 << 30

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
-from spectool import native  # noqa: F401, I001 - llama.cpp's libraries before numpy (native.py)
+from spectool.llama import native  # noqa: F401, I001 - llama.cpp's libraries before numpy (native.py)
 import numpy as np  # noqa: E402
 
-from spectool.devices import Device, resolve_gpu_layers
-from spectool.native import (  # noqa: F401 - the engine's errors and log, re-exported
+from spectool.llama.devices import Device, resolve_gpu_layers
+from spectool.llama.native import (  # noqa: F401 - the engine's errors and log, re-exported
     _RECENT_LOG, _STATE, DecodeError, DoesNotFit, EngineError, ModelLoadError, _lib, avoid_amx, backend_info,
     last_log_error, raise_pending_interrupt, set_verbose)
 

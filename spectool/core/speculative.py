@@ -13,16 +13,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
-from spectool import native  # noqa: F401, I001 - llama.cpp's libraries before numpy (native.py)
+from spectool.llama import native  # noqa: F401, I001 - llama.cpp's libraries before numpy (native.py)
 import numpy as np  # noqa: E402
 
-from spectool.controller import Controller
-from spectool.drafters import EMPTY, Drafter, PromptLookup
-from spectool.engine import EngineError, Model
-from spectool.keys import Key
-from spectool.options import Spec
-from spectool.stats import Stats
-from spectool.verify import Sampling, accept_greedy, accept_sampled, backend_chain, dist_at, greedy_rows
+from spectool.core.controller import Controller
+from spectool.drafters.base import EMPTY, Drafter
+from spectool.drafters.lookup import PromptLookup
+from spectool.llama.engine import EngineError, Model
+from spectool.core.keys import Key
+from spectool.core.keys import Source
+from spectool.core.stats import Stats
+from spectool.core.verify import Sampling, accept_greedy, accept_sampled, backend_chain, dist_at, greedy_rows
 
 
 @dataclass(slots=True)
@@ -30,7 +31,7 @@ class Step:
     tokens: list[int]  # the new final tokens: accepted drafts, then the target's own token
     drafted: int
     accepted: int
-    source: Spec  # none | lookup | draft | hybrid
+    source: Source  # none | lookup | draft | hybrid
     draft_seconds: float
     verify_seconds: float
     finish_reason: str | None = None  # set on the last step: "stop" | "length" | "context"
@@ -110,7 +111,7 @@ def speculative_generate(g: Generation, prompt: Sequence[int], stats: Stats | No
             if room < 0:
                 if stats is not None:
                     stats.finish_reason = "context"
-                yield Step([], 0, 0, Spec.none, 0.0, 0.0, finish_reason="context")
+                yield Step([], 0, 0, Source.none, 0.0, 0.0, finish_reason="context")
                 return
             # 1. draft
             t0 = time.perf_counter()
@@ -274,7 +275,7 @@ def generate_text(g: Generation, prompt: Sequence[int], stop: Sequence[str] = ()
                     stats.finish_reason = "interrupted"
                 held = stream.flush()
                 if held:
-                    yield held, Step([], 0, 0, Spec.none, 0.0, 0.0, finish_reason="interrupted")
+                    yield held, Step([], 0, 0, Source.none, 0.0, 0.0, finish_reason="interrupted")
                 return
     finally:
         gen.close()

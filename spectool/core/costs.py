@@ -1,22 +1,5 @@
-"""Chooses the draft length k of each step from what this machine charges and how often drafts are accepted.
-
-A drafter offers tokens with a key each, naming the evidence behind that token ("draft"; for prompt lookup the
-match it came from, see PromptLookup.keys). With a_i the estimated chance that token i is accepted given that
-1..i-1 were (learnt online per key), a step with k drafts yields on average E(k) = 1 + sum_{i<=k} prod_{j<=i} a_j
-tokens and costs verify(k+1) plus drafting. The controller picks the k in [k_min, k_max] with the best
-E(k) / cost; k = 0 is plain decoding. A draft therefore stops at the token whose evidence is too weak for what the
-next batched token costs, and runs long where every token's evidence holds. A key held at k = 0 is re-probed
-with a short draft now and then so that its estimate can recover.
-
-Costs belong to the model and the machine, not to one generation: a `Costs` table can be shared by every
-controller that drives the same target (the turns of a chat, the prompts of a benchmark), so that batch sizes
-measured once keep their price. llama.cpp's CPU kernels make some sizes much cheaper than their neighbours
-(Gemma 3 270M Q4_K_M: 7 tokens 60 ms, 8 tokens 43 ms), which only measurement finds.
-
-Measured timings make the choice of k, and so the use of random numbers, vary from run to run. For seeded
-sampling that must reproduce exactly, `timed=False` keeps the cost model at its priors: k then depends only on
-the tokens seen.
-"""
+"""What verifying a batch and drafting a token cost on this machine: measured, so that a busy minute
+cannot set a price for good (see Costs)."""
 
 from __future__ import annotations
 
@@ -24,20 +7,11 @@ import bisect
 import math
 import time
 from dataclasses import dataclass, field
-from itertools import chain, islice, pairwise
-from typing import Iterable, Sequence
+from itertools import pairwise
+from typing import Sequence
 
-from spectool.keys import AGREED, DRAFT, MOSTLY, MTP, SPLIT, Key
-from spectool.options import DRAFT_MAX, Spec
-
-
-@dataclass(slots=True)
-class _Acceptance:
-    prior: float  # the key's prior acceptance (a continuation's is the estimate for the token before it) ...
-    weight: float  # ... and its weight in observations
-    tries: float = 0.0  # decayed counts of the tokens drafted under a key that were verified ...
-    hits: float = 0.0  # ... and accepted
-    zero_streak: int = 0
+from spectool.core.keys import Key
+from spectool.core.keys import Source
 
 
 WINDOW = 9  # samples a batch size keeps, the newest
@@ -163,7 +137,7 @@ class Costs:
         for d in (draft if isinstance(draft, list) else ()):
             try:
                 temp, seconds = float(d["temp"]), d["seconds"]
-                key = Key.of(Spec(d["source"]), temp=temp)
+                key = Key.of(Source(d["source"]), temp=temp)
                 if not (math.isfinite(temp) and temp >= 0 and (seconds == 0 or _seconds(seconds))):
                     raise ValueError
             except (TypeError, KeyError, ValueError):
@@ -353,162 +327,3 @@ def _age(seconds: float) -> str:
         if seconds >= size:
             return f"{seconds // size:.0f} {unit}"
     return f"{seconds:.0f} s"
-
-
-@dataclass
-class Controller:
-    k_max: int = DRAFT_MAX  # the most tokens a step may draft (a pair's draft_max where it gives one)
-    k_min: int = 0
-    adaptive: bool = True
-    decay: float = 0.99  # weight kept by older acceptance observations at each update
-    # prior acceptance by key, and its weight in observations. Prompt lookup's keys (see PromptLookup.key): the
-    # acceptance of a drafted token, given the tokens before it were accepted, by its own evidence, measured on
-    # Gemma 3 270M F16 over 24 HumanEval / ShareGPT prompts (benchmarks' prompts 9-16 of each set: the benchmark's
-    # 8 held out), pooled and rounded: longer matches, and followers that agreed, are right far more often. A draft
-    # model's is a guess that its own first observations soon replace.
-    priors: dict[Key, tuple[float, float]] = field(default_factory=lambda: {
-        **{Key.lookup(n, AGREED): (a, 8.0) for n, a in ((1, 0.4), (2, 0.7), (3, 0.8), (4, 0.9), (8, 0.97))},
-        **{Key.lookup(n, MOSTLY): (a, 8.0) for n, a in ((1, 0.6), (2, 0.4), (3, 0.5), (4, 0.7), (8, 0.5))},
-        **{Key.lookup(n, SPLIT): (a, 8.0) for n, a in ((1, 0.15), (2, 0.25), (3, 0.25), (4, 0.3), (8, 0.2))},
-        DRAFT: (0.6, 2.0), MTP: (0.6, 2.0)})
-    prior_other: tuple[float, float] = (0.5, 2.0)  # for other keys
-    # a sampled run's keys carry its temperature ("lookup:3@T0.8"): what greedy runs learnt does not carry over.
-    # Their prior is the greedy one raised to this power, with at most this weight in observations: at temperature
-    # 0.8, first-position acceptance of lookup keys over 13 ShareGPT / HumanEval prompts (Gemma 3 270M) was close
-    # to the square of the greedy one (lookup:1 0.27-0.56, lookup:1? 0.11-0.34, lookup:2 0.50-0.86, lookup:8 0.97+)
-    sampled_prior: tuple[float, float] = (2.0, 4.0)
-    # keys whose quality is unknown until tried (a user's draft model): draft this many times first
-    explore: dict[Spec, int] = field(default_factory=lambda: {Spec.draft: 2, Spec.mtp: 2})
-    explore_k: int = 4
-    optimism: float = 0.0  # an upper-confidence bonus on acceptance (it compounds over a draft: off)
-    probe_every: int = 32
-    draft_cost_prior: float = 0.15  # a draft-model token relative to one target decode, until measured
-    timed: bool = True  # False: costs stay at their priors (see the module docstring)
-    costs: Costs | None = None  # shared with other controllers of the same target; None: a table of our own
-    _acc: dict[Key, _Acceptance] = field(default_factory=dict)
-    _memo: dict[Key, float] = field(default_factory=dict)
-
-    def __post_init__(self):
-        if self.costs is None:
-            self.costs = Costs()
-        if not self.timed:
-            self.costs = Costs(self.costs.jump_prior, self.costs.slope_prior, unmeasured=1.0, timed=False)
-
-    # -- what the loop tells us ----------------------------------------------------------------------------
-    def observe_verify(self, batch_size: int, seconds: float) -> None:
-        self.costs.observe_verify(batch_size, seconds)
-
-    def observe_draft(self, keys: Sequence[Key], seconds: float) -> None:
-        """Drafting the tokens under `keys` took `seconds`, charged to the source of the last: a hybrid draft's
-        lookup tokens cost next to nothing beside its draft-model tokens."""
-        last = keys[-1].source
-        n = len(keys) if keys[0].source is last else sum(k.source is last for k in keys)
-        self.costs.observe_draft(keys[-1].drafter, n, seconds)
-
-    def observe_accept(self, keys: Sequence[Key], drafted: int, accepted: int) -> None:
-        """A step drafted `drafted` tokens, under keys[i] each, and the first `accepted` were accepted."""
-        self._memo.clear()
-        for i in range(min(drafted, accepted + 1)):  # token i was tried: all before it were accepted
-            a = self._acc.get(keys[i]) or self._stats(keys[i])
-            a.tries = a.tries * self.decay + 1.0
-            a.hits = a.hits * self.decay + (1.0 if i < accepted else 0.0)
-
-    # -- estimates -----------------------------------------------------------------------------------------
-    def _stats(self, key: Key) -> _Acceptance:
-        a = self._acc.get(key)
-        if a is None:
-            prior, w = self.priors.get(key.anchor, self.prior_other)
-            if key.temp:
-                prior, w = prior ** self.sampled_prior[0], min(w, self.sampled_prior[1])
-            a = self._acc[key] = _Acceptance(prior, w)
-        return a
-
-    def acceptance(self, key: Key, optimism: float = 0.0) -> float:
-        """Estimated chance that a token drafted under `key` is accepted, given that the tokens before it were:
-        its observations after a prior worth `weight` observations. The prior is the key's own (`priors`, by its
-        stretch's start), or for a continuation ("lookup:2+3", see PromptLookup.keys) what the controller now
-        estimates for the token before it in its stretch. `optimism` adds an upper-confidence bonus that shrinks
-        as the key is tried (exploration)."""
-        if not optimism:
-            est = self._memo.get(key)
-            if est is not None:
-                return est
-        a = self._acc.get(key) or self._stats(key)
-        prior = a.prior if key.before is None else self.acceptance(key.before)
-        est = min(1.0, (a.hits + a.weight * prior) / (a.tries + a.weight) + optimism / (a.tries + a.weight) ** 0.5)
-        if not optimism:
-            self._memo[key] = est  # until the next observation (a stretch's keys chain through their priors)
-        return est
-
-    def worth(self, key: Key) -> float:
-        """What a token drafted under `key` is worth, in tokens: its estimated acceptance less what drafting it
-        costs, counted in single target steps (nothing for a lookup token; a draft-model token on a CPU can cost
-        half a target step)."""
-        one = self.costs.verify_costs(1)[1]
-        return self.acceptance(key) - self.draft_cost(key, one) / one
-
-    def verify_cost(self, batch_size: int) -> float:
-        return self.costs.verify_cost(batch_size)
-
-    def draft_cost(self, key: Key, one: float) -> float:
-        """Seconds to draft one token under `key`: measured per source, else a guess (`draft_cost_prior` target
-        steps a draft-model token, nothing for a lookup)."""
-        cost = self.costs.draft.get(key.drafter)
-        if cost is None:
-            cost = self.draft_cost_prior * one if key.source in (Spec.draft, Spec.mtp) else 0.0
-        return cost
-
-    # -- the decision --------------------------------------------------------------------------------------
-    def choose(self, keys: Iterable[Key]) -> int:
-        """How many of the tokens on offer to draft; keys[i] is the key of token i (PromptLookup.key)."""
-        return len(self.pick(keys))
-
-    def pick(self, offer: Iterable[Key]) -> list[Key]:
-        """The keys of the tokens to draft: the first k of those on offer, k as the module docstring says. `offer`
-        may be lazy (PromptLookup.peek): it is drawn from only while a longer draft could still do better than the
-        best so far, since each further token adds at most the chance of reaching it and no drafting cost."""
-        offer = iter(offer)
-        keys = list(islice(offer, self.k_max if not self.adaptive else min(self.k_max, self.k_min + 1)))
-        if not self.adaptive or len(keys) <= self.k_min:
-            return keys
-        a = self._stats(keys[0])
-        if a.tries < self.explore.get(keys[0].source, 0):
-            return keys + list(islice(offer, max(0, min(self.k_max, max(self.k_min, self.explore_k)) - len(keys))))
-        costs = self.costs.verify_costs(self.k_max + 1)
-        k_best, best = 0, 1.0 / costs[1]  # E(0) / cost(0)
-        expected, run, drafting = 1.0, 1.0, 0.0
-        drafter, per_token = None, 0.0  # a draft's tokens come from one or two drafters: priced once each
-        for k, key in enumerate(chain(keys, offer), 1):
-            run *= self.acceptance(key, self.optimism)
-            expected += run
-            if key.drafter is not drafter:
-                drafter, per_token = key.drafter, self.draft_cost(key, costs[1])
-            drafting += per_token
-            if k > len(keys):
-                keys.append(key)
-            ratio = expected / (costs[k + 1] + drafting)
-            if ratio > best or k == self.k_min:
-                k_best, best = k, ratio
-            elif k > self.k_min and self._no_longer_draft_pays(costs, k, expected, run, drafting, best):
-                break
-            if k == self.k_max:
-                break
-        if k_best == 0:
-            a.zero_streak += 1
-            if a.zero_streak >= self.probe_every:  # re-probe: a short draft keeps the estimate honest
-                a.zero_streak = 0
-                n = min(self.k_max, self.explore_k)
-                return keys[:n] + list(islice(offer, max(0, n - len(keys))))
-        else:
-            a.zero_streak = 0
-        return keys[:k_best]
-
-    def _no_longer_draft_pays(self, costs: list[float], k: int, expected: float, run: float, drafting: float,
-                              best: float) -> bool:
-        """Whether no draft longer than k can beat the ratio `best`: each further token adds at most `run`
-        expected tokens (acceptances are at most 1) and no drafting cost."""
-        for cost in costs[k + 2 : self.k_max + 2]:  # verifying k + 2, k + 3, ... tokens
-            expected += run
-            if expected > best * (cost + drafting):
-                return False
-        return True

@@ -64,7 +64,7 @@ class Stats:
 
     def save(self, path) -> None:
         """--stats-json: written whole or not at all."""
-        from spectool.cache import write_json_atomic
+        from spectool.models.cache import write_json_atomic
 
         write_json_atomic(path, self.to_json())
 

@@ -4,7 +4,7 @@ smaller size."""
 
 from __future__ import annotations
 
-from spectool.engine import VocabInfo
+from spectool.llama.engine import VocabInfo
 
 MAX_SIZE_DIFFERENCE = 128
 FIRST_CHECKED_TOKEN = 5
@@ -39,7 +39,7 @@ def vocab_differences(target: VocabInfo, draft: VocabInfo, limit: int = 5) -> li
 def check_files(target, draft=None, debug: bool = False):
     """`spectool check`: (the VocabInfo and MTP head count of each file, the reasons DRAFT cannot draft for
     TARGET: empty when it can or no draft is given)."""
-    from spectool import engine
+    from spectool.llama import engine
 
     engine.set_verbose(debug)
     facts = []

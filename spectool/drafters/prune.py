@@ -14,10 +14,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from spectool import native  # noqa: F401, I001 - llama.cpp's libraries before numpy (native.py)
+from spectool.llama import native  # noqa: F401, I001 - llama.cpp's libraries before numpy (native.py)
 import numpy as np  # noqa: E402
 
-from spectool.cache import cache_dir, file_tag
+from spectool.models.cache import cache_dir, file_tag
 
 KEY_IDS = "spectool.pruned.ids"
 VOCAB_TENSORS = ("token_embd.weight", "output.weight")
@@ -43,7 +43,7 @@ def read_ids(path: str | os.PathLike) -> np.ndarray | None:
 def token_ranking(model, tokens_per_prompt: int = 160, seed: int = 0, progress=None) -> np.ndarray:
     """Average next-token probability of every token, over text the model samples itself from varied starts;
     `progress(done, total)` hears of each start."""
-    from spectool.verify import Sampling, distribution
+    from spectool.core.verify import Sampling, distribution
 
     rng = np.random.default_rng(seed)
     s = Sampling(temp=0.9)
@@ -119,7 +119,7 @@ def cached_path(path: str | os.PathLike, vocab: int) -> Path:
 def pruned_draft(path: str | os.PathLike, vocab: int, progress=None, **model_options) -> Path:
     """A pruned copy of the draft at `path` keeping `vocab` tokens, made once and cached; `progress(done, total)`
     hears how the ranking of its tokens goes."""
-    from spectool.engine import Model
+    from spectool.llama.engine import Model
 
     out = cached_path(path, vocab)
     if out.exists():

@@ -11,9 +11,20 @@ stretch, its prior's key and itself at another temperature.
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import ClassVar
 
-from spectool.options import Spec
+
+class Source(StrEnum):
+    """Where a step's drafts came from: nothing drafted, prompt lookup, a draft model, the target's own MTP
+    heads, or lookup's tokens then the draft model's or the MTP head's."""
+
+    none = "none"
+    lookup = "lookup"
+    draft = "draft"
+    mtp = "mtp"
+    hybrid = "hybrid"
+
 
 # lookup's evidence: how the n-gram's followers agreed on this token
 AGREED, MOSTLY, SPLIT = "", "~", "?"
@@ -23,7 +34,7 @@ class Key:
     __slots__ = ("source", "match", "agreement", "pos", "temp", "before", "anchor", "drafter", "_at", "_next", "_text")
     _interned: ClassVar[dict[tuple, Key]] = {}
 
-    source: Spec  # Spec.lookup or Spec.draft
+    source: Source  # Source.lookup, Source.draft or Source.mtp
     match: int  # lookup: the n-gram length bucket (1, 2, 3, 4, 8); 0 otherwise
     agreement: str  # lookup: AGREED, MOSTLY or SPLIT
     pos: int  # lookup: tokens after the start of its stretch (0: the start itself)
@@ -33,7 +44,7 @@ class Key:
     drafter: Key  # what drafting this token cost is kept by: its source at its temperature
 
     @classmethod
-    def of(cls, source: Spec, match: int = 0, agreement: str = AGREED, pos: int = 0, temp: float = 0.0) -> Key:
+    def of(cls, source: Source, match: int = 0, agreement: str = AGREED, pos: int = 0, temp: float = 0.0) -> Key:
         ident = (source, match, agreement, pos, temp)
         key = cls._interned.get(ident)
         if key is None:
@@ -48,7 +59,7 @@ class Key:
 
     @classmethod
     def lookup(cls, match: int, agreement: str = AGREED, pos: int = 0) -> Key:
-        return cls.of(Spec.lookup, match, agreement, pos)
+        return cls.of(Source.lookup, match, agreement, pos)
 
     def at(self, temp: float) -> Key:
         """This key at sampling temperature `temp` (0: greedy)."""
@@ -67,7 +78,7 @@ class Key:
     def __str__(self) -> str:  # "lookup:2~+3@T0.8": for people (debug output, tests' messages)
         if self._text is None:
             text = self.source.value
-            if self.source is Spec.lookup:
+            if self.source is Source.lookup:
                 text += f":{self.match}{self.agreement}" + (f"+{self.pos}" if self.pos else "")
             self._text = text + (f"@T{self.temp:g}" if self.temp else "")
         return self._text
@@ -78,5 +89,5 @@ class Key:
         return Key.of, (self.source, self.match, self.agreement, self.pos, self.temp)
 
 
-DRAFT = Key.of(Spec.draft)  # every draft-model token
-MTP = Key.of(Spec.mtp)  # every token of the target's MTP head
+DRAFT = Key.of(Source.draft)  # every draft-model token
+MTP = Key.of(Source.mtp)  # every token of the target's MTP head

@@ -9,7 +9,7 @@ import errno
 import sys
 from pathlib import Path
 
-from spectool.registry import ModelRef, RegistryError
+from spectool.models.registry import ModelRef, RegistryError
 
 LARGE_DOWNLOAD = 1 << 30  # ask before downloading more than this on a terminal
 VERBOSE = {"on": False}  # --debug: let huggingface_hub log its retries and warnings
@@ -202,7 +202,7 @@ def ensure(ref: ModelRef, *, yes: bool = False, ask=None) -> Path:
 def catalogue() -> list[dict]:
     """`spectool models`: each pair of the registry with its files, sizes, memory need, licence and whether it is
     downloaded (from the local cache only)."""
-    from spectool.registry import load
+    from spectool.models.registry import load
 
     reg, rows = load(), []
     for p in reg.pairs.values():
@@ -224,7 +224,7 @@ def pull(name: str, yes: bool, ask):
     """`spectool pull NAME`: download a pair's files (or one model's), yielding (role, ref, local path) as each is
     there."""
     from spectool.options import UserError
-    from spectool.registry import refs_for
+    from spectool.models.registry import refs_for
 
     for role, ref in refs_for(name):
         if ref.path is not None:

@@ -1,0 +1,114 @@
+"""A small draft model with its own KV cache, on the target's vocabulary or mapped onto it (VocabMap)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+from spectool.llama import native  # noqa: F401, I001 - llama.cpp's libraries before numpy (native.py)
+import numpy as np  # noqa: E402
+
+from spectool.llama.engine import Model
+from spectool.core.keys import DRAFT, Key
+from spectool.core.keys import Source
+from spectool.core.verify import Dist, Sampling, backend_chain, dist_at, token_at, top_probability
+from spectool.drafters.base import EMPTY, Draft, Estimate
+
+
+@dataclass
+class VocabMap:
+    """Token ids between a draft's vocabulary and the target's, for drafts whose vocabulary is not the target's
+    id for id: a pruned draft (see prune.py: its token i is the target's ids[i]) or a draft with a few tokens more
+    or fewer (llama.cpp accepts sizes within 128). Draft tokens the target lacks are never proposed; target tokens
+    the draft lacks reach it as its token 0 (a special token in both)."""
+
+    to_target: np.ndarray  # draft id -> target id, -1 where the target has no such token
+    to_draft: np.ndarray  # target id -> draft id (0 where the draft has no such token)
+    banned: np.ndarray  # draft ids the target lacks
+
+    @classmethod
+    def between(cls, n_draft: int, n_target: int, ids: np.ndarray | None = None) -> VocabMap | None:
+        """The map for a draft of `n_draft` tokens (`ids`: a pruned draft's kept target ids), or None when the
+        two vocabularies are the same id for id."""
+        if ids is None and n_draft == n_target:
+            return None
+        to_target = np.arange(n_draft, dtype=np.int64) if ids is None else np.asarray(ids, np.int64).copy()
+        to_target[to_target >= n_target] = -1
+        ok = np.flatnonzero(to_target >= 0)
+        to_draft = np.zeros(n_target, np.int64)
+        to_draft[to_target[ok]] = ok
+        return cls(to_target, to_draft, np.flatnonzero(to_target < 0))
+
+
+class DraftModel:
+    """A small model with its own KV cache, kept in step with the accepted tokens by `Model.sync`. Its rows go
+    through the same sampler chain as the target's, penalties included, so q is the distribution each draft was
+    drawn from, on the target's vocabulary (see VocabMap for drafts with another one)."""
+
+    def __init__(self, model: Model, p_min: float = 0.0, ids: np.ndarray | None = None, n_target: int = 0):
+        self.model = model
+        self.p_min = p_min
+        self.n_target = n_target or model.n_vocab
+        self.map = VocabMap.between(model.n_vocab, self.n_target, ids)
+        self._seen: list[int] = []  # history in target ids ...
+        self._mapped: list[int] = []  # ... and in draft ids
+
+    def _map(self, history: Sequence[int]) -> list[int]:
+        if self.map is None:
+            return list(history)
+        n = len(self._seen)
+        if n > len(history) or self._seen != list(history[:n]):
+            self._seen, self._mapped, n = [], [], 0
+        new = list(history[n:])
+        self._seen += new
+        self._mapped += self.map.to_draft[new].tolist() if new else []
+        return list(self._mapped)
+
+    def prefill(self, history: Sequence[int]) -> None:
+        h = self._map(history)
+        self.model.sync(h[:-1], logits="none") if len(h) > 1 else self.model.reset()
+
+    def peek(self, history: Sequence[int], k_max: int, estimate: Estimate | None = None) -> list[Key]:
+        return [DRAFT] * max(0, min(k_max, self.model.n_ctx - len(history)))
+
+    def propose(self, history: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator) -> Draft:
+        m = self.model
+        room = m.n_ctx - len(history)
+        k = min(k, room)
+        if k <= 0:
+            return EMPTY
+        t0 = time.perf_counter()
+        banned = self.map.banned if self.map is not None and len(self.map.banned) else None
+        # llama.cpp samples in the graph, but p_min at temperature 0 needs the whole row's softmax
+        on_graph = None if sampling.greedy and self.p_min > 0 else backend_chain(sampling, banned)
+        # usually 1-2 new tokens (the target's own, after the accepted drafts); many after steps without drafts
+        mapped = self._map(history)
+        caught_up = m.sync(mapped, sample=on_graph)
+        catch_up = time.perf_counter() - t0 if caught_up > 2 else 0.0
+        recent = mapped[-sampling.window:] if sampling.window else []
+        tokens: list[int] = []  # in the draft's own ids
+        qs: list[Dist] = []
+        for i in range(k):
+            if sampling.greedy:
+                if self.p_min > 0 and top_probability(m.logits(-1)) < self.p_min:
+                    break
+                t = token_at(m, -1, sampling, recent + tokens, banned)
+            else:
+                q = dist_at(m, -1, sampling, recent + tokens, banned)
+                if self.p_min > 0 and q.p.max() < self.p_min:  # decided before the draw: keeps sampling exact
+                    break
+                t = q.sample(rng)
+                qs.append(q)
+            tokens.append(t)
+            if i < k - 1:
+                m.eval([t], sample=on_graph)
+        if self.map is not None:  # back to the target's ids
+            tokens = self.map.to_target[tokens].tolist()
+            qs = [self._on_target(q) for q in qs]
+        return Draft(tokens, None if sampling.greedy else qs, Source.draft, catch_up)
+
+    def _on_target(self, q: Dist) -> Dist:
+        ids = self.map.to_target[q.ids]
+        order = np.argsort(ids)
+        return Dist(ids[order], q.p[order], self.n_target)

@@ -1,0 +1,52 @@
+"""Prompt lookup while its evidence holds, then a draft model or MTP head for the rest of a step."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from spectool.llama import native  # noqa: F401, I001 - llama.cpp's libraries before numpy (native.py)
+import numpy as np  # noqa: E402
+
+from spectool.core.keys import Key
+from spectool.core.keys import Source
+from spectool.core.verify import Sampling
+from spectool.drafters.base import EMPTY, Draft, Estimate
+from spectool.drafters.draft_model import DraftModel
+from spectool.drafters.lookup import PromptLookup
+from spectool.drafters.mtp import Mtp
+
+
+class Hybrid:
+    """Prompt lookup while its evidence holds, the draft model (or the target's MTP head) for the rest of the step:
+    lookup's tokens are offered up to the first one worth less than a draft-model token (Controller.worth:
+    acceptance less what drafting costs), and the draft model continues from there (from the start where lookup
+    finds nothing)."""
+
+    def __init__(self, lookup: PromptLookup, draft: DraftModel | Mtp):
+        self.lookup, self.draft = lookup, draft
+        self._n_lookup = 0
+
+    def prefill(self, history: Sequence[int]) -> None:
+        self.lookup.prefill(history)
+        self.draft.prefill(history)
+
+    def peek(self, history: Sequence[int], k_max: int, estimate: Estimate | None = None) -> list[Key]:
+        keys = list(self.lookup.peek(history, k_max))
+        model = self.draft.peek(history, k_max)
+        bar = {key: estimate(key) for key in set(model)} if estimate is not None else {}
+        j = 0
+        while j < len(keys) and j < len(model) and (estimate is None or estimate(keys[j]) >= bar[model[j]]):
+            j += 1
+        self._n_lookup = j
+        return keys[:j] + model[j:]
+
+    def propose(self, history: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator) -> Draft:
+        j = min(k, self._n_lookup)
+        head = self.lookup.propose(history, j, sampling, rng) if j else EMPTY
+        if k <= len(head.tokens):
+            return head
+        tail = self.draft.propose([*history, *head.tokens], k - len(head.tokens), sampling, rng)
+        if not head.tokens:
+            return tail
+        q = None if tail.q is None else [None] * len(head.tokens) + tail.q
+        return Draft(head.tokens + tail.tokens, q, Source.hybrid, tail.catch_up_seconds)

@@ -1,0 +1,1 @@
+"""Model files: models.toml and references, downloads, the cache, vocabulary compatibility."""
