@@ -446,7 +446,7 @@ def test_calibration_measures_long_batches_where_costs_are_flat(monkeypatch, sha
             return True
 
     ctl = Controller(k_max=32)
-    spec._calibrate(Fake(), [1, 2, 3], ctl, None)
+    spec.calibrate(Fake(), [1, 2, 3], ctl, None)
     assert set(ctl.costs.verify) == measured and set(Fake.sizes) == measured
 
 
@@ -473,7 +473,7 @@ def test_per_position_counts_are_those_of_the_steps(steps):
     (accepted) a token there, counted here step by step."""
     s = Stats()
     for drafted, accepted in steps:
-        s.add_step(Step([0] * (accepted + 1), drafted, accepted, Source.lookup, 0.0, 0.0))
+        s.add_step(Step(tokens=[0] * (accepted + 1), drafted=drafted, accepted=accepted, source=Source.lookup))
     for per_position, count in ((s.drafted_per_position, 0), (s.accepted_per_position, 1)):
         longest = max((step[count] for step in steps), default=0)
         assert per_position == [sum(step[count] > i for step in steps) for i in range(longest)]

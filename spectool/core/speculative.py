@@ -17,26 +17,28 @@ from spectool.llama import native  # noqa: F401, I001 - llama.cpp's libraries be
 import numpy as np  # noqa: E402
 
 from spectool.core.controller import Controller
-from spectool.drafters.base import EMPTY, Drafter
+from spectool.drafters.base import EMPTY, Draft, Drafter
 from spectool.drafters.lookup import PromptLookup
 from spectool.llama.engine import EngineError, Model
-from spectool.core.keys import Key
-from spectool.core.keys import Source
+from spectool.core.keys import Key, Source
 from spectool.core.stats import Stats
 from spectool.core.verify import Sampling, accept_greedy, accept_sampled, backend_chain, dist_at, greedy_rows
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class Step:
+    """One target pass: the tokens it made final, where its drafts came from, and what it cost."""
+
     tokens: list[int]  # the new final tokens: accepted drafts, then the target's own token
-    drafted: int
-    accepted: int
-    source: Source  # none | lookup | draft | hybrid
-    draft_seconds: float
-    verify_seconds: float
-    finish_reason: str | None = None  # set on the last step: "stop" | "length" | "context"
+    drafted: int = 0
+    accepted: int = 0  # of the drafted tokens, before any cut at end-of-generation, the budget or a stop string
+    source: Source = Source.none
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    text: str = ""  # what became final as text, when the generation makes text (generate_text)
+    draft_chars: int = 0  # how much of `text` came from accepted drafts
+    finish_reason: str | None = None  # on the last step: "stop" | "length" | "context" | "interrupted"
     notice: str | None = None  # a one-line message for the user (e.g. the draft model failed)
-    draft_chars: int = 0  # set by generate_text: how much of the step's text came from accepted drafts
 
 
 @dataclass
@@ -52,122 +54,189 @@ class Generation:
     rng: np.random.Generator | None = None  # made from `seed` on first use and kept: a chat's turns go on drawing
     on_prefill: Callable[[int, int], None] | None = None  # hears (done, total) while the prompt is processed
 
+    def __post_init__(self):
+        _freeze_startup_objects()
+
     def random(self) -> np.random.Generator:
         if self.rng is None:
             self.rng = np.random.default_rng(self.seed)
         return self.rng
 
 
+def _never() -> bool:
+    return False
+
+
 def speculative_generate(g: Generation, prompt: Sequence[int], stats: Stats | None = None,
-                         interrupted: Callable[[], bool] = lambda: False) -> Iterator[Step]:
-    """The loop. `interrupted()` is also asked between the prefill's batches: true, it raises KeyboardInterrupt
-    there (the cache holds whole batches), so a Ctrl-C during a long prompt does not wait for its end."""
+                         interrupted: Callable[[], bool] = _never, stop: Sequence[str] | None = None) -> Iterator[Step]:
+    """The loop: a Step per target pass. `interrupted()` is asked between steps (true: a last step, finish reason
+    "interrupted", with any text held back for a stop string) and between the prefill's batches (true: it raises
+    KeyboardInterrupt there, so a Ctrl-C during a long prompt does not wait for its end). `stop`: the steps carry
+    their text, cut at the first of these strings (None: no text is made)."""
     t0 = time.perf_counter()  # prompt processing: everything before the first step
-    _freeze_startup_objects()
-    target, ctl, s = g.target, g.controller, g.sampling
-    temp = 0.0 if s.greedy else s.temp  # acceptance is learnt per temperature (keys.py)
-    rng = g.random()
-    drafter = g.drafter
-    on_graph = backend_chain(s)  # what llama.cpp samples inside its graph: token ids or top-k, not whole rows
-    greedy, window = s.greedy, s.window
     x = list(prompt)
+    n_prefilled = _prefill(g, x, interrupted)
+    drafter, notice = _start_drafter(g, x)
+    if stats is not None:
+        stats.n_prompt_tokens, stats.n_prefilled = len(x), n_prefilled
+        stats.prompt_seconds = time.perf_counter() - t0
+    loop = _Loop(g, x, drafter, notice, stats, None if stop is None else TextStream(g.target, stop))
+    yield from loop.steps(interrupted)
+
+
+class _Loop:
+    """One generation's state between steps: the history x, the drafter, the tokens made so far."""
+
+    def __init__(self, g: Generation, x: list[int], drafter: Drafter | None, notice: str | None,
+                 stats: Stats | None, stream: TextStream | None):
+        self.g, self.x, self.drafter, self.notice, self.stats, self.stream = g, x, drafter, notice, stats, stream
+        self.target, self.ctl, self.sampling, self.rng = g.target, g.controller, g.sampling, g.random()
+        self.temp = 0.0 if g.sampling.greedy else g.sampling.temp  # acceptance is learnt per temperature (keys.py)
+        self.on_graph = backend_chain(g.sampling)  # what llama.cpp samples inside its graph (ids, top-k or rows)
+        self.n_new = 0
+
+    def steps(self, interrupted: Callable[[], bool]) -> Iterator[Step]:
+        x, target = self.x, self.target
+        try:
+            while (room := target.n_ctx - len(x)) >= 0:  # the batch [x[-1], d_1..d_k] must fit: k <= room
+                t0 = time.perf_counter()
+                keys, d = self.draft(min(room, self.g.max_tokens - self.n_new - 1))
+                t1 = time.perf_counter()
+                n_acc, t = self.verify(d)
+                t2 = time.perf_counter()
+                self.observe(keys, d, n_acc, t1 - t0, t2 - t1)
+                step = self.emit([*d.tokens[:n_acc], t], d, n_acc, t1 - t0, t2 - t1)
+                yield step
+                if step.finish_reason:
+                    return
+                if interrupted():
+                    held = self.stream.flush() if self.stream is not None else ""
+                    if held:
+                        yield self.last("interrupted", held)
+                    else:
+                        self.last("interrupted")
+                    return
+            yield self.last("context")
+        finally:
+            target.rollback(len(x) - 1)  # whatever happened, the cache holds x[:-1] and nothing drafted
+
+    def draft(self, k_max: int) -> tuple[list[Key], Draft]:
+        """The keys the controller picked among the drafter's offer, and the draft of that many tokens."""
+        if self.drafter is None:
+            return [], EMPTY
+        ctl, temp = self.ctl, self.temp
+        offer = self.drafter.peek(self.x, min(ctl.k_max, k_max), lambda key: ctl.worth(key.at(temp)))
+        keys = ctl.pick([key.at(temp) for key in offer] if temp else offer)  # the drafter's keys are greedy ones
+        if not keys:
+            return keys, EMPTY
+        try:
+            return keys, self.drafter.propose(self.x, len(keys), self.sampling, self.rng)
+        except EngineError as e:
+            self.drafter, self.notice = _fallback(self.x, e)
+            return keys, EMPTY
+
+    def verify(self, d: Draft) -> tuple[int, int]:
+        """One target pass over [x[-1], d_1..d_k]: how many drafts are accepted, and the target's own next token.
+        The cache then holds x and the accepted drafts."""
+        x, target, s = self.x, self.target, self.sampling
+        recent = x[-s.window:] if s.window else []  # p_i's penalties see x + d_1..d_i
+        target.eval([x[-1], *d.tokens], logits="all", sample=self.on_graph)
+        if s.greedy:
+            n_acc, t = accept_greedy(greedy_rows(target, s, recent, d.tokens), d.tokens)
+        else:
+            n_acc, t = accept_sampled(lambda i: dist_at(target, i, s, recent + d.tokens[:i]), d.q, d.tokens, self.rng)
+        if n_acc < len(d.tokens):
+            target.rollback(len(x) + n_acc)  # keep x and the accepted drafts; t is fed next step
+        return n_acc, t
+
+    def observe(self, keys: list[Key], d: Draft, n_acc: int, draft_seconds: float, verify_seconds: float) -> None:
+        """What the controller learns from a step: the batch's cost, the draft's cost and how far it was accepted.
+        Plain decoding (no drafter) has nothing to decide, so nothing to learn."""
+        if self.drafter is None:
+            return
+        self.ctl.observe_verify(len(d.tokens) + 1, verify_seconds)
+        if d.tokens:
+            self.ctl.observe_draft(keys[: len(d.tokens)], draft_seconds - d.catch_up_seconds)  # catching up is
+            self.ctl.observe_accept(keys, len(d.tokens), n_acc)  # not per token
+
+    def emit(self, new: list[int], d: Draft, n_acc: int, draft_seconds: float, verify_seconds: float) -> Step:
+        """The step, its tokens cut at end-of-generation, the token budget or a stop string, then recorded."""
+        new, finish = self.cut(new)
+        text, draft_chars = "", 0
+        if self.stream is not None:
+            for i, token in enumerate(new):
+                text += self.stream.feed([token])
+                draft_chars = len(text) if i < n_acc else draft_chars
+                if self.stream.stopped:
+                    new, finish = new[: i + 1], "stop"
+                    break
+            if finish and not self.stream.stopped:
+                text += self.stream.flush()
+        self.x.extend(new)
+        self.n_new += len(new)
+        step = Step(tokens=new, drafted=len(d.tokens), accepted=n_acc, source=d.source, draft_seconds=draft_seconds,
+                    verify_seconds=verify_seconds, text=text, draft_chars=draft_chars, finish_reason=finish,
+                    notice=self.notice)
+        self.notice = None
+        if self.stats is not None:
+            self.stats.add_step(step)
+            self.stats.finish_reason = finish
+        return step
+
+    def cut(self, new: list[int]) -> tuple[list[int], str | None]:
+        """`new` up to the first end-of-generation token ("stop") or the token budget ("length")."""
+        end = self.target.first_eog(new)
+        if end < len(new):
+            return new[:end], "stop"
+        if self.n_new + len(new) >= self.g.max_tokens:
+            return new[: self.g.max_tokens - self.n_new], "length"
+        return new, None
+
+    def last(self, finish: str, text: str = "") -> Step:
+        """A step with no pass behind it, that ends the generation."""
+        if self.stats is not None:
+            self.stats.finish_reason = finish
+        return Step(tokens=[], text=text, finish_reason=finish)
+
+
+def _prefill(g: Generation, x: list[int], interrupted: Callable[[], bool]) -> int:
+    """The prompt but its last token into the target's cache (the loop's invariant: the cache holds x[:-1]); how
+    many tokens that decoded (the rest was cached)."""
+    target = g.target
     if not x:
         raise ValueError("empty prompt")
     if len(x) > target.n_ctx:
         raise EngineError(f"the prompt has {len(x)} tokens but the context holds only {target.n_ctx}")
-    if len(x) > 1:
-        def progress(done: int, total: int) -> None:
-            if g.on_prefill is not None:
-                g.on_prefill(done, total)
-            if interrupted():
-                raise KeyboardInterrupt
-
-        n_prefilled = target.sync(x[:-1], logits="none", progress=progress)
-    else:
+    if len(x) == 1:
         target.reset()
-        n_prefilled = 0
-    notice = None
-    if drafter is not None:
-        _calibrate(target, x, ctl, on_graph)
-        try:
-            drafter.prefill(x)  # the draft model's prompt is prompt processing, not drafting
-        except EngineError as e:
-            drafter, notice = _fallback(x, e)
-    if stats is not None:
-        stats.n_prompt_tokens = len(x)
-        stats.n_prefilled = n_prefilled
-        stats.prompt_seconds = time.perf_counter() - t0
-    n_new = 0
+        return 0
 
-    def at_temp(key: Key) -> Key:
-        return key.at(temp)
+    def progress(done: int, total: int) -> None:
+        if g.on_prefill is not None:
+            g.on_prefill(done, total)
+        if interrupted():
+            raise KeyboardInterrupt
 
-    def worth(key: Key) -> float:
-        return ctl.worth(key.at(temp))
+    return target.sync(x[:-1], logits="none", progress=progress)
 
+
+def _start_drafter(g: Generation, x: list[int]) -> tuple[Drafter | None, str | None]:
+    """The drafter, given the prompt (a draft model's prompt is prompt processing, not drafting), after a first
+    run's calibration; prompt lookup instead, with a notice, where the draft model fails."""
+    if g.drafter is None:
+        return None, None
+    calibrate(g.target, x, g.controller, backend_chain(g.sampling))
     try:
-        while True:
-            room = target.n_ctx - len(x)  # the batch [x[-1], d_1..d_k] must fit: k <= room
-            if room < 0:
-                if stats is not None:
-                    stats.finish_reason = "context"
-                yield Step([], 0, 0, Source.none, 0.0, 0.0, finish_reason="context")
-                return
-            # 1. draft
-            t0 = time.perf_counter()
-            d = EMPTY
-            keys: list[Key] = []
-            if drafter is not None:
-                offer = drafter.peek(x, min(ctl.k_max, room, g.max_tokens - n_new - 1), worth)
-                keys = ctl.pick(map(at_temp, offer) if temp else offer)  # the drafter's keys are greedy ones
-                if keys:
-                    try:
-                        d = drafter.propose(x, len(keys), s, rng)
-                    except EngineError as e:
-                        drafter, notice = _fallback(x, e)
-            t1 = time.perf_counter()
-            # 2. verify: one target pass over [x[-1], d_1..d_k]
-            recent = x[-window:] if window else []  # p_i's penalties see x + d_1..d_i
-            target.eval([x[-1], *d.tokens], logits="all", sample=on_graph)
-            if greedy:
-                n_acc, t = accept_greedy(greedy_rows(target, s, recent, d.tokens), d.tokens)
-            else:
-                n_acc, t = accept_sampled(lambda i: dist_at(target, i, s, recent + d.tokens[:i]), d.q, d.tokens,
-                                          rng)
-            if n_acc < len(d.tokens):
-                target.rollback(len(x) + n_acc)  # keep x and the accepted drafts; t is fed next step
-            t2 = time.perf_counter()
-            if drafter is not None:  # plain decoding (no drafter) has nothing to decide, so nothing to learn
-                ctl.observe_verify(len(d.tokens) + 1, t2 - t1)
-                if d.tokens:  # catching up is not per token
-                    ctl.observe_draft(keys[: len(d.tokens)], t1 - t0 - d.catch_up_seconds)
-                    ctl.observe_accept(keys, len(d.tokens), n_acc)
-            # 3. emit, stopping at end-of-generation or the token budget
-            new = [*d.tokens[:n_acc], t]
-            finish = None
-            end = target.first_eog(new)
-            if end < len(new):
-                new, finish = new[:end], "stop"
-            elif n_new + len(new) >= g.max_tokens:
-                new, finish = new[: g.max_tokens - n_new], "length"
-            x.extend(new)
-            n_new += len(new)
-            step = Step(new, len(d.tokens), n_acc, d.source, t1 - t0, t2 - t1, finish, notice)
-            notice = None
-            if stats is not None:
-                stats.add_step(step)
-                stats.finish_reason = finish
-            yield step
-            if finish:
-                return
-    finally:
-        target.rollback(len(x) - 1)  # whatever happened, the cache holds x[:-1] and nothing drafted
+        g.drafter.prefill(x)
+        return g.drafter, None
+    except EngineError as e:
+        return _fallback(x, e)
 
 
 def _freeze_startup_objects() -> None:
     """Once per process, at its first generation: collect, then move every object alive (modules, vocabularies,
-    models) out of the garbage collector's sight (gc.freeze). Its full passes then scan only what generation
-    creates: over all of a process's objects, one took 12-15 ms, landing inside a decoding step."""
+    models) out of the garbage collector's sight (gc.freeze), so that its full passes scan only what generation
+    creates and do not land inside a step (docs/performance.md)."""
     if not _FROZE:
         _FROZE.append(True)
         gc.collect()
@@ -181,7 +250,7 @@ CALIBRATION_SIZES = (1, 2, 4, 8, 16, 32, 64)
 FLAT = 2.0  # past 8 tokens, calibration goes on doubling while a batch costs less than this many single tokens
 
 
-def _calibrate(target: Model, x: list[int], ctl: Controller, sample: int | None) -> None:
+def calibrate(target: Model, x: list[int], ctl: Controller, sample: int | None) -> None:
     """A cost table that has measured no batch yet (a first run on this machine, with these settings) learns what
     batches cost before the first step, instead of trusting priors that may not fit this CPU or GPU: batches of
     1, 2, 4 and 8 tokens after the prompt, each twice (the first of a size is a warm-up), then rolled back; and
@@ -241,41 +310,8 @@ class TextStream:
 
 
 def generate_text(g: Generation, prompt: Sequence[int], stop: Sequence[str] = (), stats: Stats | None = None,
-                  interrupted: Callable[[], bool] = lambda: False):
-    """Yield (text, step) pairs; text is what became final at that step, and its first `step.draft_chars`
-    characters came from accepted drafts. Stops at stop strings too (the tokens past one are dropped from the step
-    and from `stats`), and when `interrupted()` turns true between steps, after a last piece with the text that
-    was held back while a stop string might still match."""
-    stream = TextStream(g.target, stop)
-    gen = speculative_generate(g, prompt, stats, interrupted)
-    try:
-        for step in gen:
-            drafted, own = "", ""
-            for i, tok in enumerate(step.tokens):
-                piece = stream.feed([tok])
-                if i < step.accepted:
-                    drafted += piece
-                else:
-                    own += piece
-                if stream.stopped:
-                    if stats is not None:
-                        stats.n_generated -= len(step.tokens) - i - 1
-                        stats.finish_reason = "stop"
-                    step.tokens, step.finish_reason = step.tokens[: i + 1], "stop"
-                    break
-            else:
-                if step.finish_reason:
-                    own += stream.flush()
-            step.draft_chars = len(drafted)
-            yield drafted + own, step
-            if stream.stopped:
-                return
-            if interrupted():
-                if stats is not None:
-                    stats.finish_reason = "interrupted"
-                held = stream.flush()
-                if held:
-                    yield held, Step([], 0, 0, Source.none, 0.0, 0.0, finish_reason="interrupted")
-                return
-    finally:
-        gen.close()
+                  interrupted: Callable[[], bool] = _never) -> Iterator[tuple[str, Step]]:
+    """Yield (text, step) pairs: the text that became final at each step (its first `step.draft_chars` characters
+    came from accepted drafts), up to the first stop string; see speculative_generate."""
+    for step in speculative_generate(g, prompt, stats, interrupted, stop):
+        yield step.text, step
