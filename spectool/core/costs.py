@@ -74,13 +74,10 @@ class Costs:
     slope_prior: float = 0.2  # extra cost of each further batched token, relative to one token, until measured
     unmeasured: float = 0.9  # sizes not yet measured are priced this much below their estimate, so they get tried
     timed: bool = True
-    # a price above this many times its prediction is doubted until confirmed. On a quiet 2-core VM the prices of
-    # sizes 2-33 stayed within 1.32x of what the smaller sizes predict and 1.12x of what their neighbours on both
-    # sides do (Gemma 3 270M Q4_K_M / F16 / F32, benchmarks/cost_shape.py; docs/performance.md, "The cost table");
-    # a busy spell left a whole table 2.2-2.6x dear, single stalls 3-24x
+    # a price above this many times its prediction is doubted until confirmed: above the spread of a quiet
+    # machine's prices, below a busy spell's (docs/performance.md, "The cost table")
     doubt: float = 1.5
-    # ... and this many times a prediction that rests on the priors (one token's price, the priors' jump and slope):
-    # on the 2-core VMs a batch of 4 or 8 of Gemma 3 270M Q4_K_M cost 0.6-1.8x what the priors make of one token's
+    # ... and this many times a prediction that rests on the priors, which fit a real CPU only roughly (same place)
     doubt_priors: float = 3.0
     confirm: int = 3  # close samples that confirm a price, however far it is from the prediction
     recent: int = 64  # samples further apart than this many verifications are not pooled
@@ -97,7 +94,7 @@ class Costs:
     _warm: set = field(default_factory=set)  # drafters whose first draft was timed (a warm-up)
     _n: int = 0  # verifications observed
     _prices: tuple[int, int, list[float]] = (-1, 0, [])  # (_n, _version) when derived, and verify_costs' list
-    _version: int = 0  # counts the sizes measured for the first time
+    _version: int = 0  # counts the sizes measured for the first time (or afresh)
     _drift: dict[int, list[float]] = field(default_factory=dict)  # by the run that saved a size: this run's first
     # sample of it over its saved price
 
