@@ -71,7 +71,7 @@ class Session:
     """A ready generation: the loaded models, the drafter and controller, and what to call them."""
 
     gen: Generation  # with the session's options
-    mode: str  # the Mode it drafts by (drafted_by), by its value
+    mode: Mode  # what it drafts by (drafted_by)
     target_name: str
     draft_name: str | None
     notices: list[str] = field(default_factory=list)  # one-line messages for the user (fallbacks, pruning)
@@ -306,7 +306,7 @@ def open_session(o: Options, hooks: Hooks = Hooks()) -> Iterator[Session]:
         if warning:
             notices.append(warning)
         controller = Controller(k_max=k_max, k_min=o.draft_min, adaptive=o.draft_min != k_max, costs=costs)
-        s = Session(Generation(target, drafter, controller=controller), mode.value, str(m.target_ref),
+        s = Session(Generation(target, drafter, controller=controller), mode, str(m.target_ref),
                     str(m.draft_ref) if draft_model is not None else None, notices,
                     draft_model if mode in (Mode.draft, Mode.hybrid) else None, controller, k_max, o.draft_min)
         s.gen = generation(s, o)
