@@ -35,6 +35,7 @@ from spectool.llama import engine  # noqa: E402
 from spectool.bench import Contender  # noqa: E402
 from spectool.core.costs import Costs  # noqa: E402
 from spectool.core.stats import Stats  # noqa: E402
+from spectool.options import CTX_SIZE  # noqa: E402
 
 
 def poison(table: dict, factor: float, sizes: range) -> dict:
@@ -85,7 +86,7 @@ def main() -> None:
           f"poisoned {args.factor:g}x\n")
     print("| set | pass | quiet tok/s | poisoned tok/s | ratio | tokens/step quiet | poisoned |\n"
           "|---|---:|---:|---:|---:|---:|---:|")
-    with engine.Model(path, n_ctx=4096, n_threads=args.threads) as target:
+    with engine.Model(path, n_ctx=CTX_SIZE, n_threads=args.threads) as target:
         for name, texts in sets.items():
             prompts = [target.tokenize(t) for t in texts]
             quiet = None

@@ -27,6 +27,7 @@ from run import models  # noqa: E402
 
 from spectool.llama import engine  # noqa: E402
 from spectool.core.costs import Costs  # noqa: E402
+from spectool.options import CTX_SIZE  # noqa: E402
 
 
 def prices(target, prompt: list[int], sizes: int, samples: int) -> dict[int, float]:
@@ -66,7 +67,7 @@ def main() -> None:
           "ratios of sizes 2.. from their neighbours |\n|---|---:|---:|---:|---|")
     text = P.humaneval_prompts(1)[0]
     for name, path in models().items():
-        with engine.Model(path, n_ctx=4096, n_threads=args.threads) as target:
+        with engine.Model(path, n_ctx=CTX_SIZE, n_threads=args.threads) as target:
             measured = prices(target, target.tokenize(text), args.sizes, args.samples)
         below, around = ratios(measured)
         w, v = max(below, key=below.get), max(around, key=around.get)

@@ -36,6 +36,7 @@ from busy_costs import alternate, one_run  # noqa: E402
 from spectool import bench  # noqa: E402
 from spectool.llama import engine  # noqa: E402
 from spectool.bench import Contender  # noqa: E402
+from spectool.options import CTX_SIZE  # noqa: E402
 
 
 def main() -> None:
@@ -58,7 +59,7 @@ def main() -> None:
     print(f"{path.name}, {args.tokens} tokens a prompt, a fresh cost table for every prompt\n")
     print("| set | prompt | plain tok/s | auto tok/s | ratio |\n|---|---:|---:|---:|---:|")
     worst = {}
-    with engine.Model(path, n_ctx=4096, n_threads=args.threads) as target:
+    with engine.Model(path, n_ctx=CTX_SIZE, n_threads=args.threads) as target:
         for name, texts in sets.items():
             ratios, totals = [], [bench.Result("plain"), bench.Result("auto")]
             for i, text in enumerate(texts):
@@ -92,7 +93,7 @@ def busy_minute(path: Path, sets: dict, args) -> None:
           f"every core, then quiet runs on both tables\n")
     print("| set | first run, busy tok/s | quiet runs: undisturbed table tok/s | disturbed table tok/s | ratio | "
           "control: a second undisturbed table |\n|---|---:|---:|---:|---:|---:|")
-    with engine.Model(path, n_ctx=4096, n_threads=args.threads) as target:
+    with engine.Model(path, n_ctx=CTX_SIZE, n_threads=args.threads) as target:
         for name, texts in sets.items():
             prompts = [target.tokenize(t) for t in texts]
             with neighbours():

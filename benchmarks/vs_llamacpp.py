@@ -32,13 +32,14 @@ import llamacpp  # noqa: E402
 import prompts as P  # noqa: E402
 from run import models, on_gpu  # noqa: E402
 
-from spectool import bench  # noqa: E402
+from common import machine  # noqa: E402
 from spectool.llama import engine  # noqa: E402
 from spectool.bench import Contender, Result  # noqa: E402
 from spectool.core.costs import Costs  # noqa: E402
 from spectool.core.speculative import Generation, speculative_generate  # noqa: E402
 from spectool.core.stats import Stats  # noqa: E402
 from spectool.ui import offload_text  # noqa: E402
+from spectool.options import CTX_SIZE  # noqa: E402
 
 SETS = {"code editing (HumanEval)": P.humaneval_prompts, "grounded chat (ShareGPT)": P.grounded_prompts,
         "free-form (ShareGPT)": P.freeform_prompts}
@@ -60,7 +61,7 @@ def run_set(name: str, texts: list[str], model: Path, bins: dict, args) -> list[
     costs = {c.name: Costs() for c in ours}
     repack = not engine.avoid_amx()  # the same weights layout as spectool's (see engine.avoid_amx)
     gpu = on_gpu()
-    with engine.Model(model, n_ctx=4096, n_threads=args.threads, n_gpu_layers="auto") as target:
+    with engine.Model(model, n_ctx=CTX_SIZE, n_threads=args.threads, n_gpu_layers="auto") as target:
         print(f"   spectool's backend: {offload_text({'target': target.offload})}; llama.cpp's tools: "
               f"-ngl {99 if gpu else 0}", flush=True)
         plain_texts = []
@@ -145,7 +146,7 @@ def main() -> None:
             print(f"== {name}", flush=True)
             groups[name] = run_set(name, make(args.prompts), model, bins, args)
             print(table({name: groups[name]}), flush=True)
-    md = (f"Machine: {bench.machine(args.threads)}; llama.cpp "
+    md = (f"Machine: {machine(args.threads)}; llama.cpp "
           f"{llamacpp.llama_cpp_version()} (llama-cpp-python's vendored sources) "
           f"{'GPU backend, every layer on the GPU' if on_gpu() else 'CPU backend'}. Gemma 3 270M F16, greedy, "
           f"{args.prompts} prompts a set, {args.tokens} new tokens. Command: `python benchmarks/vs_llamacpp.py`.\n\n"

@@ -14,11 +14,11 @@ from typing import Callable, Iterator, Sequence
 
 from spectool.core.costs import Costs
 from spectool.core.controller import Controller
-from spectool.options import DRAFT_MAX, Mode, llama_cpp_sampling
+from spectool.options import CTX_SIZE, DRAFT_MAX, Mode, llama_cpp_sampling
 from spectool.models.registry import PAIR_DRAFT_MAX
 from spectool.session import build_drafter
 from spectool.core.speculative import Generation, speculative_generate
-from spectool.core.stats import Stats
+from spectool.core.stats import Rates, Stats
 from spectool.core.verify import Sampling
 
 LLAMA_CPP_SAMPLING = llama_cpp_sampling()  # llama.cpp's default sampling (options.py)
@@ -37,7 +37,7 @@ BUILTIN_PROMPTS = [
 @dataclass
 class Contender:
     name: str
-    mode: Mode  # none | lookup | draft | hybrid
+    mode: Mode
     k_max: int = 0  # most drafts per step (0 with mode none)
     fixed: bool = False
     draft_vocab: int = 0  # > 0: the draft pruned to this many tokens (see prune.py)
@@ -61,24 +61,6 @@ class Contender:
         return f"--spec {Mode(self.mode).value} {k}" + (f" --draft-vocab {self.draft_vocab}" if self.draft_vocab else "")
 
 
-def machine(threads: int | None) -> str:
-    """What a result was measured on, dated: "2026-11-30, Intel(R) Xeon(R) Processor (x86_64, AVX-512), 2 cores (2
-    threads)"."""
-    import datetime
-    import os
-    import platform
-
-    cpu, flags = platform.processor() or platform.machine(), ""
-    try:
-        info = open("/proc/cpuinfo").read()
-        cpu = next(ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name"))
-        flags = ", AVX-512" if " avx512f" in info else ", AVX2" if " avx2" in info else ""
-    except (OSError, StopIteration):
-        pass
-    n = os.cpu_count() or 1
-    return f"{datetime.date.today()}, {cpu} ({platform.machine()}{flags}), {n} cores ({threads or n} threads)"
-
-
 def default_contenders(with_draft: bool, pruned_vocab: int = 0, pair_draft_max: int = PAIR_DRAFT_MAX) -> list[Contender]:
     """spectool's modes as `spectool run` runs them (lookup up to DRAFT_MAX, the draft model up to the pair's
     draft_max, hybrid twice that), and fixed draft lengths beside them."""
@@ -95,7 +77,7 @@ def default_contenders(with_draft: bool, pruned_vocab: int = 0, pair_draft_max: 
 
 
 @dataclass
-class Result:
+class Result(Rates):
     contender: str
     prompts: int = 0
     generated: int = 0  # every token generated
@@ -109,17 +91,9 @@ class Result:
     speedup: float = 0.0
     outputs: list[list[int]] = field(default_factory=list, repr=False)
 
-    @property
-    def tokens_per_second(self) -> float:
-        return self.tokens / self.seconds if self.seconds else 0.0
-
-    @property
-    def acceptance(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
-
-    @property
-    def mean_accepted_length(self) -> float:
-        return self.generated / self.steps if self.steps else 0.0
+    def counters(self) -> tuple[int, int, int, int, int, float]:
+        """Speed is on the stream's clock (see the module)."""
+        return self.drafted, self.accepted, self.generated, self.steps, self.tokens, self.seconds
 
     def add(self, st: Stats, tokens: list[int], timed_tokens: int, seconds: float) -> None:
         """One prompt's generation: `timed_tokens` came out in `seconds` (the stream's clock, see the module)."""
@@ -135,7 +109,7 @@ class Result:
     def to_json(self) -> dict:
         d = asdict(self)
         d.pop("outputs")
-        d |= {"tokens_per_second": round(self.tokens_per_second, 3), "acceptance": round(self.acceptance, 4),
+        d |= {"tokens_per_second": round(self.tokens_per_second, 3), "acceptance": round(self.acceptance_rate, 4),
               "mean_accepted_length": round(self.mean_accepted_length, 4)}
         return d
 
@@ -185,10 +159,11 @@ def run(target, drafts: dict, prompts: Sequence[list[int]], contenders: Sequence
 
 
 def reference(name: str, path, texts: Sequence[str], max_tokens: int, sampling: Sampling, threads: int | None,
-              expected: Sequence[str] = (), **options) -> tuple[Result, Iterator[None]]:
+              expected: Sequence[str] = (), say: Callable[[str], None] = lambda line: None,
+              **options) -> tuple[Result, Iterator[None]]:
     """llama-cpp-python's own generation as a contender (see reference_completions): its Result, and an
-    iterator that runs one prompt a step and adds it to the Result (`run` interleaves it with its contenders;
-    `drain` runs them all). A prompt it crashes on counts as failed; `identical` counts the outputs equal to
+    iterator that runs one prompt a step and adds it to the Result (`run` interleaves it with its contenders).
+    A prompt it crashes on counts as failed, and `say` hears why; `identical` counts the outputs equal to
     `expected` (plain decoding's texts)."""
     r = Result(name)
 
@@ -197,7 +172,7 @@ def reference(name: str, path, texts: Sequence[str], max_tokens: int, sampling: 
         for i, out in enumerate(outs):
             if isinstance(out, Exception):
                 r.failed += 1
-                print(f"  {name} failed: {type(out).__name__}: {str(out)[:100]}", flush=True)
+                say(f"{name} failed: {type(out).__name__}: {str(out)[:100]}")
             else:
                 r.prompts += 1
                 r.generated += out[1] + 1
@@ -209,12 +184,6 @@ def reference(name: str, path, texts: Sequence[str], max_tokens: int, sampling: 
     return r, steps()
 
 
-def drain(baseline: tuple[Result, Iterator[None]]) -> Result:
-    for _ in baseline[1]:
-        pass
-    return baseline[0]
-
-
 def markdown_table(results: Sequence[Result], title: str = "") -> str:
     lines = [f"**{title}**", ""] if title else []
     lines += [
@@ -222,7 +191,7 @@ def markdown_table(results: Sequence[Result], title: str = "") -> str:
         "|---|---:|---:|---:|---:|---:|",
     ]
     for r in results:
-        acc = f"{100 * r.acceptance:.0f}%" if r.drafted else "-"
+        acc = f"{100 * r.acceptance_rate:.0f}%" if r.drafted else "-"
         steps = f"{r.mean_accepted_length:.2f}" if r.steps else "-"
         same = "-" if r.identical < 0 else f"{r.identical}/{r.prompts + r.failed}"
         same += f" ({r.failed} crashed)" if r.failed else ""
@@ -237,6 +206,22 @@ def recommend(results: Sequence[Result], contenders: Sequence[Contender]) -> str
         return "plain decoding won on these prompts: drafts did not pay (spectool run --spec none)"
     return (f"fastest: {best.contender}, {best.speedup:.2f}x plain ({best.tokens_per_second:.1f} tok/s): "
             f"spectool run {flags}")
+
+
+def report(c: Comparison, reset_costs: bool = False) -> str:
+    """What `spectool bench` prints: the greedy and sampled tables, the recommendation and the cost tables."""
+    s = LLAMA_CPP_SAMPLING
+    parts = [markdown_table(c.results, f"{c.model_name}, greedy: {c.prompts} prompts, {c.max_tokens} tokens each; "
+                                       "speedups over plain decoding")]
+    if c.sampled:
+        parts += ["", markdown_table(c.sampled, f"temperature {s.temp:g}, top-k {s.top_k}, top-p {s.top_p:g}, min-p "
+                                                f"{s.min_p:g}: speedups over llama-cpp-python's own plain sampling")]
+    parts += ["", recommend(c.results, c.contenders), ""]
+    if reset_costs:
+        parts.append(f"removed {c.costs_removed} saved cost table{'' if c.costs_removed == 1 else 's'}")
+    parts += [f"cost table: {line}" for line in
+              c.cost_tables or ["none saved yet: the first `spectool run` measures this machine's costs"]]
+    return "\n".join(parts)
 
 
 def plot(groups: dict[str, Sequence[Result]], path: str) -> None:
@@ -289,7 +274,7 @@ def read_prompts(path: str) -> list[str]:
 
 
 def reference_completions(path, texts: Sequence[str], max_tokens: int, sampling: Sampling, *, seed: int = 0,
-                          n_threads: int | None = None, n_ctx: int = 4096, draft_model=None, n_gpu_layers: int = 0):
+                          n_threads: int | None = None, n_ctx: int = CTX_SIZE, draft_model=None, n_gpu_layers: int = 0):
     """llama-cpp-python's own high-level generation (`Llama.create_completion`, its sampler chain in C++), the
     baseline benchmarks compare against. Yields (text, tokens after the first, seconds from the first streamed
     token to the last) per prompt, or the exception a prompt raised. The model is loaded with the same buffer
@@ -381,7 +366,7 @@ def compare(o, texts: Sequence[str], draft_vocab: int, with_sampled: bool, hooks
         if pruned_vocab:
             pruned, ids, _ = pruned_draft(stack, draft, pruned_vocab, o, hooks, keep_original=True)
             drafts[pruned_vocab] = (pruned, ids)
-        contenders = default_contenders(draft is not None, pruned_vocab, refs[2])
+        contenders = default_contenders(draft is not None, pruned_vocab, refs.draft_max)
         adaptive = [c for c in contenders if not c.fixed] if with_sampled else []
         tokens = [target.tokenize(t) for t in texts]
         total = len(tokens) * (len(contenders) + len(adaptive))
@@ -391,7 +376,8 @@ def compare(o, texts: Sequence[str], draft_vocab: int, with_sampled: bool, hooks
         sampled = []
         if adaptive:
             progress("llama-cpp-python, sampled", 0, total)
-            base = reference("llama-cpp-python plain", target.path, texts, o.max_tokens, LLAMA_CPP_SAMPLING, o.threads)
+            base = reference("llama-cpp-python plain", target.path, texts, o.max_tokens, LLAMA_CPP_SAMPLING, o.threads,
+                             say=hooks.say)
             sampled = run(target, drafts, tokens, adaptive, o.max_tokens, on_done=done, sampling=LLAMA_CPP_SAMPLING,
                           baseline=base)
         return Comparison(str(m.target_ref), str(m.draft_ref) if m.draft_ref else None, target.path.name, len(texts),

@@ -9,11 +9,14 @@ those, and prompt lookup searches the earlier turns.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from spectool.llama.engine import EngineError
 from spectool.core.speculative import Generation, Step, generate_text
 from spectool.core.stats import Stats
+
+if TYPE_CHECKING:
+    from spectool.session import Session
 
 # without a chat template the conversation is "User: ... / Assistant: ..." lines: a reply ends where the model
 # starts the next turn, of either side (a base model, asked something, tends to write both)
@@ -167,8 +170,8 @@ HELP = """commands:
   /exit          leave (Ctrl-D too); Ctrl-C stops a reply and keeps the session"""
 
 
-def repl(s, system: str | None, color_drafts: bool, quiet: bool, say: Callable[[str], None]) -> int:
-    """`spectool chat` over a loaded session.Session: read a line, stream the reply to stdout, the summary and
+def repl(s: Session, system: str | None, color_drafts: bool, quiet: bool, say: Callable[[str], None]) -> int:
+    """`spectool chat` over a loaded Session: read a line, stream the reply to stdout, the summary and
     messages to stderr (`say`). Returns the exit code (0; 143 after SIGTERM)."""
     import sys
 

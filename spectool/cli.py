@@ -1,5 +1,6 @@
-"""The command line: Typer declarations and printing. Options are declared once in options.py; the work is done
-by the session layer (run, chat, serve, bench), chat.py (the REPL), bench.py and devices.py (info, worker).
+"""The command line: Typer declarations and printing. Options are declared once in options.py, errors become one
+line in cli_errors.py; the work is done by the session layer (run, chat, serve, bench), chat.py (the REPL),
+bench.py and devices.py (info, worker).
 
 Heavy modules (llama_cpp, numpy, huggingface_hub) are imported inside commands so `spectool --help` is instant.
 """
@@ -17,9 +18,10 @@ from typing import Annotated, Optional
 import typer
 
 from spectool import __version__
-from spectool.options import COMMON, DRAFTING, GENERATION, HARDWARE, LLAMA_CPP_TEMP, MODELS, SAMPLING, Options, \
-    UserError, takes
-from spectool.signals import SigintFlag, Terminated, on_sigterm
+from spectool.cli_errors import cli_errors
+from spectool.options import COMMON, DRAFTING, GENERATION, HARDWARE, LLAMA_CPP_TEMP, MODELS, SAMPLING, SERVE, \
+    Options, UserError, takes
+from spectool.signals import SigintFlag, on_sigterm
 
 app = typer.Typer(
     name="spectool",
@@ -52,43 +54,6 @@ def _root(
     ] = False,
 ) -> None:
     """Fast local LLM generation with speculative decoding over llama.cpp."""
-
-
-# -- errors ------------------------------------------------------------------------------------------------------
-def _error_table():
-    from spectool.llama.engine import DecodeError, DoesNotFit, ModelLoadError
-    from spectool.llama.devices import RpcError
-    from spectool.models.hub import HubError
-    from spectool.models.registry import RegistryError
-
-    return {
-        UserError: "", HubError: "", RegistryError: "", RpcError: "", DoesNotFit: "",
-        ModelLoadError: "check the path, or that the file is a complete GGUF model",
-        DecodeError: "try a smaller --ctx-size or fewer --gpu-layers",
-        UnicodeDecodeError: "spectool reads UTF-8 text",
-        OSError: "",
-    }
-
-
-@contextlib.contextmanager
-def cli_errors(debug: bool):
-    """Every command's body: errors become one line (see _error_table), interrupts exit 130 / 143."""
-    try:
-        yield
-    except typer.Exit:
-        raise
-    except KeyboardInterrupt as e:
-        print("spectool: interrupted", file=sys.stderr)
-        raise typer.Exit(143 if isinstance(e, Terminated) else 130) from None
-    except BrokenPipeError:  # the reader went away (`| head`): stop at once and say nothing, as cat does
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
-        raise typer.Exit(141) from None
-    except Exception as e:  # noqa: BLE001 - mapped to one line by the error table
-        if debug:
-            raise
-        hint = next((h for t, h in _error_table().items() if isinstance(e, t)), "run with --debug for the full traceback")
-        print(f"error: {e}{f' ({hint})' if hint else ''}".replace("\n", " "), file=sys.stderr)
-        raise typer.Exit(getattr(e, "code", 1) if isinstance(e, UserError) else 1) from None
 
 
 # -- helpers -----------------------------------------------------------------------------------------------------
@@ -221,7 +186,10 @@ def run(
 
 # -- chat --------------------------------------------------------------------------------------------------------
 @app.command(epilog="Examples:\n\n  spectool chat --pair demo-chat\n\n"
-             "  spectool chat -m model.gguf --system \"You are terse.\"")
+             "  spectool chat -m model.gguf --system \"You are terse.\"",
+             help="Chat in the terminal, with the model's chat template and the conversation kept in the KV cache. "
+             f"Samples with llama.cpp's defaults (temperature {LLAMA_CPP_TEMP:g}); --temp 0 for greedy. /help lists "
+             "the commands.")
 @takes(MODELS, DRAFTING, GENERATION, SAMPLING, HARDWARE, COMMON, temp=LLAMA_CPP_TEMP, max_tokens=512)
 def chat(
     o: Options,
@@ -229,8 +197,7 @@ def chat(
     color_drafts: ColorDrafts = False,
     quiet: Quiet = False,
 ) -> None:
-    """Chat in the terminal, with the model's chat template and the conversation kept in the KV cache. Samples
-    with llama.cpp's defaults (temperature 0.8); --temp 0 for greedy. /help lists the commands."""
+    """Chat in the terminal (the help is the decorator's: it names llama.cpp's temperature from options.py)."""
     from spectool.chat import repl
 
     with cli_errors(o.debug), session(o) as s:
@@ -242,15 +209,13 @@ def chat(
 # -- serve -------------------------------------------------------------------------------------------------------
 @app.command(epilog="Examples:\n\n  spectool serve --pair demo-chat\n\n"
              "  spectool serve -m big.gguf -md small.gguf --host 0.0.0.0 --port 8080 --api-key SECRET")
-@takes(MODELS, DRAFTING, GENERATION, SAMPLING, HARDWARE, "max_body_bytes", "body_timeout", COMMON)
+@takes(MODELS, DRAFTING, GENERATION, SAMPLING, HARDWARE, SERVE, COMMON)
 def serve(
     o: Options,
     host: Host = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Port to listen on.")] = 8080,
     api_key: Annotated[Optional[str], typer.Option(
         "--api-key", envvar="SPECTOOL_API_KEY", help="Require 'Authorization: Bearer KEY' on every request.")] = None,
-    queue: Annotated[int, typer.Option("--queue", min=0, help="Requests that may wait for their turn; "
-                                                              "one more gets a 503.")] = 8,
 ) -> None:
     """An OpenAI-compatible server (/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics) with
     speculative decoding. The generation options are the defaults of requests that do not set them (greedy unless
@@ -268,7 +233,7 @@ def serve(
                             "pip install uvicorn starlette") from None
         with session(o) as s:
             model_id = o.pair or Path(str(s.gen.target.path)).stem
-            run_server(s, o, model_id, host, port, api_key, queue, say=say)
+            run_server(s, o, model_id, host, port, api_key, say=say)
 
 
 # -- bench -------------------------------------------------------------------------------------------------------
@@ -284,8 +249,8 @@ def bench(
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG chart of the speedups.")] = None,
     as_json: AsJson = False,
     sampled: Annotated[bool, typer.Option(
-        "--sampled/--greedy-only", help="Also measure sampling at temperature 0.8 with llama.cpp's defaults, "
-        "against llama-cpp-python's own plain sampling.")] = True,
+        "--sampled/--greedy-only", help=f"Also measure sampling at temperature {LLAMA_CPP_TEMP:g} with llama.cpp's "
+        "defaults, against llama-cpp-python's own plain sampling.")] = True,
     reset_costs: Annotated[bool, typer.Option(
         "--reset-costs", help="First remove the target's saved cost tables (what `run` learnt this machine "
         "charges): later runs measure afresh.")] = False,
@@ -306,25 +271,9 @@ def bench(
             c = B.compare(o, texts, draft_vocab, sampled, hooks(), lambda description, advance, total: progress.update(
                 task, advance=advance, total=total, description=description), reset_costs=reset_costs)
         if plot:
-            B.plot({"greedy": c.results, "temperature 0.8": c.sampled} if c.sampled else {c.model_name: c.results},
-                   str(plot))
-        if as_json:
-            print(json.dumps(c.to_json(), indent=2))
-            return
-        print(B.markdown_table(c.results, f"{c.model_name}, greedy: {c.prompts} prompts, {c.max_tokens} tokens "
-                                          "each; speedups over plain decoding"))
-        if c.sampled:
-            s = B.LLAMA_CPP_SAMPLING
-            print()
-            print(B.markdown_table(c.sampled, f"temperature {s.temp:g}, top-k {s.top_k}, top-p {s.top_p:g}, min-p "
-                                              f"{s.min_p:g}: speedups over llama-cpp-python's own plain sampling"))
-        print()
-        print(B.recommend(c.results, c.contenders))
-        print()
-        if reset_costs:
-            print(f"removed {c.costs_removed} saved cost table{'' if c.costs_removed == 1 else 's'}")
-        for line in c.cost_tables or ["none saved yet: the first `spectool run` measures this machine's costs"]:
-            print(f"cost table: {line}")
+            B.plot({"greedy": c.results, f"temperature {B.LLAMA_CPP_SAMPLING.temp:g}": c.sampled} if c.sampled
+                   else {c.model_name: c.results}, str(plot))
+        print(json.dumps(c.to_json(), indent=2) if as_json else B.report(c, reset_costs))
 
 
 # -- check -------------------------------------------------------------------------------------------------------
@@ -405,22 +354,10 @@ def info(o: Options, as_json: AsJson = False) -> None:
     if as_json:
         print(json.dumps(data, indent=2))
         return
-    mib = 1 << 20
-    rows = [("spectool", data["spectool"]),
-            ("llama.cpp", f"llama-cpp-python {data['llama_cpp_python']}, ggml {data['ggml']} ({data['ggml_commit']})"),
-            ("CPU", data["system_info"]),
-            ("GPU offload", "yes: -ngl auto offloads every layer" if data["gpu_offload"] else
-             "no GPU device (a CPU-only build, or no driver): -ngl auto keeps the layers on the CPU"),
-            ("RPC", "built in (spectool worker, --rpc)" if data["rpc"] else devices.REINSTALL_RPC),
-            ("threads", f"{data['threads']} by default (-t)")]
-    rows += [(f"device {d['name']}", f"{d['type']}, {d['backend']}: {d['description']}; "
-              f"{d['memory_total'] // mib} MiB, {d['memory_free'] // mib} MiB free") for d in data["devices"]]
-    rows += [(f"{k} folder", v) for k, v in data["paths"].items()]
-    rows += [("cost table", t) for t in data["cost_tables"] or ["none saved yet (spectool run measures and keeps "
-                                                                 "this machine's costs; bench --reset-costs clears)"]]
-    width = max(len(k) for k, _ in rows)
-    for k, v in rows:
-        print(f"{k:<{width}}  {v}")
+    from spectool.ui import info_lines
+
+    for line in info_lines(data):
+        print(line)
 
 
 @app.command(epilog="Examples:\n\n  spectool worker\n\n  spectool worker --host 0.0.0.0 --port 50052 -t 8\n\n"

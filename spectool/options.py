@@ -18,6 +18,7 @@ from spectool.core.controller import DRAFT_MAX  # noqa: F401 - the front ends' n
 # llama.cpp's temperature (common/common.h: temp 0.80): chat's default and the benchmarks' sampled runs. `run` and
 # `serve` default to 0 (greedy) so that pipes, code edits and API calls reproduce.
 LLAMA_CPP_TEMP = 0.8
+CTX_SIZE = 4096  # -c's default: the context the benchmarks and the pairs' memory figures assume too
 
 
 class Mode(StrEnum):
@@ -89,7 +90,7 @@ def _threads(value: int | None) -> int | None:
     import sys
 
     cores = os.cpu_count() or 1
-    if value is not None and value > cores:  # llama.cpp takes any number, and crawls: -t 1000 made 5 tokens in 50 s
+    if value is not None and value > cores:  # llama.cpp takes any number, and crawls (docs/performance.md)
         print(f"spectool: warning: -t {value} is more threads than this machine's {cores} CPU cores; llama.cpp "
               "slows down when threads outnumber the cores", file=sys.stderr)
     return value
@@ -159,7 +160,8 @@ class Options:
     seed: Optional[int] = opt(None, "--seed", group=SAMPLING, min=0, request="seed",
                               help="Random seed for sampling: the same seed, the same text.")
     # -- hardware
-    ctx_size: int = opt(4096, "--ctx-size", "-c", group=HARDWARE, min=0, help="Context size in tokens (0 = the model's).")
+    ctx_size: int = opt(CTX_SIZE, "--ctx-size", "-c", group=HARDWARE, min=0,
+                        help="Context size in tokens (0 = the model's).")
     threads: Optional[int] = opt(None, "--threads", "-t", group=HARDWARE, min=1, parse=_threads,
                                   help="CPU threads.")
     gpu_layers: str = opt("auto", "--gpu-layers", "-ngl", group=HARDWARE, metavar="N|auto|all", parse=_gpu_layers,
@@ -179,6 +181,8 @@ class Options:
     body_timeout: int = opt(30, "--body-timeout", group=SERVE, min=1,
                             help="Seconds a client has to send its whole request body; then a 408 and the connection "
                             "closes.")
+    queue: int = opt(8, "--queue", group=SERVE, min=0, help="Requests that may wait for their turn; one more gets a "
+                     "503.")
     # -- common
     yes: bool = opt(False, "--yes", "-y", group=COMMON, help="Download without asking.")
     debug: bool = opt(False, "--debug", group=COMMON, help="Show tracebacks and llama.cpp's log.")
@@ -201,7 +205,7 @@ class Options:
 
 
 def llama_cpp_sampling():
-    """llama.cpp's default sampling (temperature 0.8, top-k 40, top-p 0.95, min-p 0.05)."""
+    """llama.cpp's default sampling: LLAMA_CPP_TEMP and the declared top-k, top-p and min-p."""
     return replace(Options(), temp=LLAMA_CPP_TEMP).sampling()
 
 

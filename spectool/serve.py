@@ -3,9 +3,9 @@
 One model, one sequence: requests take turns in arrival order (a bounded queue answers 503 when full), each
 generation runs in a worker thread and streams its text through an asyncio queue, and a client that goes away
 (streamed or not) stops its generation at the next step. The event loop only moves bytes: a request's body is read
-within a size limit (413) and a time limit (408), then parsed and tokenized in a thread of its own. The KV cache
-keeps what the previous request shared with the next (its longest common token prefix), so an agent that resends
-its whole conversation prefills only what is new.
+within a size limit (413) and a time limit (408), then parsed and tokenized in a thread of its own
+(serve_requests.py). The KV cache keeps what the previous request shared with the next (its longest common token
+prefix), so an agent that resends its whole conversation prefills only what is new.
 """
 
 from __future__ import annotations
@@ -17,57 +17,15 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
-from spectool.options import Options, UserError, in_request, request_options
-from spectool.session import Session, generation
+from spectool.options import Options, UserError
+from spectool.serve_requests import ApiError, parse
+from spectool.session import Session
 
 # --max-body-bytes 0: a token is about 4 bytes of text, and JSON may spell one character in 12 bytes (two \uXXXX
 # escapes); 64 bytes a token leaves room for that and for a conversation's framing
 BODY_BYTES_PER_TOKEN = 64
-
-# request fields this server does not honour, and the values that ask nothing of it: anything else is a 400 that
-# names the field (a client that asked for three samples, log-probabilities or JSON is told, not sent free text)
-UNHONOURED = {
-    "n": (None, 1), "best_of": (None, 1), "logprobs": (None, False, 0), "top_logprobs": (None, 0),
-    "echo": (None, False), "suffix": (None, ""), "logit_bias": (None, {}), "tools": (None, []),
-    "tool_choice": (None, "none", "auto"), "functions": (None, []), "function_call": (None, "none", "auto"),
-    "response_format": (None, {"type": "text"}), "audio": (None,), "modalities": (None, ["text"]),
-}
-
-
-def unhonoured(body: dict) -> None:
-    for name, fine in UNHONOURED.items():
-        value = body.get(name)
-        if not any(value == ok and type(value) is type(ok) for ok in fine):
-            raise ApiError(400, f"'{name}' is not supported by this server (it was sent as {json.dumps(value)[:60]}); "
-                                "leave it out", code="unsupported_field", param=name)
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", code: str | None = None,
-                 param: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.type, self.code, self.param = status, message, type_, code, param
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "code": self.code, "param": self.param}}
-
-
-def invalid(name: str, message: str) -> ApiError:
-    return ApiError(400, f"'{name}' {message}", code=f"invalid_{name}", param=name)
-
-
-def stream_and_stop(body: dict) -> tuple[bool, list[str]]:
-    """The request's `stream` (true or false) and `stop` (a string or a list of strings) by their types, else a 400
-    naming the field; the numeric fields are checked by their declarations (options.request_options)."""
-    stream, stop = body.get("stream"), body.get("stop")
-    if stream is not None and not isinstance(stream, bool):
-        raise invalid("stream", f"must be true or false (it was sent as {json.dumps(stream)[:60]})")
-    stop = [] if stop is None else [stop] if isinstance(stop, str) else stop
-    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
-        raise invalid("stop", "must be a string or a list of strings")
-    return bool(stream), [s for s in stop if s]
 
 
 @dataclass
@@ -93,10 +51,13 @@ class Totals:
 
 
 class Server:
+    """The server's state: the session it generates with, `options` (the requests' defaults and --queue,
+    --max-body-bytes, --body-timeout), the turn of each request and the totals /metrics reports."""
+
     def __init__(self, session: Session, options: Options, model_id: str, api_key: str | None = None,
-                 queue_size: int = 8, say=print):
+                 say: Callable[[str], None] = print):
         self.session, self.options, self.model_id = session, options, model_id
-        self.api_key, self.queue_size, self.say = api_key, queue_size, say
+        self.api_key, self.say = api_key, say
         self.max_body = options.max_body_bytes or BODY_BYTES_PER_TOKEN * session.gen.target.n_ctx
         self.turn = threading.Condition()  # one generation at a time, in arrival order (tickets)
         self.next_ticket = self.serving = 0
@@ -107,54 +68,9 @@ class Server:
 
     # -- requests ------------------------------------------------------------------------------------------------
     def generation(self, raw: bytes, chat: bool):
-        """(Generation for this request, prompt tokens, stop strings, stream) from its body, the request's fields
-        over the server's options; a field the server does not honour is a 400 naming it (UNHONOURED), never
-        ignored. Runs in a thread: parsing and tokenizing a large body never holds up the event loop."""
-        from spectool.chat import FALLBACK_STOP, TemplateError, prompt_tokens
-
-        try:  # (Python reads NaN and Infinity too: the field that holds one is named below)
-            body = json.loads(raw)
-        except ValueError:
-            raise ApiError(400, "the request body is not valid JSON", code="invalid_json") from None
-        if not isinstance(body, dict):
-            raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
-        unhonoured(body)
-        stream, more = stream_and_stop(body)
-        target = self.session.gen.target
-        if chat:
-            messages = body.get("messages")
-            if not isinstance(messages, list) or not messages or not all(
-                    isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
-                raise ApiError(400, "'messages' must be a non-empty list of {role, content} objects",
-                               code="invalid_messages")
-            try:
-                tokens = prompt_tokens(target, [{"role": m["role"], "content": _content(m, i)}
-                                                for i, m in enumerate(messages)])
-            except TemplateError as e:
-                raise ApiError(400, str(e), code="invalid_messages", param="messages") from None
-            stop = list(FALLBACK_STOP) if target.chat_template() is None else []
-        else:
-            prompt = body.get("prompt")
-            if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-                prompt = prompt[0]
-            if not isinstance(prompt, str) or not prompt:
-                raise ApiError(400, "'prompt' must be a non-empty string", code="invalid_prompt")
-            tokens = target.tokenize(prompt, add_special=True, parse_special=True)
-            stop = []
-        stop += more
-        if chat and body.get("max_completion_tokens") is not None:
-            body = {**body, "max_tokens": body["max_completion_tokens"]}
-        if len(tokens) >= target.n_ctx:
-            raise ApiError(400, f"the prompt has {len(tokens)} tokens but the context holds {target.n_ctx}",
-                           code="context_length_exceeded")
-        try:  # the request's fields over the server's options, by their declarations (options.py), as `run` does
-            gen = generation(self.session, request_options(self.options, body))
-        except UserError as e:
-            if e.option is None:
-                raise
-            name, message = in_request(e)
-            raise ApiError(400, message, code=f"invalid_{name}", param=name) from None
-        return gen, tokens, stop, stream
+        """(Generation, prompt tokens, stop strings, stream) of a request's body (serve_requests.parse). Runs in a
+        thread: parsing and tokenizing a large body never holds up the event loop."""
+        return parse(raw, chat, self.session, self.options)
 
     async def body(self, request) -> bytes:
         """The request's body, at most `max_body` bytes (413) and sent within --body-timeout seconds (408); both
@@ -260,7 +176,7 @@ class Server:
             # one model is served: any `model` names it, as with llama-server (responses name the real one)
             gen, tokens, stop, stream = await asyncio.to_thread(self.generation, raw, chat)
             with self.counting:
-                if self.waiting >= self.queue_size:
+                if self.waiting >= self.options.queue:
                     self.totals.rejected += 1
                     raise ApiError(503, f"busy: {self.waiting} requests are waiting; try again later",
                                    "server_error", "queue_full")
@@ -390,23 +306,6 @@ def _finish(stats) -> str:
     return "length" if stats.finish_reason in ("length", "context") else "stop"
 
 
-def _content(m: dict, i: int) -> str:
-    """A message's content: a string, or OpenAI's array of content parts, whose text parts are joined with
-    newlines as llama.cpp's server joins them (common/chat.cpp, concat_content_parts). Other parts are refused by
-    type: this server reads text only."""
-    c = m.get("content")
-    if isinstance(c, str):
-        return c
-    if isinstance(c, list) and c and all(isinstance(part, dict) for part in c):
-        other = sorted({str(part.get("type")) for part in c
-                        if part.get("type") != "text" or not isinstance(part.get("text"), str)})
-        if other:
-            raise ApiError(400, f"messages[{i}].content has parts of type {', '.join(other)}; this server takes "
-                                "text parts only", code="unsupported_content")
-        return "\n".join(part["text"] for part in c)
-    raise ApiError(400, f"messages[{i}].content must be a string or a list of text parts", code="invalid_messages")
-
-
 def check_api_key(api_key: str | None) -> None:
     """An empty --api-key would turn authentication off without a word: refused (before the model loads)."""
     if api_key is not None and not api_key.strip():
@@ -415,12 +314,12 @@ def check_api_key(api_key: str | None) -> None:
 
 
 def serve(session: Session, options: Options, model_id: str, host: str, port: int, api_key: str | None,
-          queue_size: int = 8, say=print) -> None:
+          say: Callable[[str], None] = print) -> None:
     """Serve until Ctrl-C or SIGTERM (uvicorn's own handling: the response in progress finishes, then it stops)."""
     import uvicorn
 
     check_api_key(api_key)
-    server = Server(session, options, model_id, api_key, queue_size, say)
+    server = Server(session, options, model_id, api_key, say)
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         say(f"warning: serving on {host} without --api-key: anyone who can reach this port can use the model")
     say(f"serving {model_id} on http://{host}:{port}/v1 ({session.mode}); Ctrl-C stops")

@@ -10,9 +10,18 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, ContextManager, Iterator
+from typing import TYPE_CHECKING, Callable, ContextManager, Iterator, NamedTuple
 
 from spectool.options import DRAFT_MAX, Options, Mode, UserError  # noqa: F401 - the session layer's vocabulary
+
+if TYPE_CHECKING:  # importing them would load llama.cpp before it is needed
+    import numpy as np
+
+    from spectool.core.controller import Controller
+    from spectool.core.speculative import Generation
+    from spectool.drafters.base import Drafter
+    from spectool.llama.engine import Model, MtpContext
+    from spectool.models.registry import ModelRef
 
 
 class _NoBar:
@@ -39,12 +48,20 @@ class Hooks:
     say: Callable[[str], None] = lambda line: None
 
 
+class Refs(NamedTuple):
+    """Which models to load (resolve_models)."""
+
+    target: ModelRef
+    draft: ModelRef | None
+    draft_max: int  # the pair's draft length, else DRAFT_MAX
+
+
 @dataclass
 class Loaded:
-    target: object  # engine.Model
-    draft: object | None  # engine.Model, or None when none was asked for or it could not be used
-    target_ref: object
-    draft_ref: object | None
+    target: Model
+    draft: Model | None  # None when none was asked for or it could not be used
+    target_ref: ModelRef
+    draft_ref: ModelRef | None
     draft_error: Exception | None = None  # why a draft that was asked for is not there
     draft_notice: str = ""
 
@@ -53,13 +70,13 @@ class Loaded:
 class Session:
     """A ready generation: the loaded models, the drafter and controller, and what to call them."""
 
-    gen: object  # speculative.Generation, with the session's options
-    mode: str  # none | lookup | draft | hybrid
+    gen: Generation  # with the session's options
+    mode: Mode  # what it drafts by (drafted_by)
     target_name: str
     draft_name: str | None
     notices: list[str] = field(default_factory=list)  # one-line messages for the user (fallbacks, pruning)
-    draft_model: object | None = None  # engine.Model in use by the drafter, if any
-    controller: object | None = None  # controller.Controller that learns this machine's costs, timed
+    draft_model: Model | None = None  # in use by the drafter, if any
+    controller: Controller | None = None  # the timed one that learns this machine's costs
     k_max: int = DRAFT_MAX
     k_min: int = 0
 
@@ -114,8 +131,8 @@ def generation(s: Session, o: Options):
                    on_prefill=None)
 
 
-def resolve_models(o: Options):
-    """(target ref, draft ref or None, the pair's draft length) from -m / -md / --pair / the default pair."""
+def resolve_models(o: Options) -> Refs:
+    """The models of -m / -md / --pair / the default pair."""
     from spectool.models import registry
 
     if o.pair and o.model:
@@ -131,10 +148,10 @@ def resolve_models(o: Options):
         pair = reg.get(name)
         target = pair.target
     draft = registry.parse_ref(o.model_draft) if o.model_draft else (pair.draft if pair else None)
-    return target, draft, (pair.draft_max if pair else DRAFT_MAX)
+    return Refs(target, draft, pair.draft_max if pair else DRAFT_MAX)
 
 
-def load_models(o: Options, stack: contextlib.ExitStack, refs: tuple, want_draft: bool,
+def load_models(o: Options, stack: contextlib.ExitStack, refs: Refs, want_draft: bool,
                 hooks: Hooks = Hooks(), load_mtp: bool = False) -> Loaded:
     """Download if needed and load the target and (when wanted) the draft of `refs` (from resolve_models);
     check that they share a vocabulary. A draft that cannot be used is reported in `draft_error`, not raised:
@@ -147,7 +164,7 @@ def load_models(o: Options, stack: contextlib.ExitStack, refs: tuple, want_draft
     hub.VERBOSE["on"] = o.debug
     if o.rpc:
         devices.add_rpc_workers(devices.parse_endpoints(o.rpc))
-    target_ref, draft_ref, _ = refs
+    target_ref, draft_ref = refs.target, refs.draft
     path = hub.ensure(target_ref, yes=o.yes, ask=hooks.ask)
     with hooks.bar(f"loading {Path(path).name}", "") as bar:
         target = stack.enter_context(engine.Model(path, n_ctx=o.ctx_size, n_threads=o.threads,
@@ -174,41 +191,55 @@ def load_models(o: Options, stack: contextlib.ExitStack, refs: tuple, want_draft
     return out
 
 
-def build_drafter(spec: Mode, draft_model, p_min: float = 0.0, notices: list[str] | None = None, ids=None,
-                  n_target: int = 0, mtp=None):
-    """(drafter, the Mode it drafts by) for a mode: the one place drafters are made (run, chat, serve, bench, the
-    tests). `mtp` is the target's MTP head (engine.MtpContext) when it has one. auto: hybrid with a draft model,
-    else the MTP head, else prompt lookup; hybrid without a draft model pairs lookup with the MTP head. Falls back
-    to prompt lookup when what a mode needs is missing (unless demanded)."""
+def drafted_by(spec: Mode, draft_model: bool, mtp: bool) -> Mode:
+    """What `spec` drafts by, given whether there is a draft model and an MTP head: auto is hybrid with a draft
+    model, else the MTP head, else prompt lookup; hybrid pairs lookup with the draft model, or without one with
+    the MTP head; a mode whose model or head is missing is prompt lookup (build_drafter says whether that is a
+    fallback or an error)."""
+    if spec is Mode.auto:
+        return Mode.hybrid if draft_model else Mode.mtp if mtp else Mode.lookup
+    if (spec is Mode.draft and not draft_model) or (spec is Mode.mtp and not mtp) or (
+            spec is Mode.hybrid and not (draft_model or mtp)):
+        return Mode.lookup
+    return spec
+
+
+def drafts_by_mtp(mode: Mode, draft_model: bool) -> bool:
+    """Whether a resolved mode (drafted_by) drafts from the MTP head: mtp, or hybrid without a draft model."""
+    return mode is Mode.mtp or (mode is Mode.hybrid and not draft_model)
+
+
+def build_drafter(spec: Mode, draft_model: Model | None, p_min: float = 0.0, notices: list[str] | None = None,
+                  ids=None, n_target: int = 0, mtp: MtpContext | None = None) -> tuple[Drafter | None, Mode]:
+    """(drafter, the Mode it drafts by, see drafted_by) for a mode: the one place drafters are made (run, chat,
+    serve, bench, the tests). `mtp` is the target's MTP head when it has one. A mode that cannot have what it
+    needs is a UserError when the user demanded it (draft, mtp), else prompt lookup with a notice."""
     from spectool.drafters.draft_model import DraftModel
     from spectool.drafters.hybrid import Hybrid
     from spectool.drafters.mtp import Mtp
     from spectool.drafters.lookup import PromptLookup
 
-    if spec is Mode.none:
-        return None, Mode.none
-    if spec is Mode.auto:
-        spec = Mode.hybrid if draft_model is not None else Mode.mtp if mtp is not None else Mode.lookup
-    if spec is Mode.mtp and mtp is None:
+    mode = drafted_by(spec, draft_model is not None, mtp is not None)
+    if mode is Mode.lookup and spec is Mode.mtp:
         raise UserError("--spec mtp needs a target with MTP heads (NextN layers; `spectool check MODEL` says)",
                         code=2)
-    if spec in (Mode.draft, Mode.hybrid) and draft_model is None and not (spec is Mode.hybrid and mtp is not None):
-        if spec is Mode.draft:
-            raise UserError("--spec draft needs a draft model (-md MODEL.gguf)", code=2)
-        if notices is not None:
-            notices.append("no draft model: using prompt lookup")
-        spec = Mode.lookup
-    if spec is Mode.lookup:
-        return PromptLookup(), spec
-    if draft_model is None:  # mtp, or hybrid with the MTP head
+    if mode is Mode.lookup and spec is Mode.draft:
+        raise UserError("--spec draft needs a draft model (-md MODEL.gguf)", code=2)
+    if mode is Mode.lookup and spec is Mode.hybrid and notices is not None:
+        notices.append("no draft model: using prompt lookup")
+    if mode is Mode.none:
+        return None, mode
+    if mode is Mode.lookup:
+        return PromptLookup(), mode
+    if drafts_by_mtp(mode, draft_model is not None):
         head = Mtp(mtp, p_min=p_min)
-        return (head, spec) if spec is Mode.mtp else (Hybrid(PromptLookup(), head), spec)
+        return (head, mode) if mode is Mode.mtp else (Hybrid(PromptLookup(), head), mode)
     dm = DraftModel(draft_model, p_min=p_min, ids=ids, n_target=n_target)
-    return (dm, spec) if spec is Mode.draft else (Hybrid(PromptLookup(), dm), spec)
+    return (dm, mode) if mode is Mode.draft else (Hybrid(PromptLookup(), dm), mode)
 
 
-def pruned_draft(stack: contextlib.ExitStack, draft_model, vocab: int, o: Options, hooks: Hooks = Hooks(),
-                 keep_original: bool = False):
+def pruned_draft(stack: contextlib.ExitStack, draft_model: Model, vocab: int, o: Options, hooks: Hooks = Hooks(),
+                 keep_original: bool = False) -> tuple[Model, np.ndarray | None, str]:
     """The loaded draft's copy pruned to `vocab` tokens (made on first use and cached), in its place unless
     `keep_original`: (Model, kept ids, a notice)."""
     from spectool.llama import engine
@@ -230,7 +261,7 @@ def open_session(o: Options, hooks: Hooks = Hooks()) -> Iterator[Session]:
     """Load the models of `o` and yield a ready Session; the measured batch costs are saved when it closes."""
     o.sampling()  # bad sampling options fail before anything loads
     refs = resolve_models(o)
-    k_max = o.draft_max if o.draft_max is not None else refs[2]
+    k_max = o.draft_max if o.draft_max is not None else refs.draft_max
     if o.draft_min > k_max:
         raise UserError("--draft-min must not exceed --draft-max", code=2)
     from spectool.core.controller import Controller
@@ -238,9 +269,10 @@ def open_session(o: Options, hooks: Hooks = Hooks()) -> Iterator[Session]:
 
     notices: list[str] = []
     with contextlib.ExitStack() as stack:
-        # the target's MTP heads are loaded where they may draft: --spec mtp, or auto / hybrid without a draft model
-        use_mtp = o.spec in (Mode.mtp, Mode.auto, Mode.hybrid) and (refs[1] is None or o.spec is Mode.mtp)
-        m = load_models(o, stack, refs, want_draft=o.spec not in (Mode.none, Mode.lookup, Mode.mtp), hooks=hooks,
+        # what the mode drafts by if the draft loads and the target has MTP heads: the heads load only to draft
+        planned = drafted_by(o.spec, refs.draft is not None, mtp=True)
+        use_mtp = drafts_by_mtp(planned, refs.draft is not None)
+        m = load_models(o, stack, refs, want_draft=planned in (Mode.draft, Mode.hybrid), hooks=hooks,
                         load_mtp=use_mtp)
         if m.draft_error is not None:
             if o.spec is Mode.draft:
@@ -274,7 +306,7 @@ def open_session(o: Options, hooks: Hooks = Hooks()) -> Iterator[Session]:
         if warning:
             notices.append(warning)
         controller = Controller(k_max=k_max, k_min=o.draft_min, adaptive=o.draft_min != k_max, costs=costs)
-        s = Session(Generation(target, drafter, controller=controller), mode.value, str(m.target_ref),
+        s = Session(Generation(target, drafter, controller=controller), mode, str(m.target_ref),
                     str(m.draft_ref) if draft_model is not None else None, notices,
                     draft_model if mode in (Mode.draft, Mode.hybrid) else None, controller, k_max, o.draft_min)
         s.gen = generation(s, o)

@@ -2,8 +2,8 @@
 consumes the (text, step) events the loop yields and the Stats object it fills.
 
 - stderr a terminal: a Rich Live panel (tokens/s, acceptance, tokens per step, acceptance by draft position,
-  lookup vs draft-model share, the draft length in use, elapsed), refreshed 5 times a second (measured on Gemma 3 270M: 0.6% of the loop; 1.9% at 10 times a second), then a
-  small summary table.
+  lookup vs draft-model share, the draft length in use, elapsed), refreshed 5 times a second (a small share of the
+  loop, docs/performance.md), then a small summary table.
 - stderr not a terminal: no live panel; a one-line summary at the end.
 - stdout carries only the generated text; when stdout is a terminal, tokens from accepted drafts can be
   coloured (`--color-drafts`).
@@ -23,6 +23,7 @@ from rich.text import Text
 
 from spectool.core.keys import Source
 from spectool.core.stats import Stats
+from spectool.options import CTX_SIZE
 
 # ANSI colours of accepted-draft text, one for every source a step's drafts can come from: green (lookup), cyan
 # (draft model), yellow (MTP head), and magenta for a hybrid step's drafts (lookup's tokens, then the others')
@@ -231,11 +232,10 @@ class _Rate(ProgressColumn):
 
 def pairs_table(rows: list[dict]) -> None:
     """`spectool models` on the terminal: a table, or a block of short lines per pair when it is narrow."""
-    from rich.console import Console
-
     console = Console()
-    caption = "* the default pair.  memory: RAM (or VRAM) to run it at -c 4096.  spectool pull NAME;  " \
+    caption = f"* the default pair.  memory: RAM (or VRAM) to run it at -c {CTX_SIZE}.  spectool pull NAME;  " \
               "spectool run --pair NAME"
+
     def memory(r: dict) -> str:
         return f"{r['memory_gb']:.1f} GB" if r["memory_gb"] else "?"
 
@@ -259,3 +259,25 @@ def pairs_table(rows: list[dict]) -> None:
         t.add_row(name, "\n".join(files), f"{r['size_gb']:.2f} GB", memory(r), r["license"],
                   r["status"], f"{r['disk_bytes'] / 1e9:.2f} GB")
     console.print(t)
+
+
+def info_lines(data: dict) -> list[str]:
+    """`spectool info` on the terminal: one aligned line per fact of devices.installation_info (and the cost
+    tables)."""
+    from spectool.llama.devices import REINSTALL_RPC
+
+    mib = 1 << 20
+    rows = [("spectool", data["spectool"]),
+            ("llama.cpp", f"llama-cpp-python {data['llama_cpp_python']}, ggml {data['ggml']} ({data['ggml_commit']})"),
+            ("CPU", data["system_info"]),
+            ("GPU offload", "yes: -ngl auto offloads every layer" if data["gpu_offload"] else
+             "no GPU device (a CPU-only build, or no driver): -ngl auto keeps the layers on the CPU"),
+            ("RPC", "built in (spectool worker, --rpc)" if data["rpc"] else REINSTALL_RPC),
+            ("threads", f"{data['threads']} by default (-t)")]
+    rows += [(f"device {d['name']}", f"{d['type']}, {d['backend']}: {d['description']}; "
+              f"{d['memory_total'] // mib} MiB, {d['memory_free'] // mib} MiB free") for d in data["devices"]]
+    rows += [(f"{k} folder", v) for k, v in data["paths"].items()]
+    rows += [("cost table", t) for t in data["cost_tables"] or ["none saved yet (spectool run measures and keeps "
+                                                                 "this machine's costs; bench --reset-costs clears)"]]
+    width = max(len(k) for k, _ in rows)
+    return [f"{k:<{width}}  {v}" for k, v in rows]

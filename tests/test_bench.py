@@ -47,7 +47,7 @@ def test_speedup_and_identical_arithmetic():
     bench.speedups([plain, fast])
     assert plain.speedup == 1.0 and fast.speedup == 2.0
     assert fast.identical == 1 and plain.identical == 2
-    assert fast.acceptance == 0.75 and fast.mean_accepted_length == 4.0 and fast.tokens_per_second == 100.0
+    assert fast.acceptance_rate == 0.75 and fast.mean_accepted_length == 4.0 and fast.tokens_per_second == 100.0
 
 
 def test_markdown_table_and_recommendation():

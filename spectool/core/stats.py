@@ -5,8 +5,33 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+class Rates:
+    """Acceptance, tokens per step and speed from a generation's counters: Stats keeps one generation's,
+    bench.Result a contender's over its prompts; each says in `counters` which fields hold them."""
+
+    def counters(self) -> tuple[int, int, int, int, int, float]:
+        """(drafted, accepted, generated, steps, tokens timed, their seconds)."""
+        raise NotImplementedError
+
+    @property
+    def acceptance_rate(self) -> float:
+        drafted, accepted, *_ = self.counters()
+        return accepted / drafted if drafted else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens produced per target forward pass (accepted drafts + the target's own token)."""
+        _, _, generated, steps, _, _ = self.counters()
+        return generated / steps if steps else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        *_, tokens, seconds = self.counters()
+        return tokens / seconds if seconds > 0 else 0.0
+
+
 @dataclass
-class Stats:
+class Stats(Rates):
     mode: str = "none"
     target: str = ""
     draft: str | None = None
@@ -49,18 +74,9 @@ class Stats:
         """How many steps had their draft token at position i accepted, by i."""
         return _at_least(self._accepted)
 
-    @property
-    def acceptance_rate(self) -> float:
-        return self.n_accepted / self.n_drafted if self.n_drafted else 0.0
-
-    @property
-    def mean_accepted_length(self) -> float:
-        """Tokens produced per target forward pass (accepted drafts + the target's own token)."""
-        return self.n_generated / self.n_steps if self.n_steps else 0.0
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.n_generated / self.decode_seconds if self.decode_seconds > 0 else 0.0
+    def counters(self) -> tuple[int, int, int, int, int, float]:
+        """Speed is every generated token over the decode time (prompt processing apart)."""
+        return self.n_drafted, self.n_accepted, self.n_generated, self.n_steps, self.n_generated, self.decode_seconds
 
     def save(self, path) -> None:
         """--stats-json: written whole or not at all."""

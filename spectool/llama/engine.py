@@ -72,7 +72,7 @@ class Model:
         self,
         path: str | os.PathLike,
         *,
-        n_ctx: int = 4096,
+        n_ctx: int = 4096,  # mirrors options.CTX_SIZE (-c), which the engine layer does not import
         n_threads: int | None = None,
         n_gpu_layers: int | str = 0,
         local_only: bool = False,
