@@ -1,12 +1,18 @@
-"""What the tests share: spectool run as a real process, waiting for a server to come up, stopping it, the
-addresses it must refuse, and the tokens of a generation."""
+"""What the tests share: spectool run as a real process, waiting for a server to come up, talking to it, stopping
+it, the addresses it must refuse, the tokens of a generation, and the drafters the tests run."""
 
+import json
+import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from typing import Callable
+
+from spectool.drafters.hybrid import Hybrid
 
 SPECTOOL = [sys.executable, "-m", "spectool"]
 
@@ -66,6 +72,39 @@ def stop(proc: subprocess.Popen, sig=signal.SIGTERM) -> tuple[int, str]:
     return proc.returncode, err
 
 
+class Server:
+    """`spectool serve` on the tiny model in a process of its own, on a free port; up when made."""
+
+    def __init__(self, model, *args, env=None):
+        self.port = free_port()
+        self.proc = start(["serve", "-m", model, "-c", "1024", "-t", "2", "--port", self.port, *args],
+                          env={**os.environ, **(env or {})})
+        self.url = f"http://127.0.0.1:{self.port}"
+        wait_until_up(self.proc, lambda: bool(urllib.request.urlopen(self.url + "/health", timeout=1)), "server")
+
+    def request(self, method, path, body=None, headers=None, raw=None):
+        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+        req = urllib.request.Request(self.url + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json", **(headers or {})})
+        try:
+            with urllib.request.urlopen(req, timeout=120) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    def metric(self, name) -> float:
+        _, text = self.request("GET", "/metrics")
+        return float(next(line.split()[1] for line in text.splitlines() if line.startswith(f"spectool_{name} ")))
+
+    def client(self, key="none"):
+        import openai
+
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=120)
+
+    def stop(self):
+        return stop(self.proc)
+
+
 def other_addresses() -> set[str]:
     """This machine's IPv4 addresses other than loopback: a server bound to 127.0.0.1 must refuse them all."""
     found = {a[4][0] for a in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)}
@@ -93,3 +132,11 @@ def drafters(draft_model) -> dict:
     from spectool.session import build_drafter
 
     return {m.value: (lambda m=m: build_drafter(m, draft_model)[0]) for m in (Mode.lookup, Mode.draft, Mode.hybrid)}
+
+
+class SplitHybrid(Hybrid):
+    """A hybrid that hands over to its second drafter after lookup's first token of each stretch: every draft of
+    two or more tokens mixes lookup's deterministic tokens with the second drafter's (sampled) ones."""
+
+    def peek(self, history, k_max, estimate=None):
+        return super().peek(history, k_max, lambda key: 0.0 if key.pos else 1.0)

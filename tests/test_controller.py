@@ -69,26 +69,33 @@ def test_recovers_after_a_bad_stretch():
 
 
 def test_verify_cost_model_fits_a_line():
+    """Sizes past the largest measured are priced on the line through the measured ones; a batch shape's slower
+    first run is outvoted, and so is a later stall, until stalls outnumber the steady samples (a lasting
+    slow-down, which the price then follows)."""
     ctl = Controller(costs=Costs(unmeasured=1.0))  # estimates without the discount
     for n, c in [(1, 1.0), (3, 2.0), (5, 3.0)]:
-        ctl.observe_verify(n, 50.0)  # the slower first run of a batch shape: outvoted (the lower median) ...
+        ctl.observe_verify(n, 50.0)  # the slower first run of a batch shape: outvoted ...
         ctl.observe_verify(n, c)
-    assert abs(ctl.verify_cost(9) - 5.0) < 1e-9
-    ctl.observe_verify(1, 1.0), ctl.observe_verify(1, 100.0)  # ... and so is a later stall ...
-    assert ctl.verify_cost(1) == 1.0
-    for _ in range(3):  # ... until the stalls are the majority
-        ctl.observe_verify(1, 100.0)
-    assert ctl.verify_cost(1) == 100.0
+    assert abs(ctl.verify_cost(9) - 5.0) < 1e-9  # on the line through 1, 3 and 5
+    steady = Controller(costs=Costs())
+    for _ in range(3):
+        steady.observe_verify(1, 1.0)
+    stalls = []
+    while len(stalls) < 10 and steady.verify_cost(1) == 1.0:  # ... and so are stalls, while they are fewer
+        steady.observe_verify(1, 100.0)
+        stalls.append(steady.verify_cost(1))
+    assert stalls == [1.0, 1.0, 1.0, 100.0]  # the fourth outnumbers the three steady samples: followed
 
 
 def test_batches_of_two_or_more_are_modelled_apart_from_one_token():
     """llama.cpp on a CPU: a batch of 2 costs about 2 single steps, each further token much less. A line through
     sizes 1 and 2 would price a batch of 17 at 17 steps and forbid long drafts."""
-    ctl = Controller(costs=Costs(unmeasured=1.0))  # estimates without the discount
-    assert ctl.verify_cost(1) == 1.0 and abs(ctl.verify_cost(2) - 1.8) < 1e-9  # priors
+    costs = Costs(unmeasured=1.0, jump_prior=0.8, slope_prior=0.2)  # estimates without the discount
+    ctl = Controller(costs=costs)
+    assert ctl.verify_cost(1) == 1.0 and abs(ctl.verify_cost(2) - 1.8) < 1e-9  # priors: in units of one token
     ctl.observe_verify(1, 9.0), ctl.observe_verify(1, 1.0)  # the warm-up outvoted
     ctl.observe_verify(2, 9.0), ctl.observe_verify(2, 2.0)
-    assert abs(ctl.verify_cost(17) - (2.0 + 0.2 * 1.0 * 15)) < 1e-9
+    assert abs(ctl.verify_cost(17) - (2.0 + 0.2 * 1.0 * 15)) < 1e-9  # from 2 on: the slope prior per token
     ctl.observe_verify(9, 9.0), ctl.observe_verify(9, 3.4)
     assert abs(ctl.verify_cost(16) - (3.4 + 0.2 * 7)) < 1e-9  # the line through sizes 2 and 9
 
@@ -97,10 +104,10 @@ def test_short_batches_stay_cheap_when_only_long_ones_were_measured():
     """Interpolation from the size-2 prior, not a line through the long sizes: otherwise a table holding only
     sizes 5..33 priced a batch of 2 at 4 single steps and short drafts were never tried again (seen with Gemma
     Q4_K_M)."""
-    ctl = Controller(costs=Costs(unmeasured=1.0))  # estimates without the discount
+    ctl = Controller(costs=Costs(unmeasured=1.0, jump_prior=0.8))  # estimates without the discount
     for n, c in [(1, 1.0), (6, 4.6), (10, 5.5), (33, 10.0)]:
         ctl.observe_verify(n, c), ctl.observe_verify(n, c)
-    assert abs(ctl.verify_cost(2) - 1.8) < 1e-9  # the prior anchor
+    assert abs(ctl.verify_cost(2) - 1.8) < 1e-9  # the prior anchor: one token and the jump prior
     assert abs(ctl.verify_cost(4) - (1.8 + (4.6 - 1.8) * 2 / 4)) < 1e-9
     assert abs(ctl.verify_cost(8) - 5.05) < 1e-9  # between the measured 6 and 10
     assert ctl.verify_cost(40) > 10.0  # past the largest: their slope
@@ -172,13 +179,18 @@ def test_a_size_confirmed_dear_on_a_busy_stretch_is_tried_again_once_the_machine
 
 
 def test_untimed_controllers_ignore_shared_costs():
+    """An untimed controller (seeded sampling) prices batches as one with nothing measured does, whatever the
+    shared table holds: its choices depend on the tokens alone."""
     costs = Costs(verify={1: 5.0, 2: 6.0})
-    ctl = Controller(costs=costs, timed=False)
-    assert ctl.verify_cost(1) == 1.0 and ctl.verify_cost(2) == 1.8  # priors only: choices depend on tokens alone
+    ctl, blank = Controller(costs=costs, timed=False), Controller(costs=Costs(), timed=False)
+    assert [ctl.verify_cost(b) for b in range(1, 10)] == [blank.verify_cost(b) for b in range(1, 10)]
+    assert ctl.verify_cost(1) != 5.0 and ctl.verify_cost(2) != 6.0
 
 
 def test_unmeasured_sizes_are_priced_a_little_low_so_they_get_measured():
-    ctl = Controller(k_max=8)
+    """A size between measured ones is priced below the line through them (by `unmeasured`), a measured one at
+    what was measured."""
+    ctl = Controller(k_max=8, costs=Costs(unmeasured=0.9))
     for n, c in [(1, 1.0), (2, 2.0), (9, 4.0)]:
         ctl.observe_verify(n, c), ctl.observe_verify(n, c)
     assert ctl.verify_cost(9) == 4.0 and abs(ctl.verify_cost(5) - 0.9 * (2.0 + 2.0 * 3 / 7)) < 1e-9

@@ -130,7 +130,7 @@ def test_a_saved_table_ages_by_runs_and_by_time():
     # its weight as soon as this run measures (here, the lower median of 0.02 and the new ones)
     costs = Costs.from_json(saved, now=now)
     costs.observe_verify(2, 5.0)
-    assert costs.verify[2] == 0.02 and costs._sizes[2].seconds == [0.02, 5.0]
+    assert costs.verify[2] == 0.02 and costs.to_json(now)["verify"]["2"]["seconds"] == [0.02, 5.0]
     costs.observe_verify(2, 0.03), costs.observe_verify(2, 0.03)
     assert costs.verify[2] == 0.03
     assert Costs.from_json({"verify": {"2": 0.02}}).verify == {}  # an older table's bare prices are stale

@@ -16,7 +16,7 @@ from spectool.core.speculative import Generation
 from spectool.core.stats import Stats
 from spectool.core.verify import Sampling, backend_chain, dist_at, distribution
 from helpers import drafters, tokens_of
-from test_speculative import N_RUNS, chi2_rejects, exact_joint, sample_joint
+from exactness import N_RUNS, chi2_rejects, exact_joint, sample_joint
 
 CHAINS = [Sampling(temp=0.8, top_k=40, top_p=0.95, min_p=0.05), Sampling(temp=1.0, top_k=20),
           Sampling(temp=0.5, top_k=10, top_p=0.5), Sampling(temp=1.5, top_k=60, min_p=0.2)]

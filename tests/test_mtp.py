@@ -50,7 +50,7 @@ def heads(mtp_target):
     from spectool.options import Mode
     from spectool.session import build_drafter
 
-    from test_speculative import SplitHybrid
+    from helpers import SplitHybrid
 
     from spectool.drafters.mtp import Mtp
     from spectool.drafters.lookup import PromptLookup
@@ -90,7 +90,7 @@ def test_sampled_tokens_under_mtp_follow_the_target_distribution(mtp_target):
     """Chi-square over 3,000 seeded runs of the joint distribution of the first three tokens, drafts of three
     tokens from the MTP head (q: the head's own row under the same sampler chain), alone and after lookup's
     tokens (hybrid), as for the other drafters (test_speculative.py)."""
-    from test_speculative import K_DRAFT, N_RUNS, SAMPLING, chi2_rejects, exact_joint, sample_joint
+    from exactness import K_DRAFT, N_RUNS, SAMPLING, chi2_rejects, exact_joint, sample_joint
 
     from spectool.core.stats import Stats
 
@@ -118,10 +118,10 @@ def test_sampled_tokens_under_mtp_follow_the_target_distribution(mtp_target):
 def test_a_wrong_rule_under_mtp_is_caught(mtp_target, monkeypatch):
     """The check above can fail: with q of the first position used at every position, it rejects."""
     import spectool.core.speculative as spec
-    from test_speculative import N_RUNS, SAMPLING, _wrong, chi2_rejects, exact_joint, sample_joint
+    from exactness import N_RUNS, SAMPLING, chi2_rejects, exact_joint, sample_joint, wrong_acceptance
 
     target, _ = mtp_target
-    monkeypatch.setattr(spec, "accept_sampled", _wrong("q[0] at every position"))
+    monkeypatch.setattr(spec, "accept_sampled", wrong_acceptance("q[0] at every position"))
     prompt = target.tokenize("the dog the fox the dog the fox the dog the fox the dog the")
     counts = sample_joint(target, heads(mtp_target)["mtp"], prompt)
     rejects, stat, crit = chi2_rejects(counts, exact_joint(target, prompt, SAMPLING), N_RUNS)

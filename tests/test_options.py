@@ -48,9 +48,19 @@ def test_help_shows_each_commands_default_from_the_declaration():
 
 
 def test_llama_cpp_sampling_is_the_declared_chain_at_llama_cpps_temperature():
+    """What chat and the benchmarks call llama.cpp's default sampling is what llama-cpp-python declares as its
+    completion defaults (an oracle outside spectool), and it is the command line's declared chain with only the
+    temperature changed."""
+    import inspect
+
+    from llama_cpp import Llama
+
+    theirs = {k: p.default for k, p in inspect.signature(Llama.create_completion).parameters.items()}
     s = llama_cpp_sampling()
-    o = Options()
-    assert (s.temp, s.top_k, s.top_p, s.min_p) == (0.8, o.top_k, o.top_p, o.min_p) == (0.8, 40, 0.95, 0.05)
+    assert (s.temp, s.top_k, s.top_p, s.min_p, s.repeat_penalty, s.presence_penalty, s.frequency_penalty) == \
+        (theirs["temperature"], theirs["top_k"], theirs["top_p"], theirs["min_p"], theirs["repeat_penalty"],
+         theirs["presence_penalty"], theirs["frequency_penalty"])
+    assert dataclasses.replace(s, temp=Options().temp) == Options().sampling()
 
 
 def test_a_request_sets_the_declared_fields_within_the_command_lines_bounds():

@@ -85,7 +85,7 @@ def test_cli_draft_vocab(tiny, tmp_path, monkeypatch):
 def test_sampled_tokens_with_a_pruned_draft_follow_the_target(target, pruned):
     """At temperature > 0 the pruned draft's q lives on the target's vocabulary (zero outside the kept ids):
     rejection sampling still gives the target's distribution."""
-    from test_speculative import N_RUNS, SAMPLING, chi2_rejects, exact_joint, sample_joint
+    from exactness import N_RUNS, SAMPLING, chi2_rejects, exact_joint, sample_joint
 
     m, ids = pruned
     prompt = target.tokenize("The quick brown fox")

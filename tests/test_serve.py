@@ -1,44 +1,12 @@
 """`spectool serve` as a real server process on 127.0.0.1, with the official `openai` client as the client."""
 
 import json
-import os
 import threading
 import time
-import urllib.error
-import urllib.request
 
 import openai
 import pytest
-from helpers import free_port, other_addresses, refuses, spectool, start, stop, wait_until_up
-
-
-class Server:
-    def __init__(self, model, *args, env=None):
-        self.port = free_port()
-        self.proc = start(["serve", "-m", model, "-c", "1024", "-t", "2", "--port", self.port, *args],
-                          env={**os.environ, **(env or {})})
-        self.url = f"http://127.0.0.1:{self.port}"
-        wait_until_up(self.proc, lambda: bool(urllib.request.urlopen(self.url + "/health", timeout=1)), "server")
-
-    def request(self, method, path, body=None, headers=None, raw=None):
-        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-        req = urllib.request.Request(self.url + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json", **(headers or {})})
-        try:
-            with urllib.request.urlopen(req, timeout=120) as r:
-                return r.status, r.read().decode()
-        except urllib.error.HTTPError as e:
-            return e.code, e.read().decode()
-
-    def metric(self, name) -> float:
-        _, text = self.request("GET", "/metrics")
-        return float(next(line.split()[1] for line in text.splitlines() if line.startswith(f"spectool_{name} ")))
-
-    def client(self, key="none"):
-        return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=120)
-
-    def stop(self):
-        return stop(self.proc)
+from helpers import Server, other_addresses, refuses, spectool
 
 
 @pytest.fixture(scope="module")

@@ -4,16 +4,19 @@ import pytest
 
 from helpers import tokens_of
 
-from spectool.session import Hooks, Options, Mode, UserError, _NoBar, open_session
+from spectool.drafters.hybrid import Hybrid
+from spectool.session import Hooks, Options, Mode, UserError, open_session
 from spectool.core.speculative import Generation
 
 
 def test_a_session_is_the_generation_the_options_describe(tiny, target):
+    """Every option lands where the generation reads it, and a session's greedy lookup output is plain
+    decoding's."""
     o = Options(model=str(tiny["target"]), model_draft=str(tiny["draft"]), spec=Mode.hybrid, temp=0.5, top_k=7,
                 repeat_penalty=1.1, draft_max=6, draft_min=2, max_tokens=40, ctx_size=512, threads=2, seed=3)
     with open_session(o) as s:
         g = s.gen
-        assert s.mode == "hybrid" and type(g.drafter).__name__ == "Hybrid" and not s.notices
+        assert s.mode == "hybrid" and isinstance(g.drafter, Hybrid) and not s.notices
         assert (g.sampling.temp, g.sampling.top_k, g.sampling.repeat_penalty) == (0.5, 7, 1.1)
         assert (g.controller.k_max, g.controller.k_min, g.max_tokens, g.seed) == (6, 2, 40, 3)
         assert not g.controller.timed  # seeded sampling keeps its choices independent of timings
@@ -27,6 +30,8 @@ def test_a_session_is_the_generation_the_options_describe(tiny, target):
 
 
 def test_a_draft_that_cannot_draft_falls_back_with_a_notice(tiny):
+    """A draft model whose vocabulary does not match the target's: auto falls back to lookup and says why; asked
+    for by name (--spec draft), it is an error."""
     o = Options(model=str(tiny["target"]), model_draft=str(tiny["foreign"]), ctx_size=256, threads=2)
     with open_session(o) as s:
         assert s.mode == "lookup" and any("does not match" in n for n in s.notices)
@@ -37,11 +42,25 @@ def test_a_draft_that_cannot_draft_falls_back_with_a_notice(tiny):
 
 
 def test_what_needs_the_user_comes_through_hooks(tiny):
+    """Progress bars and notices reach the user through the Hooks a front end gives: a bar for loading each model
+    and one for preparing a pruned draft."""
     bars, lines = [], []
 
-    class Bar(_NoBar):
+    class Bar:  # what Hooks.bar makes: a context manager with fraction() and update()
         def __init__(self, label, unit):
             bars.append(label)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def fraction(self, done):
+            pass
+
+        def update(self, done, total):
+            pass
 
     o = Options(model=str(tiny["target"]), model_draft=str(tiny["draft"]), draft_vocab=200, ctx_size=256, threads=2)
     with open_session(o, Hooks(bar=Bar, say=lines.append)) as s:

@@ -1,15 +1,15 @@
 """The speculative loop on the generated tiny models: greedy exactness, distribution exactness, rollback, stops."""
 
-import math
-
 import numpy as np
 import helpers
 import pytest
-from helpers import tokens_of
+from exactness import K_DRAFT, N_RUNS, SAMPLING, chi2_rejects, exact_joint, sample_joint, wrong_acceptance
+from helpers import SplitHybrid, tokens_of
 from hypothesis import given, settings
 from hypothesis import strategies as hst
 
 from spectool.core.controller import Controller
+from spectool.drafters.base import Draft
 from spectool.drafters.draft_model import DraftModel
 from spectool.drafters.hybrid import Hybrid
 from spectool.drafters.lookup import PromptLookup
@@ -20,7 +20,7 @@ from spectool.core.keys import Source
 from spectool.session import build_drafter
 from spectool.core.speculative import Generation, Step, generate_text, speculative_generate
 from spectool.core.stats import Stats
-from spectool.core.verify import Sampling, distribution
+from spectool.core.verify import Sampling
 
 PROMPTS = [
     "The quick brown fox",
@@ -29,12 +29,21 @@ PROMPTS = [
 ]
 
 
-class SplitHybrid(Hybrid):
-    """A hybrid that hands over to the draft model after lookup's first token of each stretch: every draft of
-    two or more tokens mixes lookup's deterministic tokens with the draft model's sampled ones."""
+class AlwaysWrong:
+    """A drafter whose every draft is `token` repeated, a token the target never picks here: each draft is
+    rejected at its first token, so the output is plain decoding's only if the rejection is right."""
+
+    def __init__(self, token: int):
+        self.token = token
+
+    def prefill(self, history):
+        pass
 
     def peek(self, history, k_max, estimate=None):
-        return super().peek(history, k_max, lambda key: 0.0 if key.pos else 1.0)
+        return [DRAFT] * k_max
+
+    def propose(self, history, k, sampling, rng):
+        return Draft([self.token] * k, None, Source.draft)
 
 
 def drafters(draft):
@@ -44,32 +53,61 @@ def drafters(draft):
             "draft-pmin": lambda: build_drafter(Mode.draft, draft, p_min=0.6)[0]}
 
 
-@pytest.mark.parametrize("text", PROMPTS)
-@pytest.mark.parametrize("n", [1, 7, 64, 200])
-@pytest.mark.parametrize("adaptive", [False, True])
-def test_greedy_output_equals_plain(target, draft, text, n, adaptive):
-    prompt = target.tokenize(text)
+def greedy_runs(target, draft, prompt, n, adaptive):
+    """Plain decoding's first `n` tokens after `prompt`, and each drafter's (those of `drafters` and one that is
+    always wrong): {name: (tokens, Stats)}."""
     plain = tokens_of(Generation(target, None, max_tokens=n), prompt)
-    assert len(plain) == n
-    for name, make in drafters(draft).items():
+    makers = {**drafters(draft), "always-wrong": lambda: AlwaysWrong(min(set(range(target.n_vocab)) - set(plain)))}
+    runs = {}
+    for name, make in makers.items():
         st = Stats()
         # untimed: the controller's choices depend on the tokens alone, so whether it drafts does not hang on
         # how busy the machine is (timing changes only k, never the output)
         g = Generation(target, make(), max_tokens=n, controller=Controller(k_max=5, adaptive=adaptive, timed=False))
-        assert tokens_of(g, prompt, st) == plain, name
-        if n >= 64:  # the adaptive controller drafts too (else this would compare plain with plain)
+        runs[name] = tokens_of(g, prompt, st), st
+    return plain, runs
+
+
+@pytest.mark.parametrize("text", PROMPTS)
+@pytest.mark.parametrize("n", [2, 7, 64, 200])
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_greedy_output_equals_plain(target, draft, text, n, adaptive):
+    """Every drafter's greedy output is plain decoding's, token for token, from the shortest budget that leaves
+    room for a draft (n = 2: one drafted token, then the target's) on. In every case drafts were both accepted
+    (the draft model's) and rejected (the always-wrong drafter's); from 64 tokens on every drafter drafted."""
+    plain, runs = greedy_runs(target, draft, target.tokenize(text), n, adaptive)
+    assert len(plain) == n
+    for name, (out, st) in runs.items():
+        assert out == plain, name
+        if n >= 64 and name != "always-wrong":  # the adaptive controller drafts too
             assert st.n_drafted > 0 and st.n_accepted > 0, name
-        if n >= 64 and name == "hybrid-split" and not adaptive:  # lookup's tokens, then the draft model's
-            assert "hybrid" in st.by_source
+    wrong = runs["always-wrong"][1]
+    assert runs["draft"][1].n_accepted > 0 and wrong.n_drafted > 0 and wrong.n_accepted == 0
+    if n >= 64 and not adaptive:  # lookup's tokens, then the draft model's
+        assert "hybrid" in runs["hybrid-split"][1].by_source
+
+
+@pytest.mark.parametrize("n", [2, 7, 64, 200])
+def test_the_greedy_comparison_catches_a_wrong_acceptance(target, draft, monkeypatch, n):
+    """The test above must fail, at every budget, when the greedy acceptance takes every draft."""
+    import spectool.core.speculative as spec
+
+    monkeypatch.setattr(spec, "accept_greedy", lambda rows, d: (len(d), list(rows)[len(d)]))
+    plain, runs = greedy_runs(target, draft, target.tokenize(PROMPTS[0]), n, adaptive=True)
+    assert any(out != plain for out, _ in runs.values())
 
 
 def test_target_as_its_own_draft_accepts_everything(tiny, target):
+    """A draft model that is the target itself is right at every position: each step drafts k = 4 tokens, the
+    target accepts all of them and adds its own, so every step yields k + 1 tokens."""
+    k = 4
     with Model(tiny["target"], n_ctx=1024) as same:
         st = Stats()
-        g = Generation(target, DraftModel(same), max_tokens=100, controller=Controller(k_max=4, adaptive=False))
-        tokens_of(g, target.tokenize("The lazy dog"), st)
-        assert st.n_drafted == 80 and st.n_accepted == st.n_drafted  # 20 steps of 4 drafts + 1 bonus token
-        assert st.mean_accepted_length == 5.0
+        g = Generation(target, DraftModel(same), max_tokens=100, controller=Controller(k_max=k, adaptive=False))
+        out = tokens_of(g, target.tokenize("The lazy dog"), st)
+        assert len(out) == 100 and st.n_accepted == st.n_drafted
+        assert st.accepted_per_position == [st.n_steps] * k  # every step, every position
+        assert st.mean_accepted_length == k + 1
 
 
 def test_rollback_after_many_steps_matches_fresh_prefill(tiny):
@@ -127,63 +165,8 @@ def test_failing_draft_model_falls_back_to_lookup(target, draft):
     assert "prompt lookup" in steps[0].notice
 
 
-# -- distribution exactness at temperature > 0 ------------------------------------------------------------------
-N_RUNS = 3000
-N_JOINT = 3  # the joint distribution of the first 3 generated tokens ...
-K_DRAFT = 3  # ... with drafts of 3 tokens, so that every draft position is exercised
-SAMPLING = Sampling(temp=1.0)
+# -- distribution exactness at temperature > 0 (exactness.py) -------------------------------------------------
 PENALISED = Sampling(temp=1.0, repeat_penalty=1.15, repeat_last_n=8, presence_penalty=0.1, frequency_penalty=0.05)
-
-
-def exact_joint(model, prompt, s, n_tokens=N_JOINT, floor=1e-5):
-    """P(first n generated tokens) under the target alone, decoding one token at a time, for sequences with
-    more mass than `floor` (the chain itself is checked against llama.cpp's in test_verify.py). A sequence ends
-    before an end-of-generation token, as generation does."""
-    joint = {}
-
-    def walk(prefix, mass):
-        if len(prefix) == n_tokens or (prefix and model.is_eog(prefix[-1])):
-            key = tuple(prefix[:-1] if prefix and model.is_eog(prefix[-1]) else prefix)
-            joint[key] = joint.get(key, 0.0) + mass
-            return
-        history = prompt + prefix
-        model.sync(history)
-        d = distribution(model.logits(-1), s, history[-s.window:] if s.window else [])
-        for t, pt in zip(d.ids.tolist(), d.p.tolist()):
-            if mass * pt > floor:
-                walk(prefix + [t], mass * pt)
-
-    model.reset()
-    walk([], 1.0)
-    model.reset()
-    return joint
-
-
-def chi2_rejects(counts, joint, n, alpha_z=3.09):
-    """Pearson chi-square of observed counts against `joint`; True if it rejects at about 0.1%."""
-    cells = {c: p for c, p in joint.items() if p * n >= 5}
-    other_p = 1.0 - sum(cells.values())
-    stat, other_obs = 0.0, n
-    for c, p in cells.items():
-        o = counts.get(c, 0)
-        other_obs -= o
-        stat += (o - n * p) ** 2 / (n * p)
-    if other_p * n >= 5:
-        stat += (other_obs - n * other_p) ** 2 / (n * other_p)
-    df = len(cells) - (0 if other_p * n >= 5 else 1)
-    crit = df * (1 - 2 / (9 * df) + alpha_z * math.sqrt(2 / (9 * df))) ** 3  # Wilson-Hilferty, z = 3.09
-    return stat > crit, stat, crit
-
-
-def sample_joint(target, make_drafter, prompt, s=SAMPLING, n=N_RUNS, stats=None):
-    """Counts of the first N_JOINT tokens over n seeded runs; the first step drafts K_DRAFT tokens."""
-    counts = {}
-    for seed in range(n):
-        g = Generation(target, make_drafter(), s, Controller(k_max=K_DRAFT, adaptive=False),
-                       max_tokens=K_DRAFT + 1, seed=seed)
-        seq = tuple(tokens_of(g, prompt, stats)[:N_JOINT])
-        counts[seq] = counts.get(seq, 0) + 1
-    return counts
 
 
 @pytest.fixture(scope="module")
@@ -208,18 +191,6 @@ def test_sampled_tokens_follow_the_target_distribution(target, draft, lookup_pro
     assert not rejects, f"chi2 {stat:.1f} > {crit:.1f}"
 
 
-def _wrong(kind):
-    """Realistic bugs in the acceptance step, each of which the test above must catch."""
-    import spectool.core.verify as V
-
-    right = V.accept_sampled
-    return {
-        "accept always": lambda p, q, d, rng: (len(d), p(len(d)).sample(rng)),
-        "q[0] at every position": lambda p, q, d, rng: right(p, q and [q[0]] * len(q), d, rng),
-        "p row off by one": lambda p, q, d, rng: right(lambda i: p(min(i + 1, len(d))), q, d, rng),
-    }.get(kind)
-
-
 @pytest.mark.parametrize("bug,kind", [("accept always", "draft"), ("q[0] at every position", "draft"),
                                       ("p row off by one", "lookup"), ("resample from p", "lookup")])
 def test_negative_controls_fail(target, draft, lookup_prompt, monkeypatch, bug, kind):
@@ -230,7 +201,7 @@ def test_negative_controls_fail(target, draft, lookup_prompt, monkeypatch, bug, 
     if bug == "resample from p":
         monkeypatch.setattr(V, "residual", lambda p, q: p)
     else:
-        monkeypatch.setattr(spec, "accept_sampled", _wrong(bug))
+        monkeypatch.setattr(spec, "accept_sampled", wrong_acceptance(bug))
     prompt = lookup_prompt if kind == "lookup" else target.tokenize("The quick brown fox")
     counts = sample_joint(target, drafters(draft)[kind], prompt)
     rejects, stat, crit = chi2_rejects(counts, exact_joint(target, prompt, SAMPLING), N_RUNS)
@@ -266,16 +237,22 @@ def test_stop_string_inside_an_accepted_run(target):
     assert st.finish_reason == "stop"
 
 
-def test_end_of_generation_token_stops(target, monkeypatch):
+def test_end_of_generation_token_stops(target, draft, monkeypatch):
+    """A token the vocabulary marks as end-of-generation (Model.is_eog, Model.first_eog) ends the output before
+    it, finish reason "stop", also where the target accepted it as a drafted token in the middle of a step."""
     prompt = target.tokenize("The quick brown fox")
     plain = tokens_of(Generation(target, None, max_tokens=30), prompt)
     eog = plain[10]
-    monkeypatch.setattr(Model, "is_eog", lambda self, t: t == eog)
-    monkeypatch.setattr(target, "_eog", {})  # what the real is_eog learnt so far
-    st = Stats()
-    g = Generation(target, PromptLookup(), max_tokens=30)
-    out = tokens_of(g, prompt, st)
-    assert out == plain[: plain.index(eog)] and st.finish_reason == "stop"
+    # a vocabulary in which plain decoding's 11th token ends generation
+    monkeypatch.setattr(target, "is_eog", lambda t: t == eog)
+    monkeypatch.setattr(target, "first_eog", lambda tokens: next((i for i, t in enumerate(tokens) if t == eog),
+                                                                 len(tokens)))
+    for drafter in (PromptLookup(), DraftModel(draft)):
+        st = Stats()
+        g = Generation(target, drafter, max_tokens=30, controller=Controller(k_max=4, adaptive=False))
+        steps = list(speculative_generate(g, prompt, st))
+        assert [t for step in steps for t in step.tokens] == plain[: plain.index(eog)] and st.finish_reason == "stop"
+    assert steps[-1].accepted > len(steps[-1].tokens)  # the draft model's end came inside its accepted run
 
 
 def test_context_full(tiny):
@@ -292,20 +269,32 @@ def test_context_full(tiny):
 
 
 def test_stats_json_schema(target, draft):
+    """--stats-json's record of a run: the fields scripts read, each agreeing with the run's steps (counts, rates,
+    tokens per step and per second), as strict JSON."""
+    import json
+
     st = Stats(mode="hybrid", target="t", draft="d")
     g = Generation(target, Hybrid(PromptLookup(), DraftModel(draft)), max_tokens=60,
                    controller=Controller(k_max=4, adaptive=False))
-    tokens_of(g, target.tokenize("def add(a, b):"), st)
-    j = st.to_json()
-    assert list(j) == [
+    prompt = target.tokenize("def add(a, b):")
+    steps = list(speculative_generate(g, prompt, st))
+    j = json.loads(json.dumps(st.to_json(), allow_nan=False))
+    assert set(j) == {
         "mode", "target", "draft", "n_prompt_tokens", "n_generated", "n_steps", "n_drafted", "n_accepted",
         "acceptance_rate", "mean_accepted_length", "accepted_per_position", "prompt_seconds", "decode_seconds",
         "tokens_per_second", "finish_reason", "offload",
-    ]
-    assert j["n_generated"] == 60 and j["finish_reason"] == "length"
-    assert sum(j["accepted_per_position"]) == j["n_accepted"]
-    assert j["accepted_per_position"] == sorted(j["accepted_per_position"], reverse=True)
+    }
+    assert (j["mode"], j["target"], j["draft"], j["n_prompt_tokens"]) == ("hybrid", "t", "d", len(prompt))
+    assert j["n_generated"] == sum(len(s.tokens) for s in steps) == 60 and j["finish_reason"] == "length"
+    assert (j["n_steps"], j["n_drafted"], j["n_accepted"]) == \
+        (len(steps), sum(s.drafted for s in steps), sum(s.accepted for s in steps))
+    assert 0 < j["n_accepted"] <= j["n_drafted"]
+    assert j["acceptance_rate"] == pytest.approx(j["n_accepted"] / j["n_drafted"], abs=1e-6)
+    longest = max(s.accepted for s in steps)
+    assert j["accepted_per_position"] == [sum(s.accepted > i for s in steps) for i in range(longest)]
     assert j["mean_accepted_length"] == pytest.approx(60 / j["n_steps"], abs=1e-5)
+    assert j["prompt_seconds"] > 0 and j["decode_seconds"] > 0
+    assert j["tokens_per_second"] == pytest.approx(60 / j["decode_seconds"], rel=1e-3)
 
 
 def test_a_draft_models_catch_up_is_not_charged_to_its_draft_length(target, draft):
@@ -425,29 +414,31 @@ def test_a_fresh_cost_table_measures_batches_before_the_first_step(target):
 
 
 @pytest.mark.parametrize("shape,measured", [("gpu", {1, 2, 4, 8, 16, 32}), ("cpu", {1, 2, 4, 8})])
-def test_calibration_measures_long_batches_where_costs_are_flat(monkeypatch, shape, measured):
+def test_calibration_measures_long_batches_where_costs_are_flat(target, monkeypatch, shape, measured):
     """On a GPU verifying 32 tokens costs about what one does: calibration finds that and measures batches up to
     the longest a step may verify (k_max + 1 = 33), so the controller drafts long there; where a batch of 8 already
-    costs more than two tokens (a CPU) it stops at 8. The batch costs come from a fake clock the fake model
-    advances: a flat 1.0 + 0.01 per token, or a CPU-like 1.0 + 0.5 per token."""
-    import spectool.core.speculative as spec
+    costs more than two tokens (a CPU) it stops at 8. A first generation on a fresh cost table runs on the tiny
+    target, whose decodes advance a fake clock: a flat 1.0 + 0.01 per token, or a CPU-like 1.0 + 0.5 per token.
+    What was measured is read from the cost table afterwards."""
+    import time
+
+    from spectool.core.costs import Costs
 
     clock = [0.0]
-    monkeypatch.setattr(spec.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    real_eval = target.eval
 
-    class Fake:
-        n_ctx, sizes = 4096, []
+    def timed_eval(tokens, **kw):
+        clock[0] += 1.0 + (0.01 if shape == "gpu" else 0.5) * len(tokens)
+        return real_eval(tokens, **kw)
 
-        def eval(self, tokens, logits="last", sample=None):
-            self.sizes.append(len(tokens))
-            clock[0] += 1.0 + (0.01 if shape == "gpu" else 0.5) * len(tokens)
-
-        def rollback(self, n):
-            return True
-
-    ctl = Controller(k_max=32)
-    spec.calibrate(Fake(), [1, 2, 3], ctl, None)
-    assert set(ctl.costs.verify) == measured and set(Fake.sizes) == measured
+    monkeypatch.setattr(target, "eval", timed_eval)
+    costs = Costs()
+    prompt = target.tokenize("The quick brown fox")
+    g = Generation(target, PromptLookup(), max_tokens=1, controller=Controller(k_max=32, costs=costs))
+    tokens_of(g, prompt)  # one token: its step verifies a batch of 1 alone
+    assert set(costs.verify) == measured
+    assert target.tokens == prompt  # the calibration batches were rolled back
 
 
 def test_hybrid_hands_over_to_the_draft_model_where_lookup_is_worth_less(draft):

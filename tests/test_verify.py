@@ -155,13 +155,15 @@ def test_real_gemma_rows_match_llama_cpp(gemma_q4):
 
 
 def test_greedy_token_is_the_argmax_of_the_penalised_row():
+    """At temperature 0 the token is the argmax of the row after penalties (within their window), as llama.cpp
+    picks it, and never a banned one."""
     logits = np.array([1.0, 3.0, 2.9, -1.0], np.float32)
-    assert greedy_token(logits, Sampling()) == 1
-    assert greedy_token(logits, Sampling(repeat_penalty=1.1), recent=[1]) == 2  # 3 / 1.1 < 2.9
-    assert greedy_token(logits, Sampling(repeat_penalty=1.1, repeat_last_n=2), recent=[1, 0, 0]) == 1  # out of window
+    for s, recent, expected in ((Sampling(), [], 1),
+                                (Sampling(repeat_penalty=1.1), [1], 2),  # 3 / 1.1 < 2.9
+                                (Sampling(repeat_penalty=1.1, repeat_last_n=2), [1, 0, 0], 1)):  # 1 out of window
+        assert greedy_token(logits, s, recent=recent) == expected
+        assert list(llama_cpp_chain(logits, s, history=recent)) == [expected]
     assert greedy_token(logits, Sampling(), banned=np.array([1, 2])) == 0
-    theirs = llama_cpp_chain(logits, Sampling(0.0, repeat_penalty=1.1), history=[1])
-    assert list(theirs) == [2]
 
 
 # -- acceptance ----------------------------------------------------------------------------------------------------
