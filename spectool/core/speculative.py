@@ -20,6 +20,7 @@ from spectool.core.controller import Controller
 from spectool.drafters.base import EMPTY, Drafter
 from spectool.drafters.lookup import PromptLookup
 from spectool.llama.engine import EngineError, Model
+from spectool.llama.outputs import Output
 from spectool.core.keys import Key
 from spectool.core.keys import Source
 from spectool.core.stats import Stats
@@ -68,7 +69,7 @@ def speculative_generate(g: Generation, prompt: Sequence[int], stats: Stats | No
     temp = 0.0 if s.greedy else s.temp  # acceptance is learnt per temperature (keys.py)
     rng = g.random()
     drafter = g.drafter
-    on_graph = backend_chain(s)  # what llama.cpp samples inside its graph: token ids or top-k, not whole rows
+    on_graph = backend_chain(s)  # what llama.cpp samples inside its graph: token ids or top-k, else whole rows
     greedy, window = s.greedy, s.window
     x = list(prompt)
     if not x:
@@ -128,7 +129,7 @@ def speculative_generate(g: Generation, prompt: Sequence[int], stats: Stats | No
             t1 = time.perf_counter()
             # 2. verify: one target pass over [x[-1], d_1..d_k]
             recent = x[-window:] if window else []  # p_i's penalties see x + d_1..d_i
-            target.eval([x[-1], *d.tokens], logits="all", sample=on_graph)
+            target.eval([x[-1], *d.tokens], logits="all", output=on_graph)
             if greedy:
                 n_acc, t = accept_greedy(greedy_rows(target, s, recent, d.tokens), d.tokens)
             else:
@@ -181,7 +182,7 @@ CALIBRATION_SIZES = (1, 2, 4, 8, 16, 32, 64)
 FLAT = 2.0  # past 8 tokens, calibration goes on doubling while a batch costs less than this many single tokens
 
 
-def _calibrate(target: Model, x: list[int], ctl: Controller, sample: int | None) -> None:
+def _calibrate(target: Model, x: list[int], ctl: Controller, output: Output) -> None:
     """A cost table that has measured no batch yet (a first run on this machine, with these settings) learns what
     batches cost before the first step, instead of trusting priors that may not fit this CPU or GPU: batches of
     1, 2, 4 and 8 tokens after the prompt, each twice (the first of a size is a warm-up), then rolled back; and
@@ -198,7 +199,7 @@ def _calibrate(target: Model, x: list[int], ctl: Controller, sample: int | None)
             break
         for _ in range(2):
             t0 = time.perf_counter()
-            target.eval([x[-1]] * b, logits="all", sample=sample)
+            target.eval([x[-1]] * b, logits="all", output=output)
             ctl.observe_verify(b, time.perf_counter() - t0)
             target.rollback(len(x) - 1)
 
