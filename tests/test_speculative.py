@@ -14,6 +14,7 @@ from spectool.drafters.draft_model import DraftModel
 from spectool.drafters.hybrid import Hybrid
 from spectool.drafters.lookup import PromptLookup
 from spectool.llama.engine import Model
+from spectool.llama.outputs import ROWS
 from spectool.core.keys import DRAFT, SPLIT
 from spectool.options import Mode
 from spectool.core.keys import Source
@@ -266,15 +267,14 @@ def test_stop_string_inside_an_accepted_run(target):
     assert st.finish_reason == "stop"
 
 
-def test_end_of_generation_token_stops(target, monkeypatch):
+def test_end_of_generation_token_stops(target, tiny, monkeypatch):
     prompt = target.tokenize("The quick brown fox")
     plain = tokens_of(Generation(target, None, max_tokens=30), prompt)
     eog = plain[10]
     monkeypatch.setattr(Model, "is_eog", lambda self, t: t == eog)
-    monkeypatch.setattr(target, "_eog", {})  # what the real is_eog learnt so far
     st = Stats()
-    g = Generation(target, PromptLookup(), max_tokens=30)
-    out = tokens_of(g, prompt, st)
+    with Model(tiny["target"], n_ctx=1024, n_threads=2) as m:  # one that has looked up no token's end yet
+        out = tokens_of(Generation(m, PromptLookup(), max_tokens=30), prompt, st)
     assert out == plain[: plain.index(eog)] and st.finish_reason == "stop"
 
 
@@ -438,7 +438,7 @@ def test_calibration_measures_long_batches_where_costs_are_flat(monkeypatch, sha
     class Fake:
         n_ctx, sizes = 4096, []
 
-        def eval(self, tokens, logits="last", sample=None):
+        def eval(self, tokens, logits="last", output=ROWS):
             self.sizes.append(len(tokens))
             clock[0] += 1.0 + (0.01 if shape == "gpu" else 0.5) * len(tokens)
 
@@ -446,7 +446,7 @@ def test_calibration_measures_long_batches_where_costs_are_flat(monkeypatch, sha
             return True
 
     ctl = Controller(k_max=32)
-    spec._calibrate(Fake(), [1, 2, 3], ctl, None)
+    spec._calibrate(Fake(), [1, 2, 3], ctl, ROWS)
     assert set(ctl.costs.verify) == measured and set(Fake.sizes) == measured
 
 
