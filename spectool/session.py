@@ -179,7 +179,7 @@ def load_models(o: Options, stack: contextlib.ExitStack, refs: tuple, want_draft
 def build_drafter(spec: Mode, draft_model, p_min: float = 0.0, notices: list[str] | None = None, ids=None,
                   n_target: int = 0, mtp=None):
     """(drafter, the Mode it drafts by) for a mode: the one place drafters are made (run, chat, serve, bench, the
-    tests). `mtp` is the target's MTP head (engine.MtpContext) when it has one. auto: hybrid with a draft model,
+    tests). `mtp` is the target's MTP head (drafters.mtp.MtpContext) when it has one. auto: hybrid with a draft model,
     else the MTP head, else prompt lookup; hybrid without a draft model pairs lookup with the MTP head. Falls back
     to prompt lookup when what a mode needs is missing (unless demanded)."""
     from spectool.drafters.draft_model import DraftModel

@@ -193,14 +193,14 @@ def backend_chain(s: Sampling, banned=None) -> Output:
 def greedy_rows(model, s: Sampling, recent: Sequence[int], draft: Sequence[int]):
     """The chain's token at temperature 0 for each output of a verification [x[-1], d_1..d_k] (output i follows
     x + d_1..d_i), lazily: the ids llama.cpp's graph picked, or the argmax of each penalised row."""
-    if model.output.kind is Kind.IDS:  # ids only: nothing to build per row
+    if model.output is IDS:  # ids only: nothing to build per row
         return model.sampled_tokens()
     return (token_at(model, i, s, [*recent, *draft[:i]]) for i in range(len(draft) + 1))
 
 
 def token_at(model, i: int, s: Sampling, recent: Sequence[int] = (), banned=None) -> int:
     """The chain's token at temperature 0 for output i of the model's last decode."""
-    if model.output.kind is Kind.IDS:
+    if model.output is IDS:
         return model.sampled_token(i)
     return greedy_token(model.logits(i), s, recent, banned)
 

@@ -20,9 +20,9 @@ import numpy as np  # noqa: E402
 from spectool.llama.devices import resolve_gpu_layers
 from spectool.llama.memory import no_context, ran_out_of_memory, weights_do_not_fit
 from spectool.llama.native import (  # noqa: F401 - the engine's errors and backend facts, re-exported
-    DecodeError, DoesNotFit, EngineError, ModelLoadError, avoid_amx, backend_info, bind, clear_log, last_log_error,
-    lib as llama_lib, raise_pending_interrupt, set_verbose, take_interrupt)
-from spectool.llama.outputs import ROWS, Kind, Logits, Output
+    DecodeError, DoesNotFit, EngineError, Interrupt, ModelLoadError, avoid_amx, backend_info, bind, clear_log,
+    last_log_error, lib as llama_lib, raise_pending_interrupt, set_verbose, take_interrupt)
+from spectool.llama.outputs import IDS, ROWS, Kind, Logits, Output
 from spectool.llama.vocab import Facts, VocabInfo, check_gguf_file  # noqa: F401 - VocabInfo re-exported
 
 DecodeListener = Callable[[Sequence[int], int], None]  # (the tokens decoded, the position of the first)
@@ -247,7 +247,17 @@ class Model(Facts):
         if logits != "none" and output is not self._output_asked:
             self._output_asked = output
             self.sample_on_backend(output if self._graph_sampling else ROWS)
-        self._write_batch(tokens, pos0, logits)
+        if n == 1:  # tokens and positions: slice stores into ctypes arrays over the batch's fields
+            self._b_token[0], self._b_pos[0] = tokens[0], pos0
+        else:
+            self._b_token[:n] = tokens
+            self._b_pos[:n] = range(pos0, pos0 + n)
+        if (n, logits) != self._asked:  # the output flags, written only when the batch's shape changes
+            self._b_out[:n] = [logits == "all"] * (n - 1) + [logits != "none"]
+            self._batch.n_tokens, self._asked = n, (n, logits)
+        # what the decode will hand back, said before it: after it, the CPU's caches are cold (docs/performance.md)
+        self._n_out, self._rows = n if logits == "all" else int(logits == "last"), None
+        self.output = self._chain_output
         rc = self.lib.llama_decode(self._ctx, self._batch)
         if rc != 0:
             # the failed batch may be partly in the cache: drop it so `tokens` stays the truth
@@ -257,7 +267,8 @@ class Model(Facts):
         self.tokens += tokens
         for listener in self._listeners:
             listener(tokens, pos0)
-        raise_pending_interrupt()  # a Ctrl-C inside llama_decode's log lines, raised with `tokens` the truth
+        if Interrupt.pending:  # a Ctrl-C inside llama_decode's log lines, raised with `tokens` the truth
+            raise_pending_interrupt()
         if progress is not None:
             progress(n, n)
 
@@ -270,22 +281,6 @@ class Model(Facts):
             if progress is not None:
                 progress(start + len(chunk), n)
 
-    def _write_batch(self, tokens: Sequence[int], pos0: int, logits: Logits) -> None:
-        """The batch for `tokens` from position pos0: tokens and positions by slice stores, the output flags only
-        where they change; and what the decode will hand back, said before it (after it, the CPU's caches are
-        cold: the weights went through them)."""
-        n = len(tokens)
-        if n == 1:
-            self._b_token[0], self._b_pos[0] = tokens[0], pos0
-        else:
-            self._b_token[:n] = tokens
-            self._b_pos[:n] = range(pos0, pos0 + n)
-        if (n, logits) != self._asked:
-            self._b_out[:n] = [logits == "all"] * (n - 1) + [logits != "none"]
-            self._batch.n_tokens, self._asked = n, (n, logits)
-        self._n_out, self._rows = n if logits == "all" else int(logits == "last"), None
-        self.output = self._chain_output
-
     def sample_on_backend(self, output: Output) -> Output:
         """Have llama.cpp sample inside its graph, where the logits are, so that a decode hands back a few numbers
         per output instead of a whole vocabulary row: IDS, the argmax's id (`sampled_tokens`); top-k, the k best
@@ -294,6 +289,7 @@ class Model(Facts):
         this backend (it then hands back rows), the old output for a k past the vocabulary."""
         if output == self._chain_output or (output.kind is Kind.TOP_K and output.k >= self.n_vocab):
             return self._chain_output
+        output = output.canonical()
         lib, old = self.lib, self._chain
         chain = None
         if output.kind is not Kind.ROWS:
@@ -318,7 +314,7 @@ class Model(Facts):
     def logits(self, i: int = -1) -> np.ndarray:
         """Zero-copy float32 view of the logits of output `i` of the last decoded chunk (valid until the next
         decode)."""
-        if self.output.kind is not Kind.ROWS:
+        if self.output is not ROWS:
             raise DecodeError("the last decode was sampled inside llama.cpp's graph: it has no logits rows")
         j = self._n_out + self._row(i, "logits")
         if self._rows is None:  # one view of every output's row, kept while llama.cpp keeps its output buffer
@@ -334,10 +330,10 @@ class Model(Facts):
     def sampled_tokens(self) -> list[int]:
         """The tokens llama.cpp's greedy sampler picked inside the graph (output IDS), one per output of the last
         decode."""
-        if self.output.kind is not Kind.IDS:
+        if self.output is not IDS:
             raise DecodeError("the last decode was not sampled greedily inside llama.cpp's graph")
         get, ctx, ids = self._sampled_token_ith, self._ctx_arg, []
-        for i in self._out_args[self.n_batch - self._n_out :]:  # a loop: a comprehension is a call more (3.11)
+        for i in self._out_args[self.n_batch - self._n_out :]:  # a loop, not a comprehension (docs/performance.md)
             ids.append(get(ctx, i))
         return ids
 

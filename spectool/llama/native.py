@@ -42,7 +42,7 @@ class DecodeError(EngineError):
 
 
 _LOCK = threading.Lock()
-_STATE: dict = {"lib": None, "callback": None, "verbose": False, "sigint": False}
+_STATE: dict = {"lib": None, "callback": None, "verbose": False}
 _RECENT_LOG: collections.deque[str] = collections.deque(maxlen=40)
 
 
@@ -64,19 +64,25 @@ def _on_log(level: int, text: bytes, _user_data) -> None:
         if _STATE["verbose"]:
             os.write(2, line.encode())
     except KeyboardInterrupt:  # Ctrl-C while llama.cpp was logging: it cannot cross llama.cpp's frames (ctypes
-        _STATE["sigint"] = True  # would print it and drop it), so it is raised once llama.cpp returns
+        Interrupt.pending = True  # would print it and drop it), so it is raised once llama.cpp returns
+
+
+class Interrupt:
+    """A Ctrl-C that arrived inside a call into llama.cpp (see _on_log), not raised yet: `pending` is a plain
+    attribute, so that Model.eval reads it after every decode without a call."""
+
+    pending = False
 
 
 def take_interrupt() -> bool:
-    """Whether a Ctrl-C arrived inside a call into llama.cpp (see _on_log) since the last ask; clears it."""
-    pending, _STATE["sigint"] = _STATE["sigint"], False
+    """Whether a Ctrl-C arrived inside a call into llama.cpp since the last ask; clears it."""
+    pending, Interrupt.pending = Interrupt.pending, False
     return pending
 
 
 def raise_pending_interrupt() -> None:
-    """Raise the Ctrl-C that arrived inside a call into llama.cpp (see _on_log), if one did."""
-    if _STATE["sigint"]:
-        _STATE["sigint"] = False
+    """Raise the Ctrl-C that arrived inside a call into llama.cpp, if one did."""
+    if take_interrupt():
         raise KeyboardInterrupt
 
 

@@ -20,7 +20,8 @@ class Kind(enum.Enum):
 
 @dataclass(frozen=True)
 class Output:
-    """What one output of a decode is. Compare `kind` (an enum member, by identity); `k` is TOP_K's."""
+    """What one output of a decode is: ROWS, IDS or Output.top_k(k), one object each, so that the hot path can
+    test `output is IDS` (reading `Kind.IDS` costs an enum lookup in Python 3.11); `k` is TOP_K's."""
 
     kind: Kind
     k: int = 0
@@ -32,6 +33,10 @@ class Output:
         if k < 1:
             raise ValueError(f"top-k needs k >= 1, not {k}")
         return Output(Kind.TOP_K, k)
+
+    def canonical(self) -> Output:
+        """The one object equal to this one (ROWS, IDS or Output.top_k(k))."""
+        return ROWS if self == ROWS else IDS if self == IDS else Output.top_k(self.k)
 
     def __str__(self) -> str:
         return f"top-{self.k}" if self.kind is Kind.TOP_K else self.kind.value
