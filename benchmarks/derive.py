@@ -6,12 +6,13 @@ import ctypes
 import os
 from pathlib import Path
 
-from spectool.llama.engine import EngineError, _lib, check_gguf_file, last_log_error
+from spectool.llama import native
+from spectool.llama.engine import EngineError, check_gguf_file, last_log_error
 
 
 def quantize(src: str | os.PathLike, dst: str | os.PathLike, ftype: str, *, threads: int | None = None) -> Path:
     """Write `src` re-quantized to `ftype` ("F32", "F16", "Q8_0", "Q4_K_M"...) at `dst`, atomically."""
-    lib = _lib()
+    lib = native.lib()
     code = getattr(lib, f"LLAMA_FTYPE_MOSTLY_{ftype.upper()}", None)
     if ftype.upper() == "F32":
         code = lib.LLAMA_FTYPE_ALL_F32

@@ -91,6 +91,7 @@ def child(args) -> None:
 
     from spectool import bench
     from spectool.bench import Contender
+    from spectool.ui import offload_table
     from spectool.session import Options, load_models, resolve_models
 
     m = models()
@@ -104,7 +105,7 @@ def child(args) -> None:
         contenders = [Contender(name, mode, k) for name, mode, k in CONTENDERS]
         bench.run(target, {0: (draft, None)}, prompts[:1], contenders, 16)  # warm up both machines
         results = bench.run(target, {0: (draft, None)}, prompts, contenders, args.tokens)
-        print(json.dumps({"offload": target.offload, "results": [r.to_json() for r in results]}))
+        print(json.dumps({"offload": offload_table(target), "results": [r.to_json() for r in results]}))
 
 
 def start_worker(threads: int) -> tuple[subprocess.Popen, int]:

@@ -34,7 +34,7 @@ from spectool import bench  # noqa: E402
 from spectool.llama import devices, engine  # noqa: E402
 from spectool.drafters import prune  # noqa: E402
 from spectool.bench import Contender, Result  # noqa: E402
-from spectool.ui import offload_text  # noqa: E402
+from spectool.ui import offload_table, offload_text  # noqa: E402
 from spectool.core.verify import Sampling  # noqa: E402
 from spectool.options import CTX_SIZE, LLAMA_CPP_TEMP  # noqa: E402
 
@@ -73,7 +73,7 @@ def run_set(name: str, model: Path, texts: list[str], contenders: list[Contender
                                    say=say, n_gpu_layers=-1 if on_gpu() else 0)
     with engine.Model(model, n_ctx=CTX_SIZE, n_threads=args.threads, n_gpu_layers="auto") as target, \
             contextlib.ExitStack() as stack:
-        print(f"   backend: {offload_text({'target': target.offload})}", flush=True)
+        print(f"   backend: {offload_text({'target': offload_table(target)})}", flush=True)
         drafts = {}
         for vocab in sorted({c.draft_vocab for c in contenders if c.mode in ("draft", "hybrid")}):
             path = prune.pruned_draft(draft_path, vocab, n_threads=args.threads) if vocab else draft_path

@@ -31,11 +31,13 @@ from run import models  # noqa: E402
 
 from common import machine  # noqa: E402
 from spectool.llama import devices, engine  # noqa: E402
+from spectool.llama.outputs import IDS, ROWS, Output  # noqa: E402
 from spectool.core import speculative  # noqa: E402
 from spectool.bench import Contender  # noqa: E402
 from spectool.core.costs import Costs  # noqa: E402
 from spectool.core.stats import Stats  # noqa: E402
 from spectool.options import CTX_SIZE  # noqa: E402
+from spectool.ui import offload_table  # noqa: E402
 
 CALLS: list[tuple[float, float]] = []  # (start, seconds) of every llama_decode
 
@@ -76,15 +78,15 @@ def host_per_step(g, prompt: list[int]) -> tuple[list[float], int, float]:
     return host, n, bounds[-1] - bounds[0]
 
 
-def verify_cost(target, prompt: list[int], sample, repeats: int = 40) -> float:
-    """Median seconds inside llama_decode of a 9-token verification after `prompt`, outputs read as `sample` asks
-    (None: whole rows copied out; 0: token ids sampled in the graph)."""
-    target.graph_sampling = sample is not None
+def verify_cost(target, prompt: list[int], output: Output, repeats: int = 40) -> float:
+    """Median seconds inside llama_decode of a 9-token verification after `prompt`, outputs read as `output` asks
+    (ROWS: whole rows copied out; IDS: token ids sampled in the graph)."""
+    target.graph_sampling = output is not ROWS
     target.sync(prompt[:-1], logits="none")
     times = []
     for _ in range(repeats + 2):
         CALLS.clear()
-        target.eval(prompt[-1:] + prompt[-9:-1], logits="all", sample=sample)
+        target.eval(prompt[-1:] + prompt[-9:-1], logits="all", output=output)
         times.append(CALLS[-1][1])
         target.rollback(len(prompt) - 1)
     return statistics.median(times[2:])
@@ -112,7 +114,7 @@ def main() -> None:
             engine.Model(paths["Q4_K_M"], n_ctx=CTX_SIZE, n_threads=args.threads, n_gpu_layers="auto",
                          graph_sampling=graph) as draft:
         sampled_in_graph = target.graph_sampling
-        backend = target.offload["backend"]
+        backend = offload_table(target)["backend"]
         prompts = [target.tokenize(t) for t in texts]
         costs = {c.name: Costs() for c in contenders}
         total = {c.name: ([], [0, 0.0]) for c in contenders}
@@ -129,8 +131,8 @@ def main() -> None:
             steps = len(host)
             rows.append(f"| {c.name} | {1000 * statistics.mean(host):.3f} | {1000 * statistics.median(host):.3f} | "
                         f"{n / steps:.2f} | {1000 * wall / steps:.2f} | {100 * sum(host) / wall:.1f}% |")
-        rows_ms = 1000 * verify_cost(target, prompts[0], None)
-        ids_ms = 1000 * verify_cost(target, prompts[0], 0)
+        rows_ms = 1000 * verify_cost(target, prompts[0], ROWS)
+        ids_ms = 1000 * verify_cost(target, prompts[0], IDS)
     md = (f"Machine: {machine(args.threads)}, backend {backend}; "
           f"llama-cpp-python {devices.versions()['llama_cpp_python']}. Gemma 3 270M F16 (draft: Q4_K_M), greedy, "
           f"{args.prompts} HumanEval prompts, {args.tokens} new tokens. Outputs read "

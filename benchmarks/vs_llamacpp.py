@@ -38,7 +38,7 @@ from spectool.bench import Contender, Result  # noqa: E402
 from spectool.core.costs import Costs  # noqa: E402
 from spectool.core.speculative import Generation, speculative_generate  # noqa: E402
 from spectool.core.stats import Stats  # noqa: E402
-from spectool.ui import offload_text  # noqa: E402
+from spectool.ui import offload_table, offload_text  # noqa: E402
 from spectool.options import CTX_SIZE  # noqa: E402
 
 SETS = {"code editing (HumanEval)": P.humaneval_prompts, "grounded chat (ShareGPT)": P.grounded_prompts,
@@ -62,7 +62,7 @@ def run_set(name: str, texts: list[str], model: Path, bins: dict, args) -> list[
     repack = not engine.avoid_amx()  # the same weights layout as spectool's (see engine.avoid_amx)
     gpu = on_gpu()
     with engine.Model(model, n_ctx=CTX_SIZE, n_threads=args.threads, n_gpu_layers="auto") as target:
-        print(f"   spectool's backend: {offload_text({'target': target.offload})}; llama.cpp's tools: "
+        print(f"   spectool's backend: {offload_text({'target': offload_table(target)})}; llama.cpp's tools: "
               f"-ngl {99 if gpu else 0}", flush=True)
         plain_texts = []
         for i, text in enumerate(texts):

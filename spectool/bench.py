@@ -279,28 +279,13 @@ def reference_completions(path, texts: Sequence[str], max_tokens: int, sampling:
     baseline benchmarks compare against. Yields (text, tokens after the first, seconds from the first streamed
     token to the last) per prompt, or the exception a prompt raised. The model is loaded with the same buffer
     types as `Model` (see avoid_amx)."""
-    import ctypes
     import os
 
-    from llama_cpp import llama as high  # noqa: PLC0415
+    from spectool.llama.native import reference_llama
 
-    from spectool.llama.native import _STATE, _lib, avoid_amx
-
-    lib, default_params = _lib(), high.llama_cpp.llama_model_default_params
-
-    def params():
-        p = default_params()
-        p.use_extra_bufts = not avoid_amx()
-        return p
-
-    high.llama_cpp.llama_model_default_params = params
-    try:
-        n_threads = n_threads or max(1, os.cpu_count() or 1)
-        llm = high.Llama(str(path), n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads, seed=seed,
-                         verbose=False, draft_model=draft_model, n_gpu_layers=n_gpu_layers)
-    finally:
-        high.llama_cpp.llama_model_default_params = default_params
-    lib.llama_log_set(_STATE["callback"], ctypes.c_void_p(0))  # Llama(verbose=False) took the log over
+    n_threads = n_threads or max(1, os.cpu_count() or 1)
+    llm = reference_llama(path, n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads, seed=seed,
+                          verbose=False, draft_model=draft_model, n_gpu_layers=n_gpu_layers)
     try:
         for i, text in enumerate(texts):
             llm.reset()

@@ -346,10 +346,11 @@ def info(o: Options, as_json: AsJson = False) -> None:
     and the folders spectool uses."""
     with cli_errors(o.debug):
         from spectool import costtables
+        from spectool.about import installation_info
         from spectool.llama import devices
 
         devices.set_verbose(o.debug)
-        data = devices.installation_info(o.rpc)
+        data = installation_info(o.rpc)
         data["cost_tables"] = [costtables.describe(t) for t in costtables.tables()]
     if as_json:
         print(json.dumps(data, indent=2))

@@ -22,9 +22,10 @@ def path_for(target, draft, threads: int | None, rpc: str | None, ctx_size: int)
     import platform
 
     from spectool.llama.engine import backend_info
+    from spectool.ui import offload_table
 
-    tag = file_tag(target.path, draft.path if draft is not None else "", threads, target.offload,
-                   draft.offload if draft is not None else None, rpc or "", ctx_size, backend_info(),
+    tag = file_tag(target.path, draft.path if draft is not None else "", threads, offload_table(target),
+                   offload_table(draft) if draft is not None else None, rpc or "", ctx_size, backend_info(),
                    platform.machine(), os.cpu_count(), cpu_name())
     return cache_dir("costs") / f"{Path(target.path).stem}-{tag}.json"
 

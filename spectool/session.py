@@ -20,7 +20,8 @@ if TYPE_CHECKING:  # importing them would load llama.cpp before it is needed
     from spectool.core.controller import Controller
     from spectool.core.speculative import Generation
     from spectool.drafters.base import Drafter
-    from spectool.llama.engine import Model, MtpContext
+    from spectool.drafters.mtp import MtpContext
+    from spectool.llama.engine import Model
     from spectool.models.registry import ModelRef
 
 
@@ -82,9 +83,11 @@ class Session:
 
     @property
     def offload(self) -> dict:
-        """Where the weights went: backend and layers of the target and of the draft model (Model.offload)."""
+        """Where the weights went: backend and layers of the target and of the draft model (ui.offload_table)."""
+        from spectool.ui import offload_table
+
         draft = self.draft_model
-        return {"target": self.gen.target.offload, "draft": draft.offload if draft is not None else None}
+        return {"target": offload_table(self.gen.target), "draft": offload_table(draft) if draft is not None else None}
 
 
 def fit_prompt(tokens: list[int], n_ctx: int, max_tokens: int, truncate: bool, bos: int,
@@ -288,7 +291,7 @@ def open_session(o: Options, hooks: Hooks = Hooks()) -> Iterator[Session]:
                             "spectool cannot draft from its MTP heads (llama.cpp restores checkpoints instead)",
                             code=2)
         if use_mtp and target.n_nextn and target.can_rollback:
-            from spectool.llama.engine import MtpContext
+            from spectool.drafters.mtp import MtpContext
 
             mtp = stack.enter_context(contextlib.closing(MtpContext(target)))
         drafter, mode = build_drafter(o.spec, draft_model, o.draft_p_min, notices, ids, target.n_vocab, mtp)

@@ -39,6 +39,15 @@ def summary_line(st: Stats) -> str:
     )
 
 
+def offload_table(model) -> dict:
+    """Where a Model's weights went, for the live panel, --stats-json and the cost tables' names: the backend
+    (the devices, or CPU), the devices, and how many of its offloadable layers went there."""
+    devices = model.offload_devices
+    return {"backend": ", ".join(d.name for d in devices) if devices else "CPU",
+            "devices": [f"{d.name} ({d.description})" for d in devices],
+            "layers": model.n_offloaded, "of": model.n_offloadable}
+
+
 def offload_text(offload: dict) -> str:
     """`CPU` or `CUDA0 25/25 layers`, and the draft's after `draft`."""
     parts = []

@@ -166,7 +166,7 @@ def test_close_is_idempotent(tiny):
     import sys
 
     code = (f"from spectool.llama.engine import Model\nm = Model({str(tiny['draft'])!r}, n_ctx=64)\nm.close()\nm.close()\n"
-            "assert m._ctx is None and m._model is None and m._batch is None\nprint('closed twice')")
+            "assert m.closed\nprint('closed twice')")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "closed twice", r.stderr[-2000:]
 

@@ -12,6 +12,7 @@ import pytest
 
 from spectool.core.controller import Controller
 from spectool.llama.engine import DecodeError, Model
+from spectool.llama.outputs import IDS, ROWS, Output
 from spectool.core.speculative import Generation
 from spectool.core.stats import Stats
 from spectool.core.verify import Sampling, backend_chain, dist_at, distribution
@@ -39,11 +40,11 @@ def test_the_cpu_reads_rows_unless_told(target):
 
 
 def test_what_the_graph_may_sample():
-    assert backend_chain(Sampling()) == 0
-    assert backend_chain(Sampling(temp=0.8, top_k=40)) == 40
-    assert backend_chain(Sampling(temp=0.8, top_k=0, top_p=0.9)) is None  # top-p over the whole row
-    assert backend_chain(Sampling(repeat_penalty=1.1)) is None  # penalties see drafts the graph never saw
-    assert backend_chain(Sampling(), banned=np.array([3])) is None
+    assert backend_chain(Sampling()) == IDS
+    assert backend_chain(Sampling(temp=0.8, top_k=40)) == Output.top_k(40)
+    assert backend_chain(Sampling(temp=0.8, top_k=0, top_p=0.9)) == ROWS  # top-p over the whole row
+    assert backend_chain(Sampling(repeat_penalty=1.1)) == ROWS  # penalties see drafts the graph never saw
+    assert backend_chain(Sampling(), banned=np.array([3])) == ROWS
 
 
 def test_greedy_ids_are_the_argmax_of_the_rows(target, graph_target):
@@ -51,8 +52,8 @@ def test_greedy_ids_are_the_argmax_of_the_rows(target, graph_target):
     target.reset()
     graph_target.reset()
     target.eval(tokens, logits="all")
-    graph_target.eval(tokens, logits="all", sample=0)
-    assert graph_target.sampled == 0
+    graph_target.eval(tokens, logits="all", output=IDS)
+    assert graph_target.output == IDS
     assert [graph_target.sampled_token(i) for i in range(len(tokens))] == \
         [int(np.argmax(target.logits(i))) for i in range(len(tokens))]
     with pytest.raises(DecodeError):
@@ -65,8 +66,8 @@ def test_top_k_candidates_give_the_host_chains_distribution(target, graph_target
     target.reset()
     graph_target.reset()
     target.eval(tokens, logits="all")
-    graph_target.eval(tokens, logits="all", sample=backend_chain(s))
-    assert graph_target.sampled == s.top_k
+    graph_target.eval(tokens, logits="all", output=backend_chain(s))
+    assert graph_target.output == Output.top_k(s.top_k)
     for i in range(len(tokens)):
         ids, z = graph_target.candidates(i)
         row = target.logits(i)
@@ -86,7 +87,7 @@ def test_greedy_output_in_the_graph_equals_plain_decoding_on_rows(target, graph_
         st = Stats()
         g = Generation(graph_target, make(), max_tokens=80, controller=Controller(k_max=5, timed=False))
         assert tokens_of(g, prompt, st) == plain, name
-        assert st.n_drafted > 0 and graph_target.sampled == 0, name
+        assert st.n_drafted > 0 and graph_target.output == IDS, name
 
 
 @pytest.mark.parametrize("kind", ["draft", "lookup"])
@@ -98,7 +99,7 @@ def test_sampled_tokens_in_the_graph_follow_the_target_distribution(target, grap
     prompt += tokens_of(Generation(target, None, max_tokens=20), prompt)
     st = Stats()
     counts = sample_joint(graph_target, drafters(graph_draft)[kind], prompt, s, stats=st)
-    assert graph_target.sampled == 20 and min(st.accepted_per_position) > 0 and st.n_accepted < st.n_drafted
+    assert graph_target.output == Output.top_k(20) and min(st.accepted_per_position) > 0 and st.n_accepted < st.n_drafted
     rejects, stat, crit = chi2_rejects(counts, exact_joint(target, prompt, s), N_RUNS)
     assert not rejects, f"chi2 {stat:.1f} > {crit:.1f}"
 
@@ -107,7 +108,7 @@ def test_penalties_fall_back_to_rows_in_the_same_model(graph_target):
     prompt = graph_target.tokenize("The quick brown fox")
     tokens_of(Generation(graph_target, None, Sampling(temp=0.8, top_k=40, repeat_penalty=1.2), max_tokens=8,
                          seed=1), prompt)
-    assert graph_target.sampled is None  # whole rows, since the penalties' history holds drafts
+    assert graph_target.output == ROWS  # whole rows, since the penalties' history holds drafts
 
 
 @pytest.mark.realmodel
@@ -119,11 +120,11 @@ def test_real_gemma_rows_agree_between_the_graph_and_the_host(gemma_q4):
         tokens = rows.tokenize("def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(")
         rows.eval(tokens, logits="all")
         host = [np.array(rows.logits(i)) for i in range(len(tokens))]
-        graph.eval(tokens, logits="all", sample=0)
+        graph.eval(tokens, logits="all", output=IDS)
         assert [graph.sampled_token(i) for i in range(len(tokens))] == [int(np.argmax(r)) for r in host]
         for s in CHAINS:
             graph.reset()
-            graph.eval(tokens, logits="all", sample=s.top_k)
+            graph.eval(tokens, logits="all", output=Output.top_k(s.top_k))
             for i, row in enumerate(host):
                 a, b = distribution(row, s), dist_at(graph, i, s)
                 assert np.array_equal(a.ids, b.ids) and np.array_equal(a.p, b.p), (s, i)

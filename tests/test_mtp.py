@@ -23,7 +23,7 @@ def test_the_trunk_of_an_mtp_model_decodes_as_any_model(mtp_path):
     from spectool.core.speculative import Generation
 
     with Model(mtp_path, n_ctx=512, n_threads=2) as m:
-        assert m.architecture == "glm4moe" and m.n_nextn == 1 and m.offload["of"] == 3  # 2 blocks + output
+        assert m.architecture == "glm4moe" and m.n_nextn == 1 and m.n_offloadable == 3  # 2 blocks + output
         prompt = m.tokenize("The quick brown fox jumps over the lazy dog. The quick brown fox")
         plain = tokens_of(Generation(m, None, max_tokens=40), prompt)
         assert tokens_of(Generation(m, PromptLookup(), controller=Controller(k_max=8), max_tokens=40),
@@ -35,7 +35,8 @@ import pytest  # noqa: E402
 
 @pytest.fixture(scope="module")
 def mtp_target(mtp_path):
-    from spectool.llama.engine import Model, MtpContext
+    from spectool.drafters.mtp import MtpContext
+    from spectool.llama.engine import Model
 
     with Model(mtp_path, n_ctx=1024, n_threads=2, load_mtp=True) as m:
         head = MtpContext(m)
@@ -167,8 +168,8 @@ def test_the_mtp_head_drafts_and_accepts_what_llama_cpps_draft_mtp_does(mtp_path
     from helpers import tokens_of
 
     from spectool.core.controller import Controller
-    from spectool.drafters.mtp import Mtp
-    from spectool.llama.engine import Model, MtpContext
+    from spectool.drafters.mtp import Mtp, MtpContext
+    from spectool.llama.engine import Model
     from spectool.core.speculative import Generation, speculative_generate
 
     theirs = llamacpp.draft_mtp(speculative_simple, mtp_path, text, 40, n_draft=3)

@@ -20,6 +20,7 @@ from spectool.core.controller import Controller
 from spectool.drafters.base import EMPTY, Draft, Drafter
 from spectool.drafters.lookup import PromptLookup
 from spectool.llama.engine import EngineError, Model
+from spectool.llama.outputs import Output
 from spectool.core.keys import Key, Source
 from spectool.core.stats import Stats
 from spectool.core.verify import Sampling, accept_greedy, accept_sampled, backend_chain, dist_at, greedy_rows
@@ -140,7 +141,7 @@ class _Loop:
         The cache then holds x and the accepted drafts."""
         x, target, s = self.x, self.target, self.sampling
         recent = x[-s.window:] if s.window else []  # p_i's penalties see x + d_1..d_i
-        target.eval([x[-1], *d.tokens], logits="all", sample=self.on_graph)
+        target.eval([x[-1], *d.tokens], logits="all", output=self.on_graph)
         if s.greedy:
             n_acc, t = accept_greedy(greedy_rows(target, s, recent, d.tokens), d.tokens)
         else:
@@ -250,7 +251,7 @@ CALIBRATION_SIZES = (1, 2, 4, 8, 16, 32, 64)
 FLAT = 2.0  # past 8 tokens, calibration goes on doubling while a batch costs less than this many single tokens
 
 
-def calibrate(target: Model, x: list[int], ctl: Controller, sample: int | None) -> None:
+def calibrate(target: Model, x: list[int], ctl: Controller, output: Output) -> None:
     """A cost table that has measured no batch yet (a first run on this machine, with these settings) learns what
     batches cost before the first step, instead of trusting priors that may not fit this CPU or GPU: batches of
     1, 2, 4 and 8 tokens after the prompt, each twice (the first of a size is a warm-up), then rolled back; and
@@ -267,7 +268,7 @@ def calibrate(target: Model, x: list[int], ctl: Controller, sample: int | None) 
             break
         for _ in range(2):
             t0 = time.perf_counter()
-            target.eval([x[-1]] * b, logits="all", sample=sample)
+            target.eval([x[-1]] * b, logits="all", output=output)
             ctl.observe_verify(b, time.perf_counter() - t0)
             target.rollback(len(x) - 1)
 

@@ -22,6 +22,8 @@ from typing import Callable, Sequence
 from spectool.llama import native  # noqa: F401, I001 - llama.cpp's libraries before numpy (native.py)
 import numpy as np  # noqa: E402
 
+from spectool.llama.outputs import IDS, ROWS, Kind, Output
+
 WHOLE_HISTORY = 1 << 30
 
 
@@ -175,30 +177,30 @@ def _rest_of_chain(c: np.ndarray, zc: np.ndarray, s: Sampling, norm, n: int) -> 
 # -- reading a model's outputs: whole rows, or what llama.cpp sampled inside its graph ---------------------------
 
 
-def backend_chain(s: Sampling, banned=None) -> int | None:
+def backend_chain(s: Sampling, banned=None) -> Output:
     """How much of the chain llama.cpp can run inside its graph with the result unchanged (Model.sample_on_backend):
-    0, the argmax, at temperature 0; top_k, the k best candidates on which the host finishes the chain, when top-k
-    is on. None (whole rows to the host) when penalties are on (their history holds drafts the graph never saw),
-    when tokens are banned (a draft's tokens the target lacks), or without top-k (top-p's normaliser then runs
-    over the whole row)."""
+    IDS, the argmax, at temperature 0; top-k, the k best candidates on which the host finishes the chain, when
+    top-k is on. ROWS (whole rows to the host) when penalties are on (their history holds drafts the graph never
+    saw), when tokens are banned (a draft's tokens the target lacks), or without top-k (top-p's normaliser then
+    runs over the whole row)."""
     if s.window or banned is not None:
-        return None
+        return ROWS
     if s.greedy:
-        return 0
-    return s.top_k if s.top_k > 0 else None
+        return IDS
+    return Output.top_k(s.top_k) if s.top_k > 0 else ROWS
 
 
 def greedy_rows(model, s: Sampling, recent: Sequence[int], draft: Sequence[int]):
     """The chain's token at temperature 0 for each output of a verification [x[-1], d_1..d_k] (output i follows
     x + d_1..d_i), lazily: the ids llama.cpp's graph picked, or the argmax of each penalised row."""
-    if model.sampled == 0:  # ids only: nothing to build per row
+    if model.output is IDS:  # ids only: nothing to build per row
         return model.sampled_tokens()
     return (token_at(model, i, s, [*recent, *draft[:i]]) for i in range(len(draft) + 1))
 
 
 def token_at(model, i: int, s: Sampling, recent: Sequence[int] = (), banned=None) -> int:
     """The chain's token at temperature 0 for output i of the model's last decode."""
-    if model.sampled == 0:
+    if model.output is IDS:
         return model.sampled_token(i)
     return greedy_token(model.logits(i), s, recent, banned)
 
@@ -206,7 +208,7 @@ def token_at(model, i: int, s: Sampling, recent: Sequence[int] = (), banned=None
 def dist_at(model, i: int, s: Sampling, recent: Sequence[int] = (), banned=None) -> Dist:
     """The chain's distribution for output i of the model's last decode: the rest of the chain on the top-k
     candidates llama.cpp picked in its graph, or the whole chain on the row."""
-    if model.sampled:
+    if model.output.kind is Kind.TOP_K:
         ids, z = model.candidates(i)
         order = np.argsort(ids)  # ties between equal logits fall as on the host path: by id
         return _rest_of_chain(ids[order].astype(np.int64), z[order], s, None, model.n_vocab)

@@ -10,6 +10,7 @@ from spectool.llama import native  # noqa: F401, I001 - llama.cpp's libraries be
 import numpy as np  # noqa: E402
 
 from spectool.llama.engine import Model
+from spectool.llama.outputs import ROWS
 from spectool.core.keys import DRAFT, Key
 from spectool.core.keys import Source
 from spectool.core.verify import Dist, Sampling, backend_chain, dist_at, token_at, top_probability
@@ -81,10 +82,10 @@ class DraftModel:
         t0 = time.perf_counter()
         banned = self.map.banned if self.map is not None and len(self.map.banned) else None
         # llama.cpp samples in the graph, but p_min at temperature 0 needs the whole row's softmax
-        on_graph = None if sampling.greedy and self.p_min > 0 else backend_chain(sampling, banned)
+        on_graph = ROWS if sampling.greedy and self.p_min > 0 else backend_chain(sampling, banned)
         # usually 1-2 new tokens (the target's own, after the accepted drafts); many after steps without drafts
         mapped = self._map(history)
-        caught_up = m.sync(mapped, sample=on_graph)
+        caught_up = m.sync(mapped, output=on_graph)
         catch_up = time.perf_counter() - t0 if caught_up > 2 else 0.0
         recent = mapped[-sampling.window:] if sampling.window else []
         tokens: list[int] = []  # in the draft's own ids
@@ -102,7 +103,7 @@ class DraftModel:
                 qs.append(q)
             tokens.append(t)
             if i < k - 1:
-                m.eval([t], sample=on_graph)
+                m.eval([t], output=on_graph)
         if self.map is not None:  # back to the target's ids
             tokens = self.map.to_target[tokens].tolist()
             qs = [self._on_target(q) for q in qs]

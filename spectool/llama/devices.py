@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from spectool.llama.native import _STATE, EngineError, _lib, backend_info, last_log_error, set_verbose  # noqa: F401
+from spectool.llama.native import EngineError, backend_info, last_log_error, lib, set_verbose, verbose  # noqa: F401
 
 DEVICE_TYPES = ("CPU", "GPU", "IGPU", "ACCEL")  # enum ggml_backend_dev_type
 REINSTALL_RPC = ('this llama-cpp-python was built without RPC; reinstall it with -DGGML_RPC=on added to the '
@@ -27,11 +27,12 @@ class RpcError(EngineError):
 
 
 _ABORT_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
+_GGML: dict = {"lib": None, "abort": None, "rpc": []}  # libggml bound once, the abort callback, the RPC workers
 
 
 def _ggml():
-    if _STATE.get("ggml") is None:
-        llama = _lib()
+    if _GGML["lib"] is None:
+        llama = lib()
         libdir = Path(llama.__file__).parent / "lib"
         path = next((libdir / n for n in ("libggml.so", "libggml.dylib", "ggml.dll") if (libdir / n).exists()), None)
         g = ctypes.CDLL(str(path) if path else "libggml.so")
@@ -48,8 +49,8 @@ def _ggml():
         ):
             fn = getattr(g, name)
             fn.restype, fn.argtypes = res, args
-        _STATE["ggml"] = g
-    return _STATE["ggml"]
+        _GGML["lib"] = g
+    return _GGML["lib"]
 
 
 @dataclass(frozen=True)
@@ -96,8 +97,8 @@ def devices() -> list[Device]:
 
 def versions() -> dict:
     """llama-cpp-python's version, and the llama.cpp and ggml it was built from."""
-    lib, g = _lib(), _ggml()
-    return {"llama_cpp_python": getattr(lib, "__version__", "?"), "llama_cpp": lib.llama_version().decode(),
+    llama, g = lib(), _ggml()
+    return {"llama_cpp_python": getattr(llama, "__version__", "?"), "llama_cpp": llama.llama_version().decode(),
             "ggml": g.ggml_version().decode(), "ggml_commit": g.ggml_commit().decode()}
 
 
@@ -158,13 +159,13 @@ def _rpc_proc(name: str):
 def _on_abort(message: bytes) -> None:
     """ggml is about to abort(): with RPC workers in use, that is almost always a worker gone mid-run. Say which,
     in one line, keep the text written so far, and exit 1 instead of dumping core."""
-    lost = [f"{h}:{p}" for h, p in _STATE.get("rpc", []) if _gone(h, p)]
+    lost = [f"{h}:{p}" for h, p in _GGML["rpc"] if _gone(h, p)]
     # ggml's message reads "path/to/file.cpp:566: what happened"
     why = [ln.split(": ", 1)[-1] if ".c" in ln.split(": ", 1)[0] else ln
            for ln in (message or b"").decode("utf-8", errors="replace").strip().splitlines()]
     line = (f"error: lost the RPC worker {', '.join(lost)} ({why[0] if why else 'connection closed'})" if lost
             else f"error: llama.cpp aborted: {why[0] if why else '?'}")
-    if _STATE["verbose"]:
+    if verbose():
         os.write(2, (message or b"") + b"\n")
     os.write(2, (line + "\n").encode())
     exit_now(1)
@@ -179,14 +180,13 @@ def add_rpc_workers(endpoints: Sequence[tuple[str, int]]) -> None:
         if why:
             raise RpcError(f"cannot reach the RPC worker {host}:{port} ({why}); is `spectool worker` running there?")
     g = _ggml()
-    if _STATE.get("abort") is None:
-        _STATE["abort"] = _ABORT_CALLBACK(_on_abort)
-        g.ggml_set_abort_callback(_STATE["abort"])
-    _STATE.setdefault("rpc", [])
+    if _GGML["abort"] is None:
+        _GGML["abort"] = _ABORT_CALLBACK(_on_abort)
+        g.ggml_set_abort_callback(_GGML["abort"])
     for host, port in endpoints:
-        if (host, port) in _STATE["rpc"]:
+        if (host, port) in _GGML["rpc"]:
             continue
-        _STATE["rpc"].append((host, port))
+        _GGML["rpc"].append((host, port))
         reg = add(f"{host}:{port}".encode())
         if not reg:
             raise RpcError(f"the RPC worker {host}:{port} offers no devices")
@@ -276,20 +276,13 @@ def run_worker(host: str, port: int, threads: int | None, say) -> None:
 
 
 def installation_info(rpc: str | None) -> dict:
-    """What this installation can do (`spectool info`): versions, CPU features, devices (with the RPC workers of
-    `rpc` added), GPU offload, RPC support, threads and the folders spectool uses."""
-    from huggingface_hub import constants
-
-    from spectool import __version__
-    from spectool.models.cache import cache_dir
-    from spectool.models.registry import user_file
-
+    """What this llama.cpp can do here (`spectool info`): versions, CPU features, devices (with the RPC workers of
+    `rpc` added), GPU offload, RPC support and threads."""
     if rpc:
         add_rpc_workers(parse_endpoints(rpc))
     b, found = backend_info(), devices()
-    return {"spectool": __version__, **versions(), "system_info": b["system_info"],
+    return {**versions(), "system_info": b["system_info"],
             # gpu_offload: a local GPU to offload to (what -ngl auto uses); llama.cpp's own
             # llama_supports_gpu_offload() also says yes for a CPU build with RPC in it
             "gpu_offload": any(d.offloads and not d.remote for d in found), "rpc": b["rpc"],
-            "threads": os.cpu_count() or 1, "devices": [d.to_json() for d in found],
-            "paths": {"cache": str(cache_dir("")), "models_cache": constants.HF_HUB_CACHE, "config": str(user_file())}}
+            "threads": os.cpu_count() or 1, "devices": [d.to_json() for d in found]}

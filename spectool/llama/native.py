@@ -1,4 +1,5 @@
-"""llama.cpp's shared libraries, loaded before numpy's; its log, backend facts and the engine's errors.
+"""llama.cpp's shared libraries, loaded before numpy's; its log, backend facts, the engine's errors, and
+llama-cpp-python's own `Llama` as the benchmarks' baseline.
 
 Every spectool module that imports numpy imports this one first, so that whichever way a program comes in (the
 command line, `serve`, `worker`, the benchmarks, `import spectool.core.verify` from a script) llama.cpp's libraries
@@ -19,8 +20,6 @@ import threading
 
 import llama_cpp  # noqa: F401 - the import is the point (before numpy)
 
-lib = llama_cpp
-
 
 class EngineError(Exception):
     """Base class for errors raised by the engine; the message is meant for the user."""
@@ -38,20 +37,24 @@ class DecodeError(EngineError):
     """llama_decode failed (no KV slot, out of memory, aborted)."""
 
 
-
 # --------------------------------------------------------------------------------------------------------------
-# llama.cpp library: lazy import, one-time backend init, log routing
+# llama.cpp library: one-time backend init, log routing, a Ctrl-C that arrived inside llama.cpp
 
 
 _LOCK = threading.Lock()
-_STATE: dict = {"lib": None, "callback": None, "verbose": False, "sigint": False}
+_STATE: dict = {"lib": None, "callback": None, "verbose": False}
 _RECENT_LOG: collections.deque[str] = collections.deque(maxlen=40)
 
 
 def set_verbose(verbose: bool) -> None:
     """Show llama.cpp's own log on stderr (for --debug); silent otherwise."""
     _STATE["verbose"] = verbose
-    _lib()
+    lib()
+
+
+def verbose() -> bool:
+    """Whether llama.cpp's log goes to stderr (set_verbose)."""
+    return _STATE["verbose"]
 
 
 def _on_log(level: int, text: bytes, _user_data) -> None:
@@ -61,18 +64,30 @@ def _on_log(level: int, text: bytes, _user_data) -> None:
         if _STATE["verbose"]:
             os.write(2, line.encode())
     except KeyboardInterrupt:  # Ctrl-C while llama.cpp was logging: it cannot cross llama.cpp's frames (ctypes
-        _STATE["sigint"] = True  # would print it and drop it), so it is raised once llama.cpp returns
+        Interrupt.pending = True  # would print it and drop it), so it is raised once llama.cpp returns
+
+
+class Interrupt:
+    """A Ctrl-C that arrived inside a call into llama.cpp (see _on_log), not raised yet: `pending` is a plain
+    attribute, so that Model.eval reads it after every decode without a call."""
+
+    pending = False
+
+
+def take_interrupt() -> bool:
+    """Whether a Ctrl-C arrived inside a call into llama.cpp since the last ask; clears it."""
+    pending, Interrupt.pending = Interrupt.pending, False
+    return pending
 
 
 def raise_pending_interrupt() -> None:
-    """Raise the Ctrl-C that arrived inside a call into llama.cpp (see _on_log), if one did."""
-    if _STATE.get("sigint"):
-        _STATE["sigint"] = False
+    """Raise the Ctrl-C that arrived inside a call into llama.cpp, if one did."""
+    if take_interrupt():
         raise KeyboardInterrupt
 
 
-def _lib():
-    """Import llama_cpp once, route its log through our callback, initialise the backend."""
+def lib():
+    """llama_cpp, its log routed through ours and its backend initialised (once)."""
     if _STATE["lib"] is not None:
         return _STATE["lib"]
     with _LOCK:
@@ -83,6 +98,24 @@ def _lib():
             llama_cpp.llama_backend_init()
             _STATE["lib"] = llama_cpp
     return _STATE["lib"]
+
+
+def bind(name: str, restype, argtypes):
+    """A ctypes binding of our own to libllama's `name`, beside llama_cpp's (which converts every argument and
+    result through its declared types): for a call on the hot path with arguments made once."""
+    fn = lib().llama_cpp._lib[name]
+    fn.restype, fn.argtypes = restype, argtypes
+    return fn
+
+
+def clear_log() -> None:
+    """Forget the recent log, so that recent_log() says what the next call logs."""
+    _RECENT_LOG.clear()
+
+
+def recent_log() -> str:
+    """llama.cpp's last 40 log lines, joined (for error messages)."""
+    return " ".join(_RECENT_LOG)
 
 
 def last_log_error() -> str:
@@ -97,14 +130,13 @@ def last_log_error() -> str:
 
 def backend_info() -> dict:
     """Which backend llama.cpp was built with, and whether it can offload to a GPU."""
-    lib = _lib()
+    llama = lib()
     return {
-        "gpu_offload": bool(lib.llama_supports_gpu_offload()),
-        "rpc": bool(lib.llama_supports_rpc()),
-        "system_info": lib.llama_print_system_info().decode("utf-8", errors="replace").strip(),
-        "llama_cpp_python": getattr(lib, "__version__", "?"),
+        "gpu_offload": bool(llama.llama_supports_gpu_offload()),
+        "rpc": bool(llama.llama_supports_rpc()),
+        "system_info": llama.llama_print_system_info().decode("utf-8", errors="replace").strip(),
+        "llama_cpp_python": getattr(llama, "__version__", "?"),
     }
-
 
 
 def avoid_amx() -> bool:
@@ -118,3 +150,24 @@ def avoid_amx() -> bool:
     return "AMX_INT8 = 1" in backend_info()["system_info"]
 
 
+
+
+def reference_llama(path, **kwargs):
+    """llama-cpp-python's own high-level `Llama(path, **kwargs)`, the baseline the benchmarks compare against,
+    loaded with the buffer types `Model` loads with (avoid_amx); llama.cpp's log is routed through ours again
+    afterwards (`Llama` takes it over)."""
+    from llama_cpp import llama as high
+
+    llama, default_params = lib(), high.llama_cpp.llama_model_default_params
+
+    def params():
+        p = default_params()
+        p.use_extra_bufts = not avoid_amx()
+        return p
+
+    high.llama_cpp.llama_model_default_params = params  # where `Llama` takes its model parameters from
+    try:
+        return high.Llama(str(path), **kwargs)
+    finally:
+        high.llama_cpp.llama_model_default_params = default_params
+        llama.llama_log_set(_STATE["callback"], ctypes.c_void_p(0))

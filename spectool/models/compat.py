@@ -4,7 +4,7 @@ smaller size."""
 
 from __future__ import annotations
 
-from spectool.llama.engine import VocabInfo
+from spectool.llama.vocab import VocabInfo
 
 MAX_SIZE_DIFFERENCE = 128
 FIRST_CHECKED_TOKEN = 5
