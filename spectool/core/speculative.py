@@ -99,11 +99,8 @@ def speculative_generate(g: Generation, prompt: Sequence[int], stats: Stats | No
         stats.prompt_seconds = time.perf_counter() - t0
     n_new = 0
 
-    def at_temp(key: Key) -> Key:
-        return key.at(temp)
-
     def worth(key: Key) -> float:
-        return ctl.worth(key.at(temp))
+        return ctl.worth(key, temp)
 
     try:
         while True:
@@ -119,7 +116,7 @@ def speculative_generate(g: Generation, prompt: Sequence[int], stats: Stats | No
             keys: list[Key] = []
             if drafter is not None:
                 offer = drafter.peek(x, min(ctl.k_max, room, g.max_tokens - n_new - 1), worth)
-                keys = ctl.pick(map(at_temp, offer) if temp else offer)  # the drafter's keys are greedy ones
+                keys = ctl.pick(offer, temp)
                 if keys:
                     try:
                         d = drafter.propose(x, len(keys), s, rng)
