@@ -16,7 +16,7 @@ def drive(ctl, key, accept_p, cost1=0.013, slope=0.55, steps=400, seed=0):
     rng = random.Random(seed)
     ks = []
     for _ in range(steps):
-        k = ctl.choose([key] * 16)
+        k = len(ctl.pick([key] * 16))
         ctl.observe_verify(k + 1, cost1 * (1 + slope * k))
         if k:
             acc = 0
@@ -58,7 +58,7 @@ def test_cheap_verification_drafts_more():
 
 def test_fixed_length_and_availability():
     ctl = Controller(k_max=6, k_min=6, adaptive=False)
-    assert ctl.choose(["x"] * 16) == 6 and ctl.choose(["x"] * 3) == 3 and ctl.choose([]) == 0
+    assert len(ctl.pick(["x"] * 16)) == 6 and len(ctl.pick(["x"] * 3)) == 3 and len(ctl.pick([])) == 0
 
 
 def test_recovers_after_a_bad_stretch():
@@ -121,11 +121,11 @@ def test_a_cheap_batch_size_is_used_once_measured():
         ctl.observe_verify(n, c), ctl.observe_verify(n, c)
     for _ in range(30):
         ctl.observe_accept([Key.lookup(8)] * 7, 7, 7)
-    assert ctl.choose([Key.lookup(8)] * 16) == 7  # a batch of 8
+    assert len(ctl.pick([Key.lookup(8)] * 16)) == 7  # a batch of 8
     for _ in range(ctl.costs.reprice_every):  # 8 turns dear (prices follow within reprice_every verifications)
         ctl.observe_verify(8, 8.0)
     assert ctl.costs.verify[8] > 7.0
-    assert ctl.choose([Key.lookup(8)] * 16) == 6  # once 8 is dear: a batch of 7, 7 tokens for 5.2
+    assert len(ctl.pick([Key.lookup(8)] * 16)) == 6  # once 8 is dear: a batch of 7, 7 tokens for 5.2
 
 
 def test_costs_are_shared_and_survive_a_round_trip():
@@ -149,11 +149,11 @@ def test_a_saved_size_priced_far_above_its_neighbours_is_tried_again_at_once():
     for _ in range(30):
         ctl.observe_accept([Key.lookup(8)] * 7, 7, 7)
     keys = [Key.lookup(8)] * 7
-    assert ctl.choose(keys) == 7  # doubted: priced as if unmeasured
+    assert len(ctl.pick(keys)) == 7  # doubted: priced as if unmeasured
     for _ in range(10):  # steps at the true prices of the sizes chosen
-        k = ctl.choose(keys)
+        k = len(ctl.pick(keys))
         ctl.observe_verify(k + 1, true[k + 1])
-    assert ctl.costs.verify[8] == true[8] and ctl.choose(keys) == 7
+    assert ctl.costs.verify[8] == true[8] and len(ctl.pick(keys)) == 7
     assert Costs.from_json(saved).verify[8] == 3 * true[8]  # the saved price was read, and only doubted
 
 
@@ -169,10 +169,10 @@ def test_a_size_confirmed_dear_on_a_busy_stretch_is_tried_again_once_the_machine
     for _ in range(30):
         ctl.observe_accept([Key.lookup(8)] * 7, 7, 7)
     keys = [Key.lookup(8)] * 7
-    assert ctl.choose(keys) == 3  # 8 is confirmed dear: a batch of 4
+    assert len(ctl.pick(keys)) == 3  # 8 is confirmed dear: a batch of 4
     chosen = []
     for _ in range(ctl.costs.recent + 5 * ctl.costs.reprice_every):  # steps at the true prices of the sizes chosen
-        chosen.append(ctl.choose(keys))
+        chosen.append(len(ctl.pick(keys)))
         ctl.observe_verify(chosen[-1] + 1, true[chosen[-1] + 1])
     assert set(chosen[: ctl.costs.recent - ctl.costs.reprice_every]) == {3} and set(chosen[-10:]) == {7}
     assert ctl.costs.verify[8] == true[8]
@@ -203,18 +203,30 @@ def test_sampled_runs_learn_acceptance_apart_from_greedy_ones(target):
     from spectool.core.speculative import Generation, speculative_generate
     from spectool.core.verify import Sampling
 
+    greedy, sampled = Key.lookup(8), Key.lookup(8).at(0.8)
     c = Controller()
-    greedy, sampled = ((a.prior, a.weight) for a in map(c._stats, (Key.lookup(8), Key.lookup(8).at(0.8))))
-    assert sampled[0] < greedy[0] and sampled[1] < greedy[1]
+    prior = c.acceptance(sampled)
+    assert prior < c.acceptance(greedy)
+    for key in (greedy, sampled):  # one rejection moves a prior of little weight further
+        c.observe_accept([key], 1, 0)
+    assert prior - c.acceptance(sampled) > 0.97 - c.acceptance(greedy)
+    c = Controller()
     for _ in range(50):
-        c.observe_accept([Key.lookup(8)] * 8, 8, 8)
-    assert c.acceptance(Key.lookup(8)) > 0.99
-    assert c.acceptance(Key.lookup(8).at(0.8)) == pytest.approx(sampled[0])
+        c.observe_accept([greedy] * 8, 8, 8)
+    assert c.acceptance(greedy) > 0.99
+    assert c.acceptance(sampled) == pytest.approx(prior)
+
+    class Learning(Controller):  # records the keys it learns acceptance under
+        def observe_accept(self, keys, drafted, accepted):
+            self.learnt.update(keys[:drafted])
+            super().observe_accept(keys, drafted, accepted)
+
     prompt = target.tokenize("the dog the fox the dog the fox the dog the fox the dog the")
     for s, temp in ((Sampling(), 0.0), (Sampling(0.7), 0.7)):
-        ctl = Controller(k_max=4)
+        ctl = Learning(k_max=4)
+        ctl.learnt = set()
         list(speculative_generate(Generation(target, PromptLookup(), s, ctl, max_tokens=40, seed=0), prompt))
-        assert ctl._acc and all(k.source == "lookup" and k.temp == temp for k in ctl._acc)
+        assert ctl.learnt and all(k.source == "lookup" and k.temp == temp for k in ctl.learnt)
 
 
 def test_a_draft_stops_at_the_token_whose_evidence_is_weak():
@@ -224,11 +236,11 @@ def test_a_draft_stops_at_the_token_whose_evidence_is_weak():
     ctl = Controller(k_max=8, costs=Costs(verify={b: 1 + 0.1 * (b - 1) for b in range(1, 10)}))
     for _ in range(40):
         ctl.observe_accept(keys, 6, 3)  # the stretch accepted, the weak token rejected
-    assert ctl.choose(keys) == 3
+    assert len(ctl.pick(keys)) == 3
     for _ in range(40):
         ctl.observe_accept(keys, 6, 6)
-    assert ctl.choose(keys) == 6
-    assert ctl.choose(keys[3:]) == 3  # a weak start that has held since
+    assert len(ctl.pick(keys)) == 6
+    assert len(ctl.pick(keys[3:])) == 3  # a weak start that has held since
 
 
 def test_a_continuation_starts_from_what_was_learnt_before_it():

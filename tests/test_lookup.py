@@ -1,9 +1,11 @@
-"""The prompt-lookup index against a brute-force search (property test)."""
+"""Prompt lookup: its n-gram index against a brute-force search (property tests), its keys, and its offers."""
+
+from itertools import islice
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spectool.drafters.lookup import PromptLookup
+from spectool.drafters.lookup import NGramIndex, PromptLookup
 
 
 def brute_force(history, k, n_min, n_max):
@@ -53,17 +55,18 @@ def test_incremental_index_equals_a_fresh_one(start, growths, k):
 
 
 @settings(max_examples=200, deadline=None)
-@given(streams, st.lists(st.integers(0, 5), min_size=1, max_size=14))
-def test_the_longest_match_is_found_from_any_first_guess(history, seq):
-    """_next searches up or down from a guessed match length; whatever the guess, it finds the longest n-gram
-    ending `seq` that the history holds with a follower (brute force)."""
-    lk = PromptLookup(1, 12)
-    lk.prefill(history)
+@given(streams, st.lists(st.integers(0, 5), min_size=1, max_size=14), st.lists(st.integers(0, 5), max_size=14))
+def test_the_longest_match_is_found_whatever_came_before(history, seq, before):
+    """The index searches up or down from a guess (the last prediction's first match): whatever was predicted
+    before, the first prediction after `seq` rests on the longest n-gram ending `seq` that the history holds with
+    a follower (brute force)."""
+    index = NGramIndex(1, 12)
+    index.extend(history)
     longest = max((n for n in range(1, min(12, len(seq)) + 1)
                    if any(history[j - n : j] == seq[-n:] for j in range(n, len(history)))), default=None)
-    for guess in range(0, 15):
-        found = lk._next("".join(map(chr, seq)), guess)  # tokens as characters (PromptLookup.follow)
-        assert (found[1] if found else None) == longest, (guess, found, longest)
+    list(islice(index.predict(before), 5))  # a guess left by another prediction (predictions go on and on)
+    found = next(index.predict(seq), None)
+    assert (found[1] if found else None) == longest, (found, longest)
 
 
 def test_prefers_the_most_frequent_follower():
@@ -100,3 +103,36 @@ def test_a_stretch_ends_where_its_evidence_does():
     assert tokens == [3, 4, 6, 9, 8, 1, 2, 3]
     assert list(map(str, keys)) == ["lookup:2", "lookup:2+1", "lookup:4?", "lookup:4?+1", "lookup:4?+2", "lookup:4?+3",
                                     "lookup:4?+4", "lookup:2"]
+
+
+@settings(max_examples=100, deadline=None)
+@given(streams, st.integers(1, 8), st.integers(0, 10), st.integers(0, 10))
+def test_a_proposal_is_the_first_k_of_the_offer_however_far_it_was_drawn(history, k_max, drawn, k):
+    """propose(k) after a peek drafts the first k tokens predicted (as many as there are), whether the
+    controller drew fewer keys from the lazy offer than k, exactly k, or more."""
+    whole = PromptLookup().lookup(history, k_max)[0]
+    lookup = PromptLookup()
+    lookup.prefill(history)
+    offer = lookup.peek(history, k_max)
+    keys = [key for key, _ in zip(offer, range(drawn))]
+    assert len(keys) == min(drawn, len(whole))
+    k = min(k, k_max)
+    assert lookup.propose(history, k, None, None).tokens == whole[:k]
+
+
+def test_an_offer_is_drawn_from_lazily():
+    """Peeking predicts nothing; each key drawn predicts one token more."""
+    history = [1, 2, 3, 4, 5, 6, 7, 8] * 3
+    offer = PromptLookup().peek(history, 16)
+    assert offer.tokens == []
+    first = next(iter(offer))
+    assert str(first) == "lookup:8" and offer.tokens == [1]
+    assert offer.take(3) == [1, 2, 3] and offer.take(2) == [1, 2]
+
+
+def test_a_proposal_for_another_history_predicts_afresh():
+    lookup = PromptLookup()
+    peeked = [1, 2, 3, 1, 2]
+    list(lookup.peek(peeked, 4))
+    other = [5, 6, 7, 5]
+    assert lookup.propose(other, 2, None, None).tokens == PromptLookup().lookup(other, 2)[0] == [6, 7]

@@ -1,7 +1,7 @@
 """Chooses the draft length k of each step from what this machine charges and how often drafts are accepted.
 
 A drafter offers tokens with a key each, naming the evidence behind that token ("draft"; for prompt lookup the
-match it came from, see PromptLookup.keys). With a_i the estimated chance that token i is accepted given that
+match it came from, see PromptLookup.key). With a_i the estimated chance that token i is accepted given that
 1..i-1 were (learnt online per key), a step with k drafts yields on average E(k) = 1 + sum_{i<=k} prod_{j<=i} a_j
 tokens and costs verify(k+1) plus drafting. The controller picks the k in [k_min, k_max] with the best
 E(k) / cost; k = 0 is plain decoding. A draft therefore stops at the token whose evidence is too weak for what the
@@ -10,8 +10,8 @@ with a short draft now and then so that its estimate can recover.
 
 Costs belong to the model and the machine, not to one generation: a `Costs` table can be shared by every
 controller that drives the same target (the turns of a chat, the prompts of a benchmark), so that batch sizes
-measured once keep their price. llama.cpp's CPU kernels make some sizes much cheaper than their neighbours
-(Gemma 3 270M Q4_K_M: 7 tokens 60 ms, 8 tokens 43 ms), which only measurement finds.
+measured once keep their price. llama.cpp's CPU kernels make some sizes much cheaper than their neighbours,
+which only measurement finds (docs/performance.md, "Draft sizes").
 
 Measured timings make the choice of k, and so the use of random numbers, vary from run to run. For seeded
 sampling that must reproduce exactly, `timed=False` keeps the cost model at its priors: k then depends only on
@@ -20,19 +20,31 @@ the tokens seen.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from itertools import chain, islice
+from dataclasses import InitVar, dataclass, field
+from itertools import chain, islice, repeat
 from typing import Iterable, Sequence
 
-from spectool.core.keys import AGREED, DRAFT, MOSTLY, MTP, SPLIT, Key
-from spectool.core.keys import Source
-
-
 from spectool.core.costs import Costs
+from spectool.core.keys import AGREED, BUCKETS, DRAFT, MOSTLY, MTP, SPLIT, Key
+from spectool.core.keys import Source
 
 # How many tokens a step may draft when a pair does not say (models.toml's draft_max says it per pair): lookup's
 # controller keeps drafts short where their evidence is weak, so the cap only bounds the long copies.
 DRAFT_MAX = 32
+
+
+# Prompt lookup's prior acceptance by agreement, for each match length of BUCKETS (see PromptLookup.key): the
+# acceptance of a drafted token, given that the tokens before it were accepted, by its own evidence; measured on
+# Gemma 3 270M (docs/performance.md, "Lookup's priors"). Longer matches, and followers that agreed, are right far
+# more often.
+LOOKUP_PRIORS = {AGREED: (0.4, 0.7, 0.8, 0.9, 0.97), MOSTLY: (0.6, 0.4, 0.5, 0.7, 0.5),
+                 SPLIT: (0.15, 0.25, 0.25, 0.3, 0.2)}
+
+
+def _default_priors() -> dict[Key, tuple[float, float]]:
+    lookup = {Key.lookup(b, agreement): (a, 8.0)
+              for agreement, row in LOOKUP_PRIORS.items() for b, a in zip(BUCKETS, row, strict=True)}
+    return {**lookup, DRAFT: (0.6, 2.0), MTP: (0.6, 2.0)}  # a guess that a drafter's first observations replace
 
 
 @dataclass(slots=True)
@@ -50,37 +62,26 @@ class Controller:
     k_min: int = 0
     adaptive: bool = True
     decay: float = 0.99  # weight kept by older acceptance observations at each update
-    # prior acceptance by key, and its weight in observations. Prompt lookup's keys (see PromptLookup.key): the
-    # acceptance of a drafted token, given the tokens before it were accepted, by its own evidence, measured on
-    # Gemma 3 270M F16 over 24 HumanEval / ShareGPT prompts (benchmarks' prompts 9-16 of each set: the benchmark's
-    # 8 held out), pooled and rounded: longer matches, and followers that agreed, are right far more often. A draft
-    # model's is a guess that its own first observations soon replace.
-    priors: dict[Key, tuple[float, float]] = field(default_factory=lambda: {
-        **{Key.lookup(n, AGREED): (a, 8.0) for n, a in ((1, 0.4), (2, 0.7), (3, 0.8), (4, 0.9), (8, 0.97))},
-        **{Key.lookup(n, MOSTLY): (a, 8.0) for n, a in ((1, 0.6), (2, 0.4), (3, 0.5), (4, 0.7), (8, 0.5))},
-        **{Key.lookup(n, SPLIT): (a, 8.0) for n, a in ((1, 0.15), (2, 0.25), (3, 0.25), (4, 0.3), (8, 0.2))},
-        DRAFT: (0.6, 2.0), MTP: (0.6, 2.0)})
+    priors: dict[Key, tuple[float, float]] = field(default_factory=_default_priors)  # key -> (acceptance, weight)
     prior_other: tuple[float, float] = (0.5, 2.0)  # for other keys
     # a sampled run's keys carry its temperature ("lookup:3@T0.8"): what greedy runs learnt does not carry over.
-    # Their prior is the greedy one raised to this power, with at most this weight in observations: at temperature
-    # 0.8, first-position acceptance of lookup keys over 13 ShareGPT / HumanEval prompts (Gemma 3 270M) was close
-    # to the square of the greedy one (lookup:1 0.27-0.56, lookup:1? 0.11-0.34, lookup:2 0.50-0.86, lookup:8 0.97+)
+    # Their prior is the greedy one raised to this power, with at most this weight in observations (at temperature
+    # 0.8 lookup's acceptance was close to the square of the greedy one: docs/performance.md, "Lookup's priors")
     sampled_prior: tuple[float, float] = (2.0, 4.0)
     # keys whose quality is unknown until tried (a user's draft model): draft this many times first
     explore: dict[Source, int] = field(default_factory=lambda: {Source.draft: 2, Source.mtp: 2})
     explore_k: int = 4
-    optimism: float = 0.0  # an upper-confidence bonus on acceptance (it compounds over a draft: off)
     probe_every: int = 32
     draft_cost_prior: float = 0.15  # a draft-model token relative to one target decode, until measured
-    timed: bool = True  # False: costs stay at their priors (see the module docstring)
     costs: Costs | None = None  # shared with other controllers of the same target; None: a table of our own
+    timed: InitVar[bool] = True  # False: an untimed copy of `costs`, at its priors (see the module docstring)
     _acc: dict[Key, _Acceptance] = field(default_factory=dict)
     _memo: dict[Key, float] = field(default_factory=dict)
 
-    def __post_init__(self):
+    def __post_init__(self, timed: bool):
         if self.costs is None:
             self.costs = Costs()
-        if not self.timed:
+        if not timed:
             self.costs = Costs(self.costs.jump_prior, self.costs.slope_prior, unmeasured=1.0, timed=False)
 
     # -- what the loop tells us ----------------------------------------------------------------------------
@@ -112,27 +113,23 @@ class Controller:
             a = self._acc[key] = _Acceptance(prior, w)
         return a
 
-    def acceptance(self, key: Key, optimism: float = 0.0) -> float:
+    def acceptance(self, key: Key) -> float:
         """Estimated chance that a token drafted under `key` is accepted, given that the tokens before it were:
         its observations after a prior worth `weight` observations. The prior is the key's own (`priors`, by its
-        stretch's start), or for a continuation ("lookup:2+3", see PromptLookup.keys) what the controller now
-        estimates for the token before it in its stretch. `optimism` adds an upper-confidence bonus that shrinks
-        as the key is tried (exploration)."""
-        if not optimism:
-            est = self._memo.get(key)
-            if est is not None:
-                return est
-        a = self._acc.get(key) or self._stats(key)
-        prior = a.prior if key.before is None else self.acceptance(key.before)
-        est = min(1.0, (a.hits + a.weight * prior) / (a.tries + a.weight) + optimism / (a.tries + a.weight) ** 0.5)
-        if not optimism:
-            self._memo[key] = est  # until the next observation (a stretch's keys chain through their priors)
+        stretch's start), or for a continuation ("lookup:2+3", see PromptLookup) what the controller now estimates
+        for the token before it in its stretch."""
+        est = self._memo.get(key)
+        if est is None:
+            a = self._acc.get(key) or self._stats(key)
+            prior = a.prior if key.before is None else self.acceptance(key.before)
+            est = self._memo[key] = (a.hits + a.weight * prior) / (a.tries + a.weight)  # until the next observation
         return est
 
-    def worth(self, key: Key) -> float:
-        """What a token drafted under `key` is worth, in tokens: its estimated acceptance less what drafting it
-        costs, counted in single target steps (nothing for a lookup token; a draft-model token on a CPU can cost
-        half a target step)."""
+    def worth(self, key: Key, temp: float = 0.0) -> float:
+        """What a token drafted under greedy `key` is worth at sampling temperature `temp`, in tokens: its
+        estimated acceptance less what drafting it costs, counted in single target steps (nothing for a lookup
+        token; a draft-model token on a CPU can cost half a target step)."""
+        key = key.at(temp) if temp else key
         one = self.costs.verify_costs(1)[1]
         return self.acceptance(key) - self.draft_cost(key, one) / one
 
@@ -148,15 +145,12 @@ class Controller:
         return cost
 
     # -- the decision --------------------------------------------------------------------------------------
-    def choose(self, keys: Iterable[Key]) -> int:
-        """How many of the tokens on offer to draft; keys[i] is the key of token i (PromptLookup.key)."""
-        return len(self.pick(keys))
-
-    def pick(self, offer: Iterable[Key]) -> list[Key]:
-        """The keys of the tokens to draft: the first k of those on offer, k as the module docstring says. `offer`
-        may be lazy (PromptLookup.peek): it is drawn from only while a longer draft could still do better than the
-        best so far, since each further token adds at most the chance of reaching it and no drafting cost."""
-        offer = iter(offer)
+    def pick(self, offer: Iterable[Key], temp: float = 0.0) -> list[Key]:
+        """The keys of the tokens to draft at sampling temperature `temp`: the first k of the greedy keys on offer,
+        each at `temp`, k as the module docstring says. `offer` may be lazy (PromptLookup.peek): it is drawn from
+        only while a longer draft could still do better than the best so far, since each further token adds at
+        most the chance of reaching it and no drafting cost."""
+        offer = map(Key.at, offer, repeat(temp)) if temp else iter(offer)
         keys = list(islice(offer, self.k_max if not self.adaptive else min(self.k_max, self.k_min + 1)))
         if not self.adaptive or len(keys) <= self.k_min:
             return keys
@@ -168,7 +162,7 @@ class Controller:
         expected, run, drafting = 1.0, 1.0, 0.0
         drafter, per_token = None, 0.0  # a draft's tokens come from one or two drafters: priced once each
         for k, key in enumerate(chain(keys, offer), 1):
-            run *= self.acceptance(key, self.optimism)
+            run *= self.acceptance(key)
             expected += run
             if key.drafter is not drafter:
                 drafter, per_token = key.drafter, self.draft_cost(key, costs[1])
@@ -201,3 +195,7 @@ class Controller:
             if expected > best * (cost + drafting):
                 return False
         return True
+
+
+# `timed` is only the constructor's switch (an InitVar): whether timings count is the cost table's to say
+Controller.timed = property(lambda ctl: ctl.costs.timed)

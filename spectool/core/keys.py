@@ -1,16 +1,13 @@
 """What the controller learns acceptance by: the evidence behind one drafted token, as a small typed value.
 
-A drafter names each token it offers with a `Key`: its source (prompt lookup or the draft model), for lookup the
-match behind it (the n-gram length bucket and whether that n-gram's followers agreed) and how far along its
-stretch it is, and the sampling temperature it will be verified at (acceptance is learnt per temperature).
-
-Keys are interned: `Key.of` returns one object per distinct key, so the controller's tables hash them by
-identity (no per-step string building or parsing on the hot path), and each key knows the key before it in its
-stretch, its prior's key and itself at another temperature.
+A drafter names each token it offers with a `Key`: its source, for prompt lookup the match behind it (the n-gram
+length bucket and whether that n-gram's followers agreed) and how far along its stretch it is, and the sampling
+temperature it will be verified at (acceptance is learnt per temperature).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import ClassVar
 
@@ -29,37 +26,55 @@ class Source(StrEnum):
 # lookup's evidence: how the n-gram's followers agreed on this token
 AGREED, MOSTLY, SPLIT = "", "~", "?"
 
+BUCKETS = (1, 2, 3, 4, 8)  # the n-gram match lengths lookup's keys keep apart: 1, 2, 3, 4-7, 8 and more
+_BUCKET_OF = [max((b for b in BUCKETS if b <= n), default=0) for n in range(BUCKETS[-1] + 1)]
 
+
+def bucket(n: int) -> int:
+    """The bucket of an n-gram match of length n >= 1: the largest of BUCKETS not above n."""
+    return _BUCKET_OF[min(n, BUCKETS[-1])]
+
+
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
 class Key:
-    __slots__ = ("source", "match", "agreement", "pos", "temp", "before", "anchor", "drafter", "_at", "_next", "_text")
-    _interned: ClassVar[dict[tuple, Key]] = {}
+    """The evidence behind one drafted token. Made by `Key.of` (or `Key.lookup`), which interns keys: one object
+    per distinct key, so keys compare and hash by identity, cheaply, in the controller's tables."""
 
     source: Source  # Source.lookup, Source.draft or Source.mtp
-    match: int  # lookup: the n-gram length bucket (1, 2, 3, 4, 8); 0 otherwise
-    agreement: str  # lookup: AGREED, MOSTLY or SPLIT
-    pos: int  # lookup: tokens after the start of its stretch (0: the start itself)
-    temp: float  # sampling temperature; 0 = greedy
-    before: Key | None  # the key of the token before it in its stretch (pos - 1), None at the start
-    anchor: Key  # the greedy start of its stretch: whose prior it starts from
-    drafter: Key  # what drafting this token cost is kept by: its source at its temperature
+    match: int = 0  # lookup: the n-gram length bucket (BUCKETS); 0 otherwise
+    agreement: str = AGREED  # lookup: AGREED, MOSTLY or SPLIT
+    pos: int = 0  # lookup: tokens after the start of its stretch (0: the start itself)
+    temp: float = 0.0  # sampling temperature; 0 = greedy
+    # derived when interned (each key they name is made first, and none refers back to this one):
+    before: Key | None = field(init=False)  # the key of the token before it in its stretch (pos - 1), None at 0
+    anchor: Key = field(init=False)  # the greedy start of its stretch: whose prior it starts from
+    drafter: Key = field(init=False)  # what drafting this token cost is kept by: its source at its temperature
+    # keys found from this one as they are first asked for (.next, .at): interning hashes `source`, an enum
+    _next: Key | None = field(init=False, default=None)
+    _at: dict[float, Key] = field(init=False, default_factory=dict)
+
+    _interned: ClassVar[dict[tuple, Key]] = {}
 
     @classmethod
     def of(cls, source: Source, match: int = 0, agreement: str = AGREED, pos: int = 0, temp: float = 0.0) -> Key:
+        """The one key with these fields."""
         ident = (source, match, agreement, pos, temp)
         key = cls._interned.get(ident)
         if key is None:
-            key = object.__new__(cls)
-            key.source, key.match, key.agreement, key.pos, key.temp = ident
-            key._at, key._next, key._text = {}, None, None
-            cls._interned[ident] = key  # before its neighbours, which refer back to it
-            key.before = cls.of(source, match, agreement, pos - 1, temp) if pos > 0 else None
-            key.anchor = key if pos == 0 and temp == 0.0 else cls.of(source, match, agreement)
-            key.drafter = key if (match, agreement, pos) == (0, AGREED, 0) else cls.of(source, temp=temp)
+            key = cls._interned[ident] = cls(*ident)
         return key
 
     @classmethod
     def lookup(cls, match: int, agreement: str = AGREED, pos: int = 0) -> Key:
+        """A greedy prompt-lookup key; `match` is one of BUCKETS (see `bucket`)."""
         return cls.of(Source.lookup, match, agreement, pos)
+
+    def __post_init__(self):
+        source, match, agreement, pos, temp = self.source, self.match, self.agreement, self.pos, self.temp
+        derive = object.__setattr__  # how a frozen dataclass sets the fields it derives
+        derive(self, "before", Key.of(source, match, agreement, pos - 1, temp) if pos > 0 else None)
+        derive(self, "anchor", Key.of(source, match, agreement) if pos or temp else self)
+        derive(self, "drafter", Key.of(source, temp=temp) if (match, agreement, pos) != (0, AGREED, 0) else self)
 
     def at(self, temp: float) -> Key:
         """This key at sampling temperature `temp` (0: greedy)."""
@@ -71,17 +86,17 @@ class Key:
     @property
     def next(self) -> Key:
         """The key of the token after this one in its stretch (pos + 1)."""
-        if self._next is None:
-            self._next = Key.of(self.source, self.match, self.agreement, self.pos + 1, self.temp)
-        return self._next
+        key = self._next
+        if key is None:
+            key = Key.of(self.source, self.match, self.agreement, self.pos + 1, self.temp)
+            object.__setattr__(self, "_next", key)
+        return key
 
     def __str__(self) -> str:  # "lookup:2~+3@T0.8": for people (debug output, tests' messages)
-        if self._text is None:
-            text = self.source.value
-            if self.source is Source.lookup:
-                text += f":{self.match}{self.agreement}" + (f"+{self.pos}" if self.pos else "")
-            self._text = text + (f"@T{self.temp:g}" if self.temp else "")
-        return self._text
+        text = self.source.value
+        if self.source is Source.lookup:
+            text += f":{self.match}{self.agreement}" + (f"+{self.pos}" if self.pos else "")
+        return text + (f"@T{self.temp:g}" if self.temp else "")
 
     __repr__ = __str__
 

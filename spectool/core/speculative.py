@@ -92,7 +92,8 @@ class _Loop:
                  stats: Stats | None, stream: TextStream | None):
         self.g, self.x, self.drafter, self.notice, self.stats, self.stream = g, x, drafter, notice, stats, stream
         self.target, self.ctl, self.sampling, self.rng = g.target, g.controller, g.sampling, g.random()
-        self.temp = 0.0 if g.sampling.greedy else g.sampling.temp  # acceptance is learnt per temperature (keys.py)
+        self.temp = temp = 0.0 if g.sampling.greedy else g.sampling.temp  # acceptance is learnt per temperature
+        self.worth = lambda key: self.ctl.worth(key, temp)  # what the controller makes of a drafter's greedy key
         self.on_graph = backend_chain(g.sampling)  # what llama.cpp samples inside its graph (ids, top-k or rows)
         self.n_new = 0
 
@@ -125,9 +126,8 @@ class _Loop:
         """The keys the controller picked among the drafter's offer, and the draft of that many tokens."""
         if self.drafter is None:
             return [], EMPTY
-        ctl, temp = self.ctl, self.temp
-        offer = self.drafter.peek(self.x, min(ctl.k_max, k_max), lambda key: ctl.worth(key.at(temp)))
-        keys = ctl.pick([key.at(temp) for key in offer] if temp else offer)  # the drafter's keys are greedy ones
+        offer = self.drafter.peek(self.x, min(self.ctl.k_max, k_max), self.worth)
+        keys = self.ctl.pick(offer, self.temp)
         if not keys:
             return keys, EMPTY
         try:

@@ -13,8 +13,8 @@ from spectool.llama.engine import Model
 from spectool.llama.outputs import ROWS
 from spectool.core.keys import DRAFT, Key
 from spectool.core.keys import Source
-from spectool.core.verify import Dist, Sampling, backend_chain, dist_at, token_at, top_probability
-from spectool.drafters.base import EMPTY, Draft, Estimate
+from spectool.core.verify import Dist, Sampling, backend_chain
+from spectool.drafters.base import EMPTY, Draft, Estimate, draw
 
 
 @dataclass
@@ -88,22 +88,8 @@ class DraftModel:
         caught_up = m.sync(mapped, output=on_graph)
         catch_up = time.perf_counter() - t0 if caught_up > 2 else 0.0
         recent = mapped[-sampling.window:] if sampling.window else []
-        tokens: list[int] = []  # in the draft's own ids
-        qs: list[Dist] = []
-        for i in range(k):
-            if sampling.greedy:
-                if self.p_min > 0 and top_probability(m.logits(-1)) < self.p_min:
-                    break
-                t = token_at(m, -1, sampling, recent + tokens, banned)
-            else:
-                q = dist_at(m, -1, sampling, recent + tokens, banned)
-                if self.p_min > 0 and q.p.max() < self.p_min:  # decided before the draw: keeps sampling exact
-                    break
-                t = q.sample(rng)
-                qs.append(q)
-            tokens.append(t)
-            if i < k - 1:
-                m.eval([t], output=on_graph)
+        tokens, qs = draw(m, -1, k, lambda t, i: m.eval([t], output=on_graph), sampling, rng, recent, self.p_min,
+                          banned)  # in the draft's own ids
         if self.map is not None:  # back to the target's ids
             tokens = self.map.to_target[tokens].tolist()
             qs = [self._on_target(q) for q in qs]

@@ -14,8 +14,8 @@ from spectool.llama.engine import DecodeError, Model, ModelLoadError, last_log_e
 from spectool.llama.outputs import ROWS
 from spectool.core.keys import MTP, Key
 from spectool.core.keys import Source
-from spectool.core.verify import Dist, Sampling, dist_at, token_at, top_probability
-from spectool.drafters.base import EMPTY, Draft, Estimate
+from spectool.core.verify import Sampling
+from spectool.drafters.base import EMPTY, Draft, Estimate, draw
 
 
 class MtpContext:
@@ -162,22 +162,13 @@ class Mtp:
         t0 = time.perf_counter()
         for pos in range(q0 + 1, n - 1):  # tokens the target has not seen yet (lookup's, in a hybrid draft)
             h = head.step(history[pos], pos, h)
-        recent = list(history[-sampling.window:]) if sampling.window else []
-        tokens: list[int] = []
-        qs: list[Dist] = []
-        token = history[-1]
-        for i in range(k):
-            h = head.step(token, n - 1 + i, h)
-            if sampling.greedy:
-                if self.p_min > 0 and top_probability(head.logits(0)) < self.p_min:
-                    break
-                token = token_at(head, 0, sampling, recent + tokens)
-            else:
-                q = dist_at(head, 0, sampling, recent + tokens)
-                if self.p_min > 0 and q.p.max() < self.p_min:  # decided before the draw: keeps sampling exact
-                    break
-                token = q.sample(rng)
-                qs.append(q)
-            tokens.append(token)
         catch_up = time.perf_counter() - t0 if n - 1 - (q0 + 1) > 2 else 0.0
+        h = head.step(history[-1], n - 1, h)  # the first draft's row
+
+        def advance(token: int, i: int) -> None:  # draft i at position n + i, on the head's own hidden state
+            nonlocal h
+            h = head.step(token, n + i, h)
+
+        recent = list(history[-sampling.window:]) if sampling.window else []
+        tokens, qs = draw(head, 0, k, advance, sampling, rng, recent, self.p_min)
         return Draft(tokens, None if sampling.greedy else qs, Source.mtp, catch_up) if tokens else EMPTY
