@@ -100,9 +100,11 @@ def writable(path: Path, flag: str) -> None:
 
 
 def save_stats(stats, path: Path | None) -> None:
+    from spectool.models.cache import write_json_atomic
+
     if path:
         try:
-            stats.save(path)
+            write_json_atomic(path, stats.to_json())  # --stats-json: written whole or not at all
         except OSError as e:  # the temporary file's name would mean nothing to the user
             raise UserError(f"--stats-json {path}: could not write it ({e.strerror})") from None
 

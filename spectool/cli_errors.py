@@ -49,4 +49,6 @@ def cli_errors(debug: bool):
         hint = next((h for t, h in error_hints().items() if isinstance(e, t)),
                     "run with --debug for the full traceback")
         print(f"error: {e}{f' ({hint})' if hint else ''}".replace("\n", " "), file=sys.stderr)
-        raise typer.Exit(getattr(e, "code", 1) if isinstance(e, UserError) else 1) from None
+        from spectool.models.registry import RegistryError
+
+        raise typer.Exit(e.code if isinstance(e, (UserError, RegistryError)) else 1) from None

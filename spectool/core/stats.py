@@ -78,12 +78,6 @@ class Stats(Rates):
         """Speed is every generated token over the decode time (prompt processing apart)."""
         return self.n_drafted, self.n_accepted, self.n_generated, self.n_steps, self.n_generated, self.decode_seconds
 
-    def save(self, path) -> None:
-        """--stats-json: written whole or not at all."""
-        from spectool.models.cache import write_json_atomic
-
-        write_json_atomic(path, self.to_json())
-
     def to_json(self) -> dict:
         return {
             "mode": self.mode,

@@ -223,10 +223,9 @@ def catalogue() -> list[dict]:
 def pull(name: str, yes: bool, ask):
     """`spectool pull NAME`: download a pair's files (or one model's), yielding (role, ref, local path) as each is
     there."""
-    from spectool.options import UserError
     from spectool.models.registry import refs_for
 
     for role, ref in refs_for(name):
         if ref.path is not None:
-            raise UserError(f"{ref.path} is a local file: nothing to pull", code=2)
+            raise RegistryError(f"{ref.path} is a local file: nothing to pull", code=2)
         yield role, ref, ensure(ref, yes=yes, ask=ask)

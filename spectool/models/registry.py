@@ -21,7 +21,12 @@ SPLIT_RE = re.compile(r"^(?P<stem>.*)-(?P<i>\d{5})-of-(?P<n>\d{5})\.gguf$")
 
 
 class RegistryError(Exception):
-    """A bad model reference or models.toml entry; the message names the file and line where there is one."""
+    """A bad model reference or models.toml entry; the message names the file and line where there is one. `code`:
+    the exit status of the command it ends (2: a usage error)."""
+
+    def __init__(self, message: str, code: int = 1):
+        super().__init__(message)
+        self.code = code
 
 
 def config_dir() -> Path:
