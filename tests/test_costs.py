@@ -208,8 +208,8 @@ def test_a_table_belongs_to_its_build_cpu_threads_and_context(tiny, tmp_path, mo
         assert runner.invoke(app, base + extra).exit_code == 0
     assert len(list((tmp_path / "costs").glob("*.json"))) == 3
 
-    class Target:
-        path, offload = tiny["target"], None
+    class Target:  # a model on the CPU (see ui.offload_table)
+        path, offload_devices, n_offloaded, n_offloadable = tiny["target"], (), 0, 0
 
     names = {costtables.path_for(Target, None, 2, None, 4096)}
     monkeypatch.setattr(costtables, "cpu_name", lambda: "another CPU")

@@ -239,7 +239,7 @@ def test_models_toml_travels_in_the_wheel(tmp_path):
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
     assert not (site / "spectool" / "models.toml").is_symlink()
-    code = "from spectool import registry; r = registry.load(); print(registry.SHIPPED, len(r.pairs))"
+    code = "from spectool.models import registry; r = registry.load(); print(registry.SHIPPED, len(r.pairs))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
                          env=dict(os.environ, PYTHONPATH=str(site), SPECTOOL_CONFIG_DIR=str(tmp_path)))
     assert out.returncode == 0, out.stderr
