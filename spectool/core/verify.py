@@ -71,11 +71,6 @@ class Dist:
         j = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
         return int(self.ids[min(j, len(self.ids) - 1)])
 
-    def dense(self) -> np.ndarray:
-        out = np.zeros(self.n)
-        out[self.ids] = self.p
-        return out
-
     @classmethod
     def one_hot(cls, token: int, n: int) -> Dist:
         return cls(np.array([token], np.int64), np.ones(1), n)
