@@ -55,9 +55,6 @@ class Generation:
     rng: np.random.Generator | None = None  # made from `seed` on first use and kept: a chat's turns go on drawing
     on_prefill: Callable[[int, int], None] | None = None  # hears (done, total) while the prompt is processed
 
-    def __post_init__(self):
-        _freeze_startup_objects()
-
     def random(self) -> np.random.Generator:
         if self.rng is None:
             self.rng = np.random.default_rng(self.seed)
@@ -75,6 +72,7 @@ def speculative_generate(g: Generation, prompt: Sequence[int], stats: Stats | No
     KeyboardInterrupt there, so a Ctrl-C during a long prompt does not wait for its end). `stop`: the steps carry
     their text, cut at the first of these strings (None: no text is made)."""
     t0 = time.perf_counter()  # prompt processing: everything before the first step
+    _freeze_startup_objects()
     x = list(prompt)
     n_prefilled = _prefill(g, x, interrupted)
     drafter, notice = _start_drafter(g, x)
