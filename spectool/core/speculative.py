@@ -75,24 +75,25 @@ def speculative_generate(g: Generation, prompt: Sequence[int], stats: Stats | No
     _freeze_startup_objects()
     x = list(prompt)
     n_prefilled = _prefill(g, x, interrupted)
-    drafter, notice = _start_drafter(g, x)
+    on_graph = backend_chain(g.sampling)  # what llama.cpp samples inside its graph (ids, top-k or rows)
+    drafter, notice = _start_drafter(g, x, on_graph)
     if stats is not None:
         stats.n_prompt_tokens, stats.n_prefilled = len(x), n_prefilled
         stats.prompt_seconds = time.perf_counter() - t0
-    loop = _Loop(g, x, drafter, notice, stats, None if stop is None else TextStream(g.target, stop))
+    loop = _Loop(g, x, drafter, notice, on_graph, stats, None if stop is None else TextStream(g.target, stop))
     yield from loop.steps(interrupted)
 
 
 class _Loop:
     """One generation's state between steps: the history x, the drafter, the tokens made so far."""
 
-    def __init__(self, g: Generation, x: list[int], drafter: Drafter | None, notice: str | None,
+    def __init__(self, g: Generation, x: list[int], drafter: Drafter | None, notice: str | None, on_graph: Output,
                  stats: Stats | None, stream: TextStream | None):
         self.g, self.x, self.drafter, self.notice, self.stats, self.stream = g, x, drafter, notice, stats, stream
+        self.on_graph = on_graph
         self.target, self.ctl, self.sampling, self.rng = g.target, g.controller, g.sampling, g.random()
         self.temp = temp = 0.0 if g.sampling.greedy else g.sampling.temp  # acceptance is learnt per temperature
         self.worth = lambda key: self.ctl.worth(key, temp)  # what the controller makes of a drafter's greedy key
-        self.on_graph = backend_chain(g.sampling)  # what llama.cpp samples inside its graph (ids, top-k or rows)
         self.n_new = 0
 
     def steps(self, interrupted: Callable[[], bool]) -> Iterator[Step]:
@@ -219,12 +220,12 @@ def _prefill(g: Generation, x: list[int], interrupted: Callable[[], bool]) -> in
     return target.sync(x[:-1], logits="none", progress=progress)
 
 
-def _start_drafter(g: Generation, x: list[int]) -> tuple[Drafter | None, str | None]:
+def _start_drafter(g: Generation, x: list[int], on_graph: Output) -> tuple[Drafter | None, str | None]:
     """The drafter, given the prompt (a draft model's prompt is prompt processing, not drafting), after a first
     run's calibration; prompt lookup instead, with a notice, where the draft model fails."""
     if g.drafter is None:
         return None, None
-    calibrate(g.target, x, g.controller, backend_chain(g.sampling))
+    calibrate(g.target, x, g.controller, on_graph)
     try:
         g.drafter.prefill(x)
         return g.drafter, None
