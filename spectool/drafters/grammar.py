@@ -13,6 +13,7 @@ from spectool.core.keys import GRAMMAR, Key
 from spectool.core.keys import Source
 from spectool.core.verify import Sampling
 from spectool.drafters.base import EMPTY, Draft, Drafter, Estimate
+from spectool.drafters.lookup import PromptLookup
 
 
 class Constrained:
@@ -34,6 +35,12 @@ class Constrained:
     def peek(self, history: Sequence[int], k_max: int, estimate: Estimate | None = None) -> Iterable[Key]:
         ff = self.c.forced()[:k_max] if self.force else []
         self._forced, self._ahead = ff, None
+        if ff and isinstance(self.inner, PromptLookup):  # lookup copying a text that goes on as the grammar
+            first, _ = self.inner.lookup(history, 1)  # says: its draft, split into tokens as that text was
+            if first and self.c.valid(first):
+                self._ahead = history
+                self._forced = []
+                return self.inner.peek(history, k_max, estimate)
         keys = [GRAMMAR] * len(ff)
         if self.inner is None or len(ff) >= k_max:
             return keys
