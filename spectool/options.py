@@ -219,15 +219,15 @@ class Options:
         if len(given) > 1:
             raise UserError(f"give at most one of {', '.join(flags[n] for n in given)}", code=2, option=given[1])
         name = given[0]
-        text = getattr(self, name)
+        text, where = getattr(self, name), flags[name]
         if name.endswith("_file"):
-            text = read_text(Path(text), flags[name], name)
+            text, where = read_text(Path(text), flags[name], name), f"{flags[name]} {text}"
         from spectool.core.grammar import Grammar, GrammarError
 
         try:
             return Grammar.gbnf(text) if name.startswith("grammar") else Grammar.json_schema(text)
         except GrammarError as e:
-            raise UserError(f"{flags[name]}: {e}", code=2, option=name) from None
+            raise UserError(f"{where}: {e}", code=2, option=name) from None
 
     @classmethod
     def declared(cls) -> dict[str, tuple[Decl, Any, Any]]:
