@@ -30,16 +30,18 @@ from spectool.options import CTX_SIZE
 SOURCE_STYLE = {Source.lookup: 32, Source.draft: 36, Source.mtp: 33, Source.hybrid: 35}
 
 
-def sources_text(st: Stats) -> str:
-    """The drafted tokens by source, each with its share: `grammar 40 (62%), lookup 25 (38%)`."""
-    return ", ".join(f"{k} {v} ({100 * v / st.n_drafted:.0f}%)" for k, v in sorted(st.by_source.items()))
+def sources_text(st: Stats, shares: bool = True) -> str:
+    """The drafted tokens by source, with their shares: `grammar 40 (62%), lookup 25 (38%)`."""
+    return ", ".join(f"{k} {v}" + (f" ({100 * v / st.n_drafted:.0f}%)" if shares else "")
+                     for k, v in sorted(st.by_source.items()))
 
 
 def summary_line(st: Stats) -> str:
+    # the sources, where the mode does not name them all: `[lookup] ... drafted 58 (grammar 20, lookup 38)`
+    sources = f" ({sources_text(st, shares=False)})" if st.by_source and set(st.by_source) != {st.mode} else ""
     return (
         f"[{st.mode}] {st.n_generated} tokens in {st.decode_seconds:.2f}s = {st.tokens_per_second:.1f} tok/s; "
-        f"drafted {st.n_drafted}{f' ({sources_text(st)})' if st.by_source else ''}, accepted {st.n_accepted} "
-        f"({100 * st.acceptance_rate:.0f}%); "
+        f"drafted {st.n_drafted}{sources}, accepted {st.n_accepted} ({100 * st.acceptance_rate:.0f}%); "
         f"{st.mean_accepted_length:.2f} tokens/step; prompt {st.n_prompt_tokens} tokens in "
         f"{st.prompt_seconds:.2f}s; finish: {st.finish_reason}"
     )
