@@ -38,7 +38,7 @@ Host = Annotated[str, typer.Option("--host", help="Address to listen on (127.0.0
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No summary on stderr.")]
 ColorDrafts = Annotated[bool, typer.Option(
     "--color-drafts", help="Colour text from accepted drafts (green: lookup, cyan: draft model, yellow: MTP head, "
-    "magenta: a hybrid step's drafts).")]
+    "magenta: a hybrid step's drafts, blue: tokens a grammar forced).")]
 
 
 def _version(value: bool) -> None:
