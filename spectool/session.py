@@ -303,17 +303,18 @@ def open_session(o: Options, hooks: Hooks = Hooks()) -> Iterator[Session]:
             drafter, mode = None, Mode.none
         from spectool import costtables
 
+        drafts = drafter is not None or (grammar is not None and target.can_rollback)  # a grammar's forced tokens
         try:
-            costs_file = costtables.path_for(target, draft_model, o.threads, o.rpc, o.ctx_size) \
-                if drafter is not None else None
+            costs_file = costtables.path_for(target, draft_model, o.threads, o.rpc, o.ctx_size) if drafts else None
         except (OSError, RuntimeError):  # no usable home or cache directory: measure from scratch, keep nothing
             costs_file = None
         costs, warning = costtables.load(costs_file, max_batch=target.n_ctx)
         if warning:
             notices.append(warning)
         controller = Controller(k_max=k_max, k_min=o.draft_min, adaptive=o.draft_min != k_max, costs=costs)
-        s = Session(Generation(target, drafter, controller=controller), mode, str(m.target_ref),
-                    str(m.draft_ref) if draft_model is not None else None, notices,
+        # a grammar's forced tokens are drafts too: only where rejected ones can be dropped
+        gen = Generation(target, drafter, controller=controller, forced_drafts=target.can_rollback)
+        s = Session(gen, mode, str(m.target_ref), str(m.draft_ref) if draft_model is not None else None, notices,
                     draft_model if mode in (Mode.draft, Mode.hybrid) else None, controller, k_max, o.draft_min)
         s.gen = generation(s, o, grammar)
         try:

@@ -94,6 +94,22 @@ def test_forced_tokens_are_drafted_and_n_before_the_grammar_completes_is_length(
     assert json.loads(stats.read_text())["finish_reason"] == "length"
 
 
+def test_a_grammar_keeps_the_cost_table_its_forced_drafts_learn(tiny, tmp_path, monkeypatch):
+    """With --spec none a grammar's forced tokens are still drafted, so what their batches cost is measured: kept
+    for the next run (as any drafting run keeps it), not measured afresh every time. Plain decoding keeps none."""
+    monkeypatch.setenv("SPECTOOL_CACHE", str(tmp_path / "cache"))
+    base = ["run", "-m", str(tiny["target"]), "--spec", "none", "-n", "16", "-q", "The dog"]
+
+    def tables():
+        r = runner.invoke(app, ["info", "--json"])
+        assert r.exit_code == 0, r.output
+        return json.loads(r.stdout)["cost_tables"]
+
+    assert runner.invoke(app, base).exit_code == 0 and tables() == []
+    assert runner.invoke(app, [*base, "--grammar", f'root ::= "{SENTENCE}"']).exit_code == 0
+    assert len(tables()) == 1
+
+
 def test_chat_constrains_every_assistant_turn(tiny):
     r = runner.invoke(app, ["chat", "-m", str(tiny["target"]), "-n", "16", "-q", "--temp", "0", "--grammar", YES_NO],
                       input="The quick brown fox\nAnd the dog?\nOnce more\n/exit\n")
