@@ -80,9 +80,11 @@ def test_the_four_flags_constrain_what_run_writes(tiny, tmp_path):
 
 def test_forced_tokens_are_drafted_and_n_before_the_grammar_completes_is_length(tiny, tmp_path):
     """A grammar of one sentence forces every token after the first: they are drafted by the grammar (the summary
-    line counts them), and the text is the sentence. Cut by -n, the text is a part of it, finish "length"."""
+    line counts them; a fixed draft length drafts whatever is offered), and the text is the sentence. Cut by -n,
+    the text is a part of it, finish "length"."""
     grammar = f'root ::= "{SENTENCE}"'
-    out = spectool("run", "-m", tiny["target"], "-n", "64", "--grammar", grammar, "The dog", timeout=300)
+    out = spectool("run", "-m", tiny["target"], "-n", "64", "--draft-min", "8", "--draft-max", "8", "--grammar",
+                   grammar, "The dog", timeout=300)
     assert out.returncode == 0 and out.stdout.rstrip("\n") == SENTENCE, out.stderr
     summary = out.stderr.strip().splitlines()[-1]
     assert "grammar" in summary and "finish: stop" in summary, summary
