@@ -19,8 +19,8 @@ import typer
 
 from spectool import __version__
 from spectool.cli_errors import cli_errors
-from spectool.options import COMMON, DRAFTING, GENERATION, HARDWARE, LLAMA_CPP_TEMP, MODELS, SAMPLING, SERVE, \
-    Options, UserError, takes
+from spectool.options import COMMON, DRAFTING, GENERATION, GRAMMAR, HARDWARE, LLAMA_CPP_TEMP, MODELS, SAMPLING, \
+    SERVE, Options, UserError, takes
 from spectool.signals import SigintFlag, on_sigterm
 
 app = typer.Typer(
@@ -38,7 +38,7 @@ Host = Annotated[str, typer.Option("--host", help="Address to listen on (127.0.0
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No summary on stderr.")]
 ColorDrafts = Annotated[bool, typer.Option(
     "--color-drafts", help="Colour text from accepted drafts (green: lookup, cyan: draft model, yellow: MTP head, "
-    "magenta: a hybrid step's drafts).")]
+    "magenta: a hybrid step's drafts, blue: tokens a grammar forced).")]
 
 
 def _version(value: bool) -> None:
@@ -138,7 +138,7 @@ def session(o: Options):
              "  spectool run -m model.gguf \"Write a haiku about autumn\"\n\n"
              "  cat notes.md | spectool run -m model.gguf \"Summarize:\"\n\n"
              "  spectool run -m big.gguf -md small.gguf --spec draft -n 200 \"Tell me a story\"")
-@takes(MODELS, DRAFTING, GENERATION, SAMPLING, HARDWARE, COMMON)
+@takes(MODELS, DRAFTING, GENERATION, SAMPLING, GRAMMAR, HARDWARE, COMMON)
 def run(
     o: Options,
     prompt: Annotated[Optional[str], typer.Argument(help="The prompt; piped stdin is read and joined with it.")] = None,
@@ -192,7 +192,7 @@ def run(
              help="Chat in the terminal, with the model's chat template and the conversation kept in the KV cache. "
              f"Samples with llama.cpp's defaults (temperature {LLAMA_CPP_TEMP:g}); --temp 0 for greedy. /help lists "
              "the commands.")
-@takes(MODELS, DRAFTING, GENERATION, SAMPLING, HARDWARE, COMMON, temp=LLAMA_CPP_TEMP, max_tokens=512)
+@takes(MODELS, DRAFTING, GENERATION, SAMPLING, GRAMMAR, HARDWARE, COMMON, temp=LLAMA_CPP_TEMP, max_tokens=512)
 def chat(
     o: Options,
     system: Annotated[Optional[str], typer.Option("--system", help="System prompt.")] = None,
@@ -211,7 +211,7 @@ def chat(
 # -- serve -------------------------------------------------------------------------------------------------------
 @app.command(epilog="Examples:\n\n  spectool serve --pair demo-chat\n\n"
              "  spectool serve -m big.gguf -md small.gguf --host 0.0.0.0 --port 8080 --api-key SECRET")
-@takes(MODELS, DRAFTING, GENERATION, SAMPLING, HARDWARE, SERVE, COMMON)
+@takes(MODELS, DRAFTING, GENERATION, SAMPLING, GRAMMAR, HARDWARE, SERVE, COMMON)
 def serve(
     o: Options,
     host: Host = "127.0.0.1",

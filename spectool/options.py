@@ -11,6 +11,7 @@ import math
 import typing
 from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
+from pathlib import Path
 from typing import Annotated, Any, Callable, Optional
 
 from spectool.core.controller import DRAFT_MAX  # noqa: F401 - the front ends' name for it
@@ -43,8 +44,8 @@ class UserError(Exception):
 
 
 # the groups: a command takes whole groups (and single options by name)
-MODELS, DRAFTING, GENERATION, SAMPLING, HARDWARE, COMMON = (
-    "models", "drafting", "generation", "sampling", "hardware", "common")
+MODELS, DRAFTING, GENERATION, SAMPLING, GRAMMAR, HARDWARE, COMMON = (
+    "models", "drafting", "generation", "sampling", "grammar", "hardware", "common")
 SERVE = "serve"  # `spectool serve`'s limits on what clients send
 
 
@@ -159,6 +160,17 @@ class Options:
                                    help="Subtract this times its count in the window from a token's logit; 0 = off.")
     seed: Optional[int] = opt(None, "--seed", group=SAMPLING, min=0, request="seed",
                               help="Random seed for sampling: the same seed, the same text.")
+    # -- grammar: what the output must be (llama.cpp's flags); at most one of them (grammar_spec)
+    grammar: Optional[str] = opt(None, "--grammar", group=GRAMMAR, metavar="GBNF",
+                                 help="Constrain the output to this GBNF grammar (llama.cpp's grammar format).")
+    grammar_file: Optional[str] = opt(None, "--grammar-file", group=GRAMMAR, metavar="FILE",
+                                      help="Constrain the output to the GBNF grammar in this file.")
+    json_schema: Optional[str] = opt(None, "--json-schema", "-j", group=GRAMMAR, metavar="SCHEMA",
+                                     help="Constrain the output to JSON valid against this JSON schema; '{}' for any "
+                                     "JSON value, '{\"type\": \"object\"}' for any object.")
+    json_schema_file: Optional[str] = opt(None, "--json-schema-file", "-jf", group=GRAMMAR, metavar="FILE",
+                                          help="Constrain the output to JSON valid against the JSON schema in this "
+                                          "file.")
     # -- hardware
     ctx_size: int = opt(CTX_SIZE, "--ctx-size", "-c", group=HARDWARE, min=0,
                         help="Context size in tokens (0 = the model's).")
@@ -197,11 +209,49 @@ class Options:
                         repeat_penalty=self.repeat_penalty, repeat_last_n=self.repeat_last_n,
                         presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty)
 
+    def grammar_spec(self):
+        """The core.grammar.Grammar that --grammar, --grammar-file, -j or -jf ask for (None: none), checked without
+        a model; a bad one, two of them, or an unreadable file is a UserError naming the flag."""
+        given = [n for n in GRAMMAR_OPTIONS if getattr(self, n) is not None]
+        if not given:
+            return None
+        flags = {n: Options.declared()[n][0].flags[0] for n in GRAMMAR_OPTIONS}
+        if len(given) > 1:
+            raise UserError(f"give at most one of {', '.join(flags[n] for n in given)}", code=2, option=given[1])
+        name = given[0]
+        text, where = getattr(self, name), flags[name]
+        if name.endswith("_file"):
+            text, where = read_text(Path(text), flags[name], name), f"{flags[name]} {text}"
+        from spectool.core.grammar import Grammar, GrammarError
+
+        try:
+            return Grammar.gbnf(text) if name.startswith("grammar") else Grammar.json_schema(text)
+        except GrammarError as e:
+            raise UserError(f"{where}: {e}", code=2, option=name) from None
+
     @classmethod
     def declared(cls) -> dict[str, tuple[Decl, Any, Any]]:
         """name -> (declaration, type, default) of every option."""
         hints = typing.get_type_hints(cls)
         return {f.name: (f.metadata["decl"], hints[f.name], f.default) for f in fields(cls)}
+
+
+GRAMMAR_OPTIONS = ("grammar", "grammar_file", "json_schema", "json_schema_file")
+
+
+def read_text(path: Path, flag: str, option: str) -> str:
+    """A file's text as UTF-8, else a UserError naming the flag and the path as given (missing, a directory,
+    unreadable, not UTF-8)."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except IsADirectoryError:
+        raise UserError(f"{flag} {path}: is a directory", code=2, option=option) from None
+    except FileNotFoundError:
+        raise UserError(f"{flag} {path}: no such file", code=2, option=option) from None
+    except OSError as e:
+        raise UserError(f"{flag} {path}: cannot read it ({e.strerror})", code=2, option=option) from None
+    except UnicodeDecodeError as e:
+        raise UserError(f"{flag} {path}: not UTF-8 text (byte {e.start})", code=2, option=option) from None
 
 
 def llama_cpp_sampling():

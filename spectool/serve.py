@@ -288,6 +288,7 @@ class Server:
                 "total_tokens": n_prompt + stats.n_generated, "prompt_tokens_details": {"cached_tokens": cached},
                 "speculative": {"mode": self.session.mode, "drafted": stats.n_drafted, "accepted": stats.n_accepted,
                                 "acceptance_rate": round(stats.acceptance_rate, 4),
+                                "by_source": dict(stats.by_source),  # drafted tokens: lookup, draft, ..., grammar
                                 "tokens_per_second": round(stats.tokens_per_second, 3),
                                 "prompt_seconds": round(stats.prompt_seconds, 6),
                                 "decode_seconds": round(stats.decode_seconds, 6)}}

@@ -2,7 +2,8 @@
 Generation it asks for (its fields over the server's options), or an ApiError that names what was wrong.
 
 A field this server does not honour is a 400 that names it (UNHONOURED), never ignored; the numeric fields are
-checked by their declarations in options.py, as the command line's are.
+checked by their declarations in options.py, as the command line's are. What the output must be comes from
+OpenAI's `response_format` or llama-server's `json_schema` and `grammar` fields (request_grammar), at most one.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from spectool.options import Options, UserError, in_request, request_options
 from spectool.session import Session, generation
 
 if TYPE_CHECKING:
+    from spectool.core.grammar import Grammar
     from spectool.core.speculative import Generation
     from spectool.llama.engine import Model
 
@@ -23,7 +25,7 @@ UNHONOURED = {
     "n": (None, 1), "best_of": (None, 1), "logprobs": (None, False, 0), "top_logprobs": (None, 0),
     "echo": (None, False), "suffix": (None, ""), "logit_bias": (None, {}), "tools": (None, []),
     "tool_choice": (None, "none", "auto"), "functions": (None, []), "function_call": (None, "none", "auto"),
-    "response_format": (None, {"type": "text"}), "audio": (None,), "modalities": (None, ["text"]),
+    "audio": (None,), "modalities": (None, ["text"]),
 }
 
 
@@ -81,14 +83,63 @@ def parse(raw: bytes, chat: bool, session: Session, options: Options) -> tuple[G
     if len(tokens) >= target.n_ctx:
         raise ApiError(400, f"the prompt has {len(tokens)} tokens but the context holds {target.n_ctx}",
                        code="context_length_exceeded")
+    grammar = request_grammar(body) or session.gen.grammar  # the request's, else the server's default
     try:  # the request's fields over the server's options, by their declarations (options.py), as `run` does
-        gen = generation(session, request_options(options, body))
+        gen = generation(session, request_options(options, body), grammar)
     except UserError as e:
         if e.option is None:
             raise
         name, message = in_request(e)
         raise ApiError(400, message, code=f"invalid_{name}", param=name) from None
     return gen, tokens, stop + more, stream
+
+
+def request_grammar(body: dict) -> Grammar | None:
+    """The grammar a request asks for, None when it asks for none (then the server's default holds):
+    `response_format` as OpenAI sends it (`text`; `json_object`, with a `schema` as llama-server allows; or
+    `json_schema` with {name, schema, strict}; no schema: any JSON object), llama-server's `json_schema` (an
+    object) or `grammar` (GBNF text; "" is none, as there). Two of them, a value of the wrong shape, or a grammar
+    the library refuses: a 400 naming the field."""
+    asked = []  # (field, how to make its Grammar)
+    rf = body.get("response_format")
+    if rf is not None:
+        kind = rf.get("type") if isinstance(rf, dict) else None
+        if kind not in ("text", "json_object", "json_schema"):
+            raise invalid("response_format", 'must be {"type": "text"}, {"type": "json_object"} or '
+                          f'{{"type": "json_schema", "json_schema": {{...}}}} (it was sent as {json.dumps(rf)[:60]})')
+        schema = rf.get("schema") if kind == "json_object" else None
+        if kind == "json_schema":
+            spec = rf.get("json_schema")
+            if not isinstance(spec, dict):
+                raise invalid("response_format", "needs a 'json_schema' object: {name, schema, strict}")
+            if not isinstance(spec.get("strict", False), (bool, type(None))):
+                raise invalid("response_format", "has a json_schema whose 'strict' is not true or false")
+            schema = spec.get("schema")
+        if schema is not None and not isinstance(schema, dict):
+            raise invalid("response_format", "has a 'schema' that is not a JSON object")
+        if kind != "text":
+            asked.append(("response_format", schema))
+    if body.get("json_schema") is not None:
+        if not isinstance(body["json_schema"], dict):
+            raise invalid("json_schema", "must be a JSON schema object")
+        asked.append(("json_schema", body["json_schema"]))
+    if body.get("grammar") is not None and body["grammar"] != "":
+        if not isinstance(body["grammar"], str):
+            raise invalid("grammar", "must be a string of GBNF grammar")
+        asked.append(("grammar", body["grammar"]))
+    if len(asked) > 1:
+        raise invalid(asked[1][0], f"cannot be given with '{asked[0][0]}': ask for one grammar or schema")
+    if not asked:
+        return None
+    from spectool.core.grammar import Grammar, GrammarError
+
+    name, value = asked[0]
+    try:
+        if name == "grammar":
+            return Grammar.gbnf(value)
+        return Grammar.json_object() if value is None else Grammar.json_schema(value)
+    except GrammarError as e:
+        raise invalid(name, f"was refused: {e}") from None
 
 
 def chat_prompt(body: dict, target: Model) -> tuple[list[int], list[str]]:

@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # importing them would load llama.cpp before it is needed
     import numpy as np
 
     from spectool.core.controller import Controller
+    from spectool.core.grammar import Grammar
     from spectool.core.speculative import Generation
     from spectool.drafters.base import Drafter
     from spectool.drafters.mtp import MtpContext
@@ -118,9 +119,10 @@ def complete(s: Session, text: str, stop, truncate: bool, interrupted, say: Call
     return stats, generate_text(s.gen, tokens, stop or (), stats, interrupted)
 
 
-def generation(s: Session, o: Options):
+def generation(s: Session, o: Options, grammar: Grammar | None = None):
     """The Generation that options `o` ask of a loaded session (a command line's, or a serve request's over the
-    server's): checked sampling, token budget and seed, and a controller. Greedy or unseeded generations share the
+    server's): checked sampling, token budget and seed, a controller, and the grammar: `grammar` if given (made
+    once: a serve request's, or the server's), else the one `o` asks for. Greedy or unseeded generations share the
     session's timed controller, which learns this machine's costs; seeded sampling gets an untimed one of its own,
     so that k, and with it the use of random numbers, depends only on the tokens: the same seed gives the same
     text after any earlier request and on any machine (controller.py)."""
@@ -131,7 +133,7 @@ def generation(s: Session, o: Options):
     if o.seed is not None and not sampling.greedy:
         ctl = Controller(k_max=s.k_max, k_min=s.k_min, adaptive=s.k_min != s.k_max, timed=False)
     return replace(s.gen, sampling=sampling, controller=ctl, max_tokens=o.max_tokens, seed=o.seed, rng=None,
-                   on_prefill=None)
+                   on_prefill=None, grammar=grammar if grammar is not None else o.grammar_spec())
 
 
 def resolve_models(o: Options) -> Refs:
@@ -262,7 +264,8 @@ def pruned_draft(stack: contextlib.ExitStack, draft_model: Model, vocab: int, o:
 @contextlib.contextmanager
 def open_session(o: Options, hooks: Hooks = Hooks()) -> Iterator[Session]:
     """Load the models of `o` and yield a ready Session; the measured batch costs are saved when it closes."""
-    o.sampling()  # bad sampling options fail before anything loads
+    o.sampling()  # bad sampling options and a bad grammar fail before anything loads
+    grammar = o.grammar_spec()
     refs = resolve_models(o)
     k_max = o.draft_max if o.draft_max is not None else refs.draft_max
     if o.draft_min > k_max:
@@ -300,19 +303,20 @@ def open_session(o: Options, hooks: Hooks = Hooks()) -> Iterator[Session]:
             drafter, mode = None, Mode.none
         from spectool import costtables
 
+        drafts = drafter is not None or (grammar is not None and target.can_rollback)  # a grammar's forced tokens
         try:
-            costs_file = costtables.path_for(target, draft_model, o.threads, o.rpc, o.ctx_size) \
-                if drafter is not None else None
+            costs_file = costtables.path_for(target, draft_model, o.threads, o.rpc, o.ctx_size) if drafts else None
         except (OSError, RuntimeError):  # no usable home or cache directory: measure from scratch, keep nothing
             costs_file = None
         costs, warning = costtables.load(costs_file, max_batch=target.n_ctx)
         if warning:
             notices.append(warning)
         controller = Controller(k_max=k_max, k_min=o.draft_min, adaptive=o.draft_min != k_max, costs=costs)
-        s = Session(Generation(target, drafter, controller=controller), mode, str(m.target_ref),
-                    str(m.draft_ref) if draft_model is not None else None, notices,
+        # a grammar's forced tokens are drafts too: only where rejected ones can be dropped
+        gen = Generation(target, drafter, controller=controller, forced_drafts=target.can_rollback)
+        s = Session(gen, mode, str(m.target_ref), str(m.draft_ref) if draft_model is not None else None, notices,
                     draft_model if mode in (Mode.draft, Mode.hybrid) else None, controller, k_max, o.draft_min)
-        s.gen = generation(s, o)
+        s.gen = generation(s, o, grammar)
         try:
             yield s
         finally:

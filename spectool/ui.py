@@ -26,14 +26,23 @@ from spectool.core.stats import Stats
 from spectool.options import CTX_SIZE
 
 # ANSI colours of accepted-draft text, one for every source a step's drafts can come from: green (lookup), cyan
-# (draft model), yellow (MTP head), and magenta for a hybrid step's drafts (lookup's tokens, then the others')
-SOURCE_STYLE = {Source.lookup: 32, Source.draft: 36, Source.mtp: 33, Source.hybrid: 35}
+# (draft model), yellow (MTP head), magenta for a hybrid step's drafts (lookup's tokens, then the others'), and blue
+# for the tokens a grammar forced
+SOURCE_STYLE = {Source.lookup: 32, Source.draft: 36, Source.mtp: 33, Source.hybrid: 35, Source.grammar: 34}
+
+
+def sources_text(st: Stats, shares: bool = True) -> str:
+    """The drafted tokens by source, with their shares: `grammar 40 (62%), lookup 25 (38%)`."""
+    return ", ".join(f"{k} {v}" + (f" ({100 * v / st.n_drafted:.0f}%)" if shares else "")
+                     for k, v in sorted(st.by_source.items()))
 
 
 def summary_line(st: Stats) -> str:
+    # the sources, where the mode does not name them all: `[lookup] ... drafted 58 (grammar 20, lookup 38)`
+    sources = f" ({sources_text(st, shares=False)})" if st.by_source and set(st.by_source) != {st.mode} else ""
     return (
         f"[{st.mode}] {st.n_generated} tokens in {st.decode_seconds:.2f}s = {st.tokens_per_second:.1f} tok/s; "
-        f"drafted {st.n_drafted}, accepted {st.n_accepted} ({100 * st.acceptance_rate:.0f}%); "
+        f"drafted {st.n_drafted}{sources}, accepted {st.n_accepted} ({100 * st.acceptance_rate:.0f}%); "
         f"{st.mean_accepted_length:.2f} tokens/step; prompt {st.n_prompt_tokens} tokens in "
         f"{st.prompt_seconds:.2f}s; finish: {st.finish_reason}"
     )
@@ -74,8 +83,7 @@ def stats_table(st: Stats, elapsed: float | None = None) -> Table:
     if st.n_drafted:
         t.add_row("accepted", f"{100 * st.acceptance_rate:.0f}%  of {st.n_drafted} drafted;  "
                   f"{st.mean_accepted_length:.2f} tokens/step")
-        shares = ", ".join(f"{k} {100 * v / st.n_drafted:.0f}%" for k, v in sorted(st.by_source.items()))
-        t.add_row("drafts from", shares)
+        t.add_row("drafts from", sources_text(st))
         for i, (d, a) in enumerate(zip(st.drafted_per_position, st.accepted_per_position + [0] * 64)):
             if i >= 8:
                 break
