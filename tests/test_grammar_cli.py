@@ -83,12 +83,14 @@ def test_forced_tokens_are_drafted_and_n_before_the_grammar_completes_is_length(
     line counts them; a fixed draft length drafts whatever is offered), and the text is the sentence. Cut by -n,
     the text is a part of it, finish "length"."""
     grammar = f'root ::= "{SENTENCE}"'
+    stats = tmp_path / "s.json"
     out = spectool("run", "-m", tiny["target"], "-n", "64", "--draft-min", "8", "--draft-max", "8", "--grammar",
-                   grammar, "The dog", timeout=300)
+                   grammar, "--stats-json", stats, "The dog", timeout=300)
     assert out.returncode == 0 and out.stdout.rstrip("\n") == SENTENCE, out.stderr
     summary = out.stderr.strip().splitlines()[-1]
     assert "grammar" in summary and "finish: stop" in summary, summary
-    stats = tmp_path / "s.json"
+    j = json.loads(stats.read_text())
+    assert j["drafted_by_source"]["grammar"] > 0 and sum(j["drafted_by_source"].values()) == j["n_drafted"]
     r = runner.invoke(app, ["run", "-m", str(tiny["target"]), "-n", "2", "-q", "--grammar", grammar,
                             "--stats-json", str(stats), "The dog"])
     text = r.stdout.rstrip("\n")

@@ -93,6 +93,7 @@ class Stats(Rates):
             "acceptance_rate": round(self.acceptance_rate, 6),
             "mean_accepted_length": round(self.mean_accepted_length, 6),
             "accepted_per_position": list(self.accepted_per_position),
+            "drafted_by_source": {str(source): n for source, n in self.by_source.items()},
             "prompt_seconds": round(self.prompt_seconds, 6),
             "decode_seconds": round(self.decode_seconds, 6),
             "tokens_per_second": round(self.tokens_per_second, 3),
