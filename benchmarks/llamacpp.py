@@ -25,6 +25,7 @@ from spectool.options import CTX_SIZE  # the context spectool runs at, for like-
 
 CACHE = Path(os.environ.get("SPECTOOL_BENCH_CACHE", Path.home() / ".cache" / "spectool-bench"))
 TARGETS = ("llama-lookup", "llama-completion", "llama-speculative-simple")
+SERVER = ("llama-server",)  # built only when asked for (benchmarks/structured.py), so TARGETS' build stays as it was
 
 
 def llama_cpp_version() -> str:
@@ -58,9 +59,12 @@ def build(version: str | None = None, quiet: bool = False, targets: tuple[str, .
             vendored.rename(src)
     out = None if not quiet else subprocess.DEVNULL
     print(f"building {', '.join(targets)} from {src} (a few minutes, once)", file=sys.stderr, flush=True)
+    # the server's targets exist only when configured in; its web UI is left out (no npm, no download)
+    server = "ON" if "llama-server" in targets else "OFF"
     subprocess.run(["cmake", "-S", str(src), "-B", str(root / "build"), "-DCMAKE_BUILD_TYPE=Release",
-                    "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_OPENSSL=OFF",
-                    "-DLLAMA_CURL=OFF", "-DBUILD_SHARED_LIBS=OFF"], check=True, stdout=out)
+                    "-DLLAMA_BUILD_TESTS=OFF", f"-DLLAMA_BUILD_SERVER={server}", "-DLLAMA_BUILD_UI=OFF",
+                    "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_CURL=OFF",
+                    "-DBUILD_SHARED_LIBS=OFF"], check=True, stdout=out)
     subprocess.run(["cmake", "--build", str(root / "build"), "--config", "Release", "-j", str(os.cpu_count() or 2),
                     "--target", *targets], check=True, stdout=out)
     return bins
