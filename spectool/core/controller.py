@@ -25,7 +25,7 @@ from itertools import chain, islice, repeat
 from typing import Iterable, Sequence
 
 from spectool.core.costs import Costs
-from spectool.core.keys import AGREED, BUCKETS, DRAFT, MOSTLY, MTP, SPLIT, Key
+from spectool.core.keys import AGREED, BUCKETS, DRAFT, GRAMMAR, MOSTLY, MTP, SPLIT, Key
 from spectool.core.keys import Source
 
 # How many tokens a step may draft when a pair does not say (models.toml's draft_max says it per pair): lookup's
@@ -44,7 +44,9 @@ LOOKUP_PRIORS = {AGREED: (0.4, 0.7, 0.8, 0.9, 0.97), MOSTLY: (0.6, 0.4, 0.5, 0.7
 def _default_priors() -> dict[Key, tuple[float, float]]:
     lookup = {Key.lookup(b, agreement): (a, 8.0)
               for agreement, row in LOOKUP_PRIORS.items() for b, a in zip(BUCKETS, row, strict=True)}
-    return {**lookup, DRAFT: (0.6, 2.0), MTP: (0.6, 2.0)}  # a guess that a drafter's first observations replace
+    # a draft model's and an MTP head's: a guess that their first observations replace. A grammar's forced tokens
+    # are the text's own unless the model spells them with other tokens than the grammar's canonical ones
+    return {**lookup, DRAFT: (0.6, 2.0), MTP: (0.6, 2.0), GRAMMAR: (0.95, 8.0)}
 
 
 @dataclass(slots=True)

@@ -14,13 +14,14 @@ from typing import ClassVar
 
 class Source(StrEnum):
     """Where a step's drafts came from: nothing drafted, prompt lookup, a draft model, the target's own MTP
-    heads, or lookup's tokens then the draft model's or the MTP head's."""
+    heads, lookup's tokens then the draft model's or the MTP head's, or the tokens a grammar forces."""
 
     none = "none"
     lookup = "lookup"
     draft = "draft"
     mtp = "mtp"
     hybrid = "hybrid"
+    grammar = "grammar"
 
 
 # lookup's evidence: how the n-gram's followers agreed on this token
@@ -106,3 +107,4 @@ class Key:
 
 DRAFT = Key.of(Source.draft)  # every draft-model token
 MTP = Key.of(Source.mtp)  # every token of the target's MTP head
+GRAMMAR = Key.of(Source.grammar)  # every token a grammar forces

@@ -18,9 +18,11 @@ import numpy as np  # noqa: E402
 
 from spectool.core.controller import Controller
 from spectool.drafters.base import EMPTY, Draft, Drafter
+from spectool.drafters.grammar import Constrained
 from spectool.drafters.lookup import PromptLookup
 from spectool.llama.engine import EngineError, Model
-from spectool.llama.outputs import Output
+from spectool.llama.outputs import ROWS, Output
+from spectool.core.grammar import Constraint, Grammar, NothingAllowed, dist_under, token_under
 from spectool.core.keys import Key, Source
 from spectool.core.stats import Stats
 from spectool.core.verify import Sampling, accept_greedy, accept_sampled, backend_chain, dist_at, greedy_rows
@@ -38,6 +40,7 @@ class Step:
     verify_seconds: float = 0.0
     text: str = ""  # what became final as text, when the generation makes text (generate_text)
     draft_chars: int = 0  # how much of `text` came from accepted drafts
+    forced: int = 0  # of the drafted tokens, how many a grammar forced (Source.grammar; the rest are `source`'s)
     finish_reason: str | None = None  # on the last step: "stop" | "length" | "context" | "interrupted"
     notice: str | None = None  # a one-line message for the user (e.g. the draft model failed)
 
@@ -54,6 +57,8 @@ class Generation:
     seed: int | None = None
     rng: np.random.Generator | None = None  # made from `seed` on first use and kept: a chat's turns go on drawing
     on_prefill: Callable[[int, int], None] | None = None  # hears (done, total) while the prompt is processed
+    grammar: Grammar | None = None  # every token follows it (core/grammar.py) ...
+    forced_drafts: bool = True  # ... and the tokens it forces are drafted, with or without a drafter
 
     def random(self) -> np.random.Generator:
         if self.rng is None:
@@ -74,13 +79,19 @@ def speculative_generate(g: Generation, prompt: Sequence[int], stats: Stats | No
     t0 = time.perf_counter()  # prompt processing: everything before the first step
     _freeze_startup_objects()
     x = list(prompt)
+    constraint = g.grammar.matcher(g.target) if g.grammar is not None else None  # before the prefill: it may fail
     n_prefilled = _prefill(g, x, interrupted)
-    on_graph = backend_chain(g.sampling)  # what llama.cpp samples inside its graph (ids, top-k or rows)
-    drafter, notice = _start_drafter(g, x, on_graph)
+    # what llama.cpp samples inside its graph (ids, top-k or rows); a grammar's mask needs whole rows
+    on_graph = backend_chain(g.sampling) if constraint is None else ROWS
+    drafter = g.drafter
+    if constraint is not None and (drafter is not None or g.forced_drafts):
+        drafter = Constrained(drafter, constraint, g.forced_drafts)
+    drafter, notice = _start_drafter(g, drafter, x, on_graph)
     if stats is not None:
         stats.n_prompt_tokens, stats.n_prefilled = len(x), n_prefilled
         stats.prompt_seconds = time.perf_counter() - t0
-    loop = _Loop(g, x, drafter, notice, on_graph, stats, None if stop is None else TextStream(g.target, stop))
+    loop = _Loop(g, x, drafter, notice, on_graph, stats, None if stop is None else TextStream(g.target, stop),
+                 constraint)
     yield from loop.steps(interrupted)
 
 
@@ -88,9 +99,9 @@ class _Loop:
     """One generation's state between steps: the history x, the drafter, the tokens made so far."""
 
     def __init__(self, g: Generation, x: list[int], drafter: Drafter | None, notice: str | None, on_graph: Output,
-                 stats: Stats | None, stream: TextStream | None):
+                 stats: Stats | None, stream: TextStream | None, constraint: Constraint | None = None):
         self.g, self.x, self.drafter, self.notice, self.stats, self.stream = g, x, drafter, notice, stats, stream
-        self.on_graph = on_graph
+        self.on_graph, self.constraint = on_graph, constraint
         self.target, self.ctl, self.sampling, self.rng = g.target, g.controller, g.sampling, g.random()
         self.temp = temp = 0.0 if g.sampling.greedy else g.sampling.temp  # acceptance is learnt per temperature
         self.worth = lambda key: self.ctl.worth(key, temp)  # what the controller makes of a drafter's greedy key
@@ -103,7 +114,11 @@ class _Loop:
                 t0 = time.perf_counter()
                 keys, d = self.draft(min(room, self.g.max_tokens - self.n_new - 1))
                 t1 = time.perf_counter()
-                n_acc, t = self.verify(d)
+                try:
+                    n_acc, t = self.verify(d) if self.constraint is None else self.verify_under(d, self.constraint)
+                except NothingAllowed:
+                    yield self.last("stop")
+                    return
                 t2 = time.perf_counter()
                 self.observe(keys, d, n_acc, t1 - t0, t2 - t1)
                 step = self.emit([*d.tokens[:n_acc], t], d, n_acc, t1 - t0, t2 - t1)
@@ -132,7 +147,7 @@ class _Loop:
         try:
             return keys, self.drafter.propose(self.x, len(keys), self.sampling, self.rng)
         except EngineError as e:
-            self.drafter, self.notice = _fallback(self.x, e)
+            self.drafter, self.notice = _fallback(self.x, e, self.constraint, self.g.forced_drafts)
             return keys, EMPTY
 
     def verify(self, d: Draft) -> tuple[int, int]:
@@ -147,6 +162,29 @@ class _Loop:
             n_acc, t = accept_sampled(lambda i: dist_at(target, i, s, recent + d.tokens[:i]), d.q, d.tokens, self.rng)
         if n_acc < len(d.tokens):
             target.rollback(len(x) + n_acc)  # keep x and the accepted drafts; t is fed next step
+        return n_acc, t
+
+    def verify_under(self, d: Draft, c: Constraint) -> tuple[int, int]:
+        """`verify` under a grammar: p_i is the target's row after x + d_1..d_i masked by the grammar in that state
+        (the drafts were cut to what it accepts), so the grammar advances over each draft as its row is reached;
+        it then holds x, the accepted drafts and the target's token."""
+        x, target, s, tokens = self.x, self.target, self.sampling, d.tokens
+        recent = x[-s.window:] if s.window else []
+        target.eval([x[-1], *tokens], logits="all", output=self.on_graph)
+
+        def row(i: int, under):
+            if i:
+                c.push(tokens[i - 1 : i])
+            return under(target, i, s, recent + tokens[:i], c)
+
+        if s.greedy:
+            n_acc, t = accept_greedy((row(i, token_under) for i in range(len(tokens) + 1)), tokens)
+        else:
+            n_acc, t = accept_sampled(lambda i: row(i, dist_under), d.q, tokens, self.rng)
+        if not c.push([t]):
+            raise NothingAllowed("the grammar admits no token here")
+        if n_acc < len(tokens):
+            target.rollback(len(x) + n_acc)
         return n_acc, t
 
     def observe(self, keys: list[Key], d: Draft, n_acc: int, draft_seconds: float, verify_seconds: float) -> None:
@@ -176,7 +214,7 @@ class _Loop:
         self.n_new += len(new)
         step = Step(tokens=new, drafted=len(d.tokens), accepted=n_acc, source=d.source, draft_seconds=draft_seconds,
                     verify_seconds=verify_seconds, text=text, draft_chars=draft_chars, finish_reason=finish,
-                    notice=self.notice)
+                    notice=self.notice, forced=d.forced)
         self.notice = None
         if self.stats is not None:
             self.stats.add_step(step)
@@ -190,6 +228,8 @@ class _Loop:
             return new[:end], "stop"
         if self.n_new + len(new) >= self.g.max_tokens:
             return new[: self.g.max_tokens - self.n_new], "length"
+        if self.constraint is not None and self.constraint.complete:  # nothing but end-of-generation can follow
+            return new, "stop"
         return new, None
 
     def last(self, finish: str, text: str = "") -> Step:
@@ -220,17 +260,18 @@ def _prefill(g: Generation, x: list[int], interrupted: Callable[[], bool]) -> in
     return target.sync(x[:-1], logits="none", progress=progress)
 
 
-def _start_drafter(g: Generation, x: list[int], on_graph: Output) -> tuple[Drafter | None, str | None]:
+def _start_drafter(g: Generation, drafter: Drafter | None, x: list[int],
+                   on_graph: Output) -> tuple[Drafter | None, str | None]:
     """The drafter, given the prompt (a draft model's prompt is prompt processing, not drafting), after a first
     run's calibration; prompt lookup instead, with a notice, where the draft model fails."""
-    if g.drafter is None:
+    if drafter is None:
         return None, None
     calibrate(g.target, x, g.controller, on_graph)
     try:
-        g.drafter.prefill(x)
-        return g.drafter, None
+        drafter.prefill(x)
+        return drafter, None
     except EngineError as e:
-        return _fallback(x, e)
+        return _fallback(x, e, drafter.c if isinstance(drafter, Constrained) else None, g.forced_drafts)
 
 
 def _freeze_startup_objects() -> None:
@@ -272,11 +313,14 @@ def calibrate(target: Model, x: list[int], ctl: Controller, output: Output) -> N
             target.rollback(len(x) - 1)
 
 
-def _fallback(x: list[int], error: Exception) -> tuple[Drafter, str]:
-    """A failing draft model: go on with prompt lookup alone (the output stays the target's)."""
+def _fallback(x: list[int], error: Exception, constraint: Constraint | None = None,
+              forced: bool = True) -> tuple[Drafter, str]:
+    """A failing draft model: go on with prompt lookup alone (the output stays the target's), under the grammar
+    where there is one."""
     lookup = PromptLookup()
     lookup.prefill(x)
-    return lookup, f"draft model failed ({error}); continuing with prompt lookup"
+    drafter = lookup if constraint is None else Constrained(lookup, constraint, forced)
+    return drafter, f"draft model failed ({error}); continuing with prompt lookup"
 
 
 class TextStream:

@@ -58,7 +58,9 @@ class Stats(Rates):
         self.last_k = step.drafted
         self.decode_seconds += step.draft_seconds + step.verify_seconds
         if step.drafted:
-            self.by_source[step.source] = self.by_source.get(step.source, 0) + step.drafted
+            for source, n in (("grammar", step.forced), (step.source, step.drafted - step.forced)):
+                if n:
+                    self.by_source[source] = self.by_source.get(source, 0) + n
             for hist, n in ((self._drafted, step.drafted), (self._accepted, step.accepted)):
                 if len(hist) <= n:
                     hist.extend([0] * (n + 1 - len(hist)))

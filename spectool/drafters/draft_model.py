@@ -11,6 +11,7 @@ import numpy as np  # noqa: E402
 
 from spectool.llama.engine import Model
 from spectool.llama.outputs import ROWS
+from spectool.core.grammar import Constraint
 from spectool.core.keys import DRAFT, Key
 from spectool.core.keys import Source
 from spectool.core.verify import Dist, Sampling, backend_chain
@@ -70,10 +71,12 @@ class DraftModel:
         h = self._map(history)
         self.model.sync(h[:-1], logits="none") if len(h) > 1 else self.model.reset()
 
-    def peek(self, history: Sequence[int], k_max: int, estimate: Estimate | None = None) -> list[Key]:
+    def peek(self, history: Sequence[int], k_max: int, estimate: Estimate | None = None,
+             final: int | None = None) -> list[Key]:
         return [DRAFT] * max(0, min(k_max, self.model.n_ctx - len(history)))
 
-    def propose(self, history: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator) -> Draft:
+    def propose(self, history: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator,
+                constraint: Constraint | None = None) -> Draft:
         m = self.model
         room = m.n_ctx - len(history)
         k = min(k, room)
@@ -82,14 +85,15 @@ class DraftModel:
         t0 = time.perf_counter()
         banned = self.map.banned if self.map is not None and len(self.map.banned) else None
         # llama.cpp samples in the graph, but p_min at temperature 0 needs the whole row's softmax
-        on_graph = ROWS if sampling.greedy and self.p_min > 0 else backend_chain(sampling, banned)
+        on_graph = ROWS if (sampling.greedy and self.p_min > 0) or constraint is not None else \
+            backend_chain(sampling, banned)  # a grammar's mask needs the whole row too
         # usually 1-2 new tokens (the target's own, after the accepted drafts); many after steps without drafts
         mapped = self._map(history)
         caught_up = m.sync(mapped, output=on_graph)
         catch_up = time.perf_counter() - t0 if caught_up > 2 else 0.0
         recent = mapped[-sampling.window:] if sampling.window else []
         tokens, qs = draw(m, -1, k, lambda t, i: m.eval([t], output=on_graph), sampling, rng, recent, self.p_min,
-                          banned)  # in the draft's own ids
+                          banned, constraint, None if self.map is None else self.map.to_target)  # in the draft's ids
         if self.map is not None:  # back to the target's ids
             tokens = self.map.to_target[tokens].tolist()
             qs = [self._on_target(q) for q in qs]

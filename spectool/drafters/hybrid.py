@@ -7,6 +7,7 @@ from typing import Sequence
 from spectool.llama import native  # noqa: F401, I001 - llama.cpp's libraries before numpy (native.py)
 import numpy as np  # noqa: E402
 
+from spectool.core.grammar import Constraint
 from spectool.core.keys import Key
 from spectool.core.keys import Source
 from spectool.core.verify import Sampling
@@ -30,8 +31,9 @@ class Hybrid:
         self.lookup.prefill(history)
         self.draft.prefill(history)
 
-    def peek(self, history: Sequence[int], k_max: int, estimate: Estimate | None = None) -> list[Key]:
-        keys = list(self.lookup.peek(history, k_max))
+    def peek(self, history: Sequence[int], k_max: int, estimate: Estimate | None = None,
+             final: int | None = None) -> list[Key]:
+        keys = list(self.lookup.peek(history, k_max, final=final))
         model = self.draft.peek(history, k_max)
         bar = {key: estimate(key) for key in set(model)} if estimate is not None else {}
         j = 0
@@ -40,12 +42,23 @@ class Hybrid:
         self._n_lookup = j
         return keys[:j] + model[j:]
 
-    def propose(self, history: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator) -> Draft:
+    def propose(self, history: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator,
+                constraint: Constraint | None = None) -> Draft:
         j = min(k, self._n_lookup)
         head = self.lookup.propose(history, j, sampling, rng) if j else EMPTY
+        if constraint is not None and head.tokens:  # cut at the first token the grammar rejects
+            n = constraint.valid(head.tokens)
+            if n < len(head.tokens):
+                return Draft(head.tokens[:n], None, Source.lookup) if n else EMPTY
         if k <= len(head.tokens):
             return head
-        tail = self.draft.propose([*history, *head.tokens], k - len(head.tokens), sampling, rng)
+        if constraint is not None:
+            constraint.push(head.tokens)
+        try:
+            tail = self.draft.propose([*history, *head.tokens], k - len(head.tokens), sampling, rng, constraint)
+        finally:
+            if constraint is not None:
+                constraint.pop(len(head.tokens))
         if not head.tokens:
             return tail
         q = None if tail.q is None else [None] * len(head.tokens) + tail.q

@@ -27,14 +27,15 @@ class NGramIndex:
         self._follow: dict[str, dict[int, int]] = {}
         self._n_first = n_max  # the first match of the last prediction: the next one's first guess
 
-    def extend(self, history: Sequence[int]) -> None:
-        """Index `history`: the tokens past those indexed, or all of it anew where it does not extend them."""
-        n_old = len(self.tokens)
-        if n_old > len(history) or (n_old and history[n_old - 1] != self.tokens[-1]):
+    def extend(self, history: Sequence[int], end: int | None = None) -> None:
+        """Index `history` (its first `end` tokens): the tokens past those indexed, or all of it anew where it does
+        not extend them."""
+        n_old, end = len(self.tokens), len(history) if end is None else end
+        if n_old > end or (n_old and history[n_old - 1] != self.tokens[-1]):
             self.tokens, self._follow, n_old = [], {}, 0
         toks, follow, n_min, n_max = self.tokens, self._follow, self.n_min, self.n_max
         tail = "".join(map(chr, toks[-n_max:]))  # the n-grams before the next token are the ends of this
-        for t in history[n_old:]:
+        for t in history[n_old:end]:
             m = len(tail)
             for n in range(n_min, m + 1):
                 gram = tail[m - n :]
@@ -90,10 +91,10 @@ class LookupOffer:
 
     __slots__ = ("history", "n_history", "tokens", "_keys")
 
-    def __init__(self, lookup: PromptLookup, history: Sequence[int], k_max: int):
+    def __init__(self, lookup: PromptLookup, history: Sequence[int], k_max: int, final: int | None = None):
         self.history, self.n_history = history, len(history)
         self.tokens: list[int] = []  # the tokens behind the keys drawn so far
-        self._keys = lookup._keys(history, k_max, self.tokens)
+        self._keys = lookup._keys(history, k_max, self.tokens, final)
 
     def __iter__(self) -> Iterator[Key]:
         return self._keys
@@ -121,7 +122,7 @@ class PromptLookup:
         self.index = NGramIndex(n_min, n_max)
         self._offer: LookupOffer | None = None  # the last peek's, until propose drafts from it
 
-    def _keys(self, history: Sequence[int], k: int, tokens: list[int]) -> Iterator[Key]:
+    def _keys(self, history: Sequence[int], k: int, tokens: list[int], final: int | None = None) -> Iterator[Key]:
         """For LookupOffer: the controller keys of up to k tokens predicted after `history`, lazily, each key's
         token appended to the offer's `tokens` as the key is yielded.
 
@@ -130,8 +131,9 @@ class PromptLookup:
         new. Such a continuation is keyed by where its stretch began and how far along it is ("lookup:2+3": the
         third token after a 2-gram start), so the controller learns how stretches wear out. A token whose own
         evidence breaks the stretch (a shorter match: the copied text went another way before; or followers that
-        disagreed) starts a new one under its own key (`key`)."""
-        self.index.extend(history)
+        disagreed) starts a new one under its own key (`key`). Only the first `final` tokens of the history are
+        indexed (the rest, a grammar's forced tokens, may yet be rejected)."""
+        self.index.extend(history, final)
         n_max = self.index.n_max
         key, prev_n = None, 0
         for t, n, count, total in islice(self.index.predict(history), k):
@@ -161,12 +163,15 @@ class PromptLookup:
     def prefill(self, history: Sequence[int]) -> None:
         self.index.extend(history)
 
-    def peek(self, history: Sequence[int], k_max: int, estimate: Estimate | None = None) -> LookupOffer:
-        self._offer = LookupOffer(self, history, k_max)
+    def peek(self, history: Sequence[int], k_max: int, estimate: Estimate | None = None,
+             final: int | None = None) -> LookupOffer:
+        self._offer = LookupOffer(self, history, k_max, final)
         return self._offer
 
-    def propose(self, history: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator) -> Draft:
-        """The first k tokens of the last peek's offer, where it was for this history; else predicted afresh."""
+    def propose(self, history: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator,
+                constraint=None) -> Draft:
+        """The first k tokens of the last peek's offer, where it was for this history; else predicted afresh. A
+        grammar (`constraint`) cuts them afterwards (drafters/grammar.py): predicting them asks nothing of it."""
         offer, self._offer = self._offer, None
         if offer is None or not offer.is_for(history):
             offer = LookupOffer(self, history, k)

@@ -12,6 +12,7 @@ import numpy as np  # noqa: E402
 
 from spectool.llama.engine import DecodeError, Model, ModelLoadError, last_log_error
 from spectool.llama.outputs import ROWS
+from spectool.core.grammar import Constraint
 from spectool.core.keys import MTP, Key
 from spectool.core.keys import Source
 from spectool.core.verify import Sampling
@@ -149,10 +150,12 @@ class Mtp:
     def prefill(self, history: Sequence[int]) -> None:
         self.head.catch_up()  # the target's prefill reached the head through its listener, unless it came earlier
 
-    def peek(self, history: Sequence[int], k_max: int, estimate: Estimate | None = None) -> list[Key]:
+    def peek(self, history: Sequence[int], k_max: int, estimate: Estimate | None = None,
+             final: int | None = None) -> list[Key]:
         return [MTP] * max(0, min(k_max, self.head.n_ctx - len(history)))
 
-    def propose(self, history: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator) -> Draft:
+    def propose(self, history: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator,
+                constraint: Constraint | None = None) -> Draft:
         head, n = self.head, len(history)
         k = min(k, head.n_ctx - n)
         q0 = min(n - 2, len(head.target.tokens) - 1)  # the last position whose hidden state the target made
@@ -170,5 +173,5 @@ class Mtp:
             h = head.step(token, n + i, h)
 
         recent = list(history[-sampling.window:]) if sampling.window else []
-        tokens, qs = draw(head, 0, k, advance, sampling, rng, recent, self.p_min)
+        tokens, qs = draw(head, 0, k, advance, sampling, rng, recent, self.p_min, constraint=constraint)
         return Draft(tokens, None if sampling.greedy else qs, Source.mtp, catch_up) if tokens else EMPTY

@@ -1,0 +1,259 @@
+"""Grammars: which tokens a constrained generation may take next, from llguidance (the library llama.cpp itself
+builds on under LLAMA_LLGUIDANCE): GBNF, Lark or a JSON schema compiled once, a matcher per generation that
+follows the accepted tokens, rolls back drafted ones, and names the tokens the grammar forces.
+
+The constrained target distribution is llama.cpp's `grammar_first`: the mask applied to the row, then the sampler
+chain (penalties, top-k, top-p, min-p, temperature) on what is left (verify.distribution with `banned`). At
+temperature 0 that is the argmax among the allowed tokens, the same token llama.cpp's default (sample, and
+resample with the grammar applied when the token is invalid) gives.
+"""
+
+from __future__ import annotations
+
+import json
+import weakref
+from dataclasses import dataclass
+from typing import Sequence
+
+from spectool.llama import native  # noqa: F401, I001 - llama.cpp's libraries before numpy (native.py)
+import numpy as np  # noqa: E402
+
+from spectool.core.verify import Dist, Sampling, dist_at, token_at
+
+# The tokens a grammar allows are those whose bytes it allows, however the text is split into tokens, as in
+# llama.cpp's grammar sampler. (By default llguidance allows only the canonical tokenization of the bytes a grammar
+# forces: a narrower distribution than llama.cpp's.)
+NO_FORCING = '%llguidance {"no_forcing": true}\n'
+
+# llama.cpp's whitespace between JSON tokens (common/json-schema-to-grammar.cpp, SPACE_RULE): none, one space, or
+# one or two newlines and an indent of up to 20. Unbounded whitespace lets a small model pad forever.
+JSON_WHITESPACE = r"(?: |\n{1,2}[ \t]{0,20})?"
+
+
+class GrammarError(ValueError):
+    """A grammar or schema that cannot be used, with the reason in one line."""
+
+
+def _one_line(message: str) -> str:
+    return " ".join(message.split())[:300]
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """A grammar compiled for llguidance (`source`, its JSON form), checked without a model; `kind` says what the
+    user gave ("gbnf", "lark", "json_schema")."""
+
+    source: str
+    kind: str
+
+    @classmethod
+    def _checked(cls, source: str, kind: str) -> Grammar:
+        from llguidance import LLMatcher
+
+        error = LLMatcher.validate_grammar(source)
+        if error:
+            raise GrammarError(_one_line(error))
+        return cls(source, kind)
+
+    @classmethod
+    def _from_lark(cls, lark: str, kind: str) -> Grammar:
+        from llguidance import LLMatcher
+
+        return cls._checked(LLMatcher.grammar_from_lark(NO_FORCING + lark.replace("%llguidance {}", "", 1)), kind)
+
+    @classmethod
+    def gbnf(cls, text: str) -> Grammar:
+        """llama.cpp's GBNF (its `root` rule starts), as --grammar takes it."""
+        from llguidance.gbnf_to_lark import any_to_lark
+
+        try:
+            lark = any_to_lark(text)
+        except Exception as e:  # the converter raises what its parser raises
+            raise GrammarError(_one_line(f"invalid GBNF: {e}")) from None
+        return cls._from_lark(lark, "gbnf")
+
+    @classmethod
+    def lark(cls, text: str) -> Grammar:
+        return cls._from_lark(text, "lark")
+
+    @classmethod
+    def json_schema(cls, schema: str | dict) -> Grammar:
+        """A JSON schema (its text or the parsed object), read as llama.cpp reads one (common/json-schema.cpp): its
+        whitespace between tokens, and an object that lists its properties has no others unless
+        `additionalProperties` says so."""
+        from llguidance import LLMatcher
+
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except ValueError as e:
+                raise GrammarError(f"the JSON schema is not valid JSON: {e}") from None
+        if not isinstance(schema, dict):
+            raise GrammarError("a JSON schema must be a JSON object")
+        closed = {**_closed(schema), "x-guidance": {**schema.get("x-guidance", {}), "whitespace_pattern": JSON_WHITESPACE}}
+        try:  # checked on its own first, for the library's own words about what is wrong with it
+            cls._checked(LLMatcher.grammar_from_json_schema(closed), "json_schema")
+        except ValueError as e:
+            raise GrammarError(_one_line(str(e))) from None
+        return cls._from_lark("start: %json " + json.dumps(closed), "json_schema")
+
+    @classmethod
+    def json_object(cls) -> Grammar:
+        """Any JSON object (OpenAI's response_format {"type": "json_object"})."""
+        return cls.json_schema({"type": "object"})
+
+    def matcher(self, model) -> Constraint:
+        """A fresh constraint for one generation on `model`'s vocabulary."""
+        from llguidance import LLMatcher
+
+        vocabulary = tokenizer_for(model)
+        m = LLMatcher(vocabulary.tokenizer, self.source, log_level=0)
+        if m.is_error():
+            raise GrammarError(_one_line(m.get_error()))
+        return Constraint(m, model.n_vocab, vocabulary)
+
+
+def _closed(schema):
+    """The schema with `"additionalProperties": false` on every object that lists properties and says nothing
+    about others (llama.cpp's reading; JSON Schema's own default would allow any)."""
+    if isinstance(schema, list):
+        return [_closed(v) for v in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _closed(v) for k, v in schema.items()}
+    if "properties" in out and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
+_TOKENIZERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """llguidance's tokenizer of a model, and the tokens that spell the same bytes as others (`members`, each
+    with the index of its group in `group`): llguidance's mask allows one token per spelling, llama.cpp's grammar
+    every token whose bytes fit, so the mask is widened to each allowed token's twins (a byte-fallback token
+    beside an ordinary one)."""
+
+    tokenizer: object
+    members: np.ndarray
+    group: np.ndarray
+    n_groups: int
+
+
+def tokenizer_for(model) -> Vocabulary:
+    """llguidance's tokenizer for a model's vocabulary, built once per model (seconds for 262k tokens) and kept
+    while the model lives; its end-of-generation tokens end a completed grammar."""
+    vocabulary = _TOKENIZERS.get(model)
+    if vocabulary is None:
+        import warnings
+
+        from llguidance.llamacpp import lltokenizer_from_vocab
+
+        lib = native.lib()
+        vocab = lib.llama_model_get_vocab(model.llama_model)
+        eog = [t for t in range(model.n_vocab) if model.is_eog(t)] or [lib.llama_vocab_eos(vocab)]
+        with warnings.catch_warnings():  # llguidance reads each token's attributes by a deprecated name
+            warnings.simplefilter("ignore", DeprecationWarning)
+            tok = lltokenizer_from_vocab(vocab, n_vocab=model.n_vocab, eos_token=eog)
+        spellings: dict[bytes, list[int]] = {}
+        for t in range(model.n_vocab):
+            spelled = tok.decode_bytes([t])
+            if spelled and not tok.is_special_token(t):
+                spellings.setdefault(spelled, []).append(t)
+        twins = [ids for ids in spellings.values() if len(ids) > 1]
+        members = np.array([t for ids in twins for t in ids], np.int64)
+        group = np.repeat(np.arange(len(twins)), [len(ids) for ids in twins])
+        vocabulary = _TOKENIZERS[model] = Vocabulary(tok, members, group, len(twins))
+    return vocabulary
+
+
+class Constraint:
+    """One generation's grammar state: the tokens accepted so far, and drafted ones pushed while a draft or a
+    verification looks ahead (`push`, `pop`)."""
+
+    def __init__(self, matcher, n_vocab: int, vocabulary: Vocabulary):
+        self.m, self.n_vocab, self.vocabulary = matcher, n_vocab, vocabulary
+        self._banned: np.ndarray | None = None  # the mask of the current state, until it moves
+
+    def allows(self, token: int) -> bool:
+        return self.m.validate_tokens([token]) == 1
+
+    def valid(self, tokens: Sequence[int]) -> int:
+        """How many of `tokens`, from the current state, the grammar accepts in a row."""
+        return self.m.validate_tokens(list(tokens)) if tokens else 0
+
+    def banned(self) -> np.ndarray:
+        """A boolean row, true for each token the grammar does not allow next."""
+        if self._banned is None:
+            bits = np.frombuffer(self.m.compute_bitmask(), np.uint8)
+            allowed = np.unpackbits(bits, count=self.n_vocab, bitorder="little").view(bool)
+            v = self.vocabulary
+            if v.n_groups:  # a token is allowed where a twin of it is
+                any_allowed = np.zeros(v.n_groups, bool)
+                np.logical_or.at(any_allowed, v.group, allowed[v.members])
+                allowed[v.members] = any_allowed[v.group]
+            self._banned = ~allowed
+        return self._banned
+
+    def forced(self) -> list[int]:
+        """The bytes the grammar forces from here, as the tokenizer splits them (the model may split them
+        otherwise: a draft, not a certainty), up to the first token the grammar would not take."""
+        forced = self.m.compute_ff_bytes()
+        if not forced:
+            return []
+        tokens = self.vocabulary.tokenizer.tokenize_bytes(forced)
+        return tokens[: self.m.validate_tokens(tokens)]
+
+    def push(self, tokens: Sequence[int]) -> bool:
+        """Advance over `tokens` (each allowed); false when one was not (the matcher is then in error)."""
+        if not tokens:
+            return True
+        self._banned = None
+        return self.m.consume_tokens(list(tokens))
+
+    def pop(self, n: int) -> None:
+        """Undo the last n tokens pushed."""
+        if n:
+            self._banned = None
+            self.m.rollback(n)
+
+    @property
+    def complete(self) -> bool:
+        """Nothing but end-of-generation can follow (or the matcher failed)."""
+        return self.m.is_stopped()
+
+    @property
+    def failed(self) -> bool:
+        return self.m.is_error()
+
+
+class NothingAllowed(GrammarError):
+    """The grammar admits no token here (a state it cannot leave): the generation ends."""
+
+
+def mask_for(c: Constraint, to_target: np.ndarray | None = None, banned: np.ndarray | None = None) -> np.ndarray:
+    """The tokens a model may not take next under `c`, in the model's ids (`to_target`: a draft's id -> the
+    target's, see VocabMap), with the ids `banned` besides; NothingAllowed when that is every token."""
+    mask = c.banned() if to_target is None else c.banned()[to_target]
+    if banned is not None:
+        mask = mask.copy() if to_target is None else mask
+        mask[banned] = True
+    if mask.all():
+        raise NothingAllowed("the grammar admits no token here")
+    return mask
+
+
+def token_under(model, i: int, s: Sampling, recent: Sequence[int], c: Constraint, to_target=None, banned=None) -> int:
+    """The chain's token at temperature 0 for output i, among the tokens `c` allows: the row's own when the grammar
+    allows it (one cheap check), else the argmax of the masked row."""
+    t = token_at(model, i, s, recent, banned)
+    if c.allows(t if to_target is None else int(to_target[t])):
+        return t
+    return token_at(model, i, s, recent, mask_for(c, to_target, banned))
+
+
+def dist_under(model, i: int, s: Sampling, recent: Sequence[int], c: Constraint, to_target=None, banned=None) -> Dist:
+    """The chain's distribution for output i on the row with the grammar's mask applied first (grammar_first)."""
+    return dist_at(model, i, s, recent, mask_for(c, to_target, banned))

@@ -1,0 +1,232 @@
+"""Constrained decoding against llama.cpp's own grammar sampler (the oracle: `llama_sampler_init_grammar` on the
+same GBNF, through llama-cpp-python's low-level bindings): the masks state by state, the constrained distribution
+row by row, greedy output token for token under every drafter, and sampled output by chi-square (docs/exactness.md).
+On a GPU host the same tests run on the GPU's rows (the target's layers go where -ngl auto puts them)."""
+
+import ctypes
+
+import numpy as np
+import pytest
+from exactness import N_RUNS, SAMPLING, chi2_rejects
+from helpers import tokens_of
+from test_verify import SETTINGS, assert_same, llama_cpp_chain
+
+from spectool.core.controller import Controller
+from spectool.core.grammar import Grammar, GrammarError, mask_for
+from spectool.core.speculative import Generation, speculative_generate
+from spectool.core.stats import Stats
+from spectool.core.verify import Sampling, distribution
+from spectool.drafters.draft_model import DraftModel
+from spectool.drafters.hybrid import Hybrid
+from spectool.drafters.lookup import PromptLookup
+from test_verify import TOKEN
+
+# lowercase words: the tiny models' vocabulary has tokens of every kind, so the mask cuts every row
+WORDS = 'root ::= [a-z]+ (" " [a-z]+)* "."'
+# a JSON-like record: literal keys the grammar forces, free values
+RECORD = 'root ::= "{\\"name\\": \\"" [a-z ]{1,10} "\\", \\"n\\": " [0-9]{1,3} "}"'
+
+
+class LlamaGrammar:
+    """llama.cpp's grammar sampler over a model's vocabulary, fed the generated tokens."""
+
+    def __init__(self, model, gbnf: str):
+        import llama_cpp as L
+
+        self.L, self.n = L, model.n_vocab
+        vocab = L.llama_model_get_vocab(model.llama_model)
+        self.smpl = L.llama_sampler_init_grammar(vocab, gbnf.encode(), b"root")
+        assert self.smpl, "llama.cpp rejected the grammar"
+
+    def accept(self, tokens):
+        for t in tokens:
+            self.L.llama_sampler_accept(self.smpl, int(t))
+
+    def banned(self) -> np.ndarray:
+        buf = np.zeros(self.n, TOKEN)
+        buf["id"] = np.arange(self.n)
+        arr = self.L.llama_token_data_array(data=buf.ctypes.data_as(self.L.llama_token_data_p), size=self.n,
+                                            selected=-1, sorted=False)
+        self.L.llama_sampler_apply(self.smpl, ctypes.byref(arr))
+        out = np.ctypeslib.as_array(ctypes.cast(arr.data, ctypes.POINTER(ctypes.c_uint8)),
+                                    shape=(arr.size * TOKEN.itemsize,)).view(TOKEN)
+        banned = np.ones(self.n, bool)
+        banned[out["id"][np.isfinite(out["logit"])]] = False
+        return banned
+
+    def close(self):
+        self.L.llama_sampler_free(self.smpl)
+
+
+def walk(model, gbnf: str, text: str):
+    """(ours, llama.cpp's) banned masks at each state along the tokens of `text` (a string the grammar accepts)."""
+    tokens = model.tokenize(text, add_special=False)
+    c = Grammar.gbnf(gbnf).matcher(model)
+    ref = LlamaGrammar(model, gbnf)
+    try:
+        for i in range(len(tokens) + 1):
+            yield tokens[:i], mask_for(c), ref.banned()
+            if i < len(tokens):
+                assert c.push([tokens[i]])
+                ref.accept([tokens[i]])
+    finally:
+        ref.close()
+
+
+@pytest.mark.parametrize("gbnf,text", [(WORDS, "the cat sat."), (RECORD, '{"name": "ann lee", "n": 42}')])
+def test_masks_match_llama_cpp_state_by_state(target, gbnf, text):
+    states = 0
+    for prefix, ours, theirs in walk(target, gbnf, text):
+        states += 1
+        assert ours.sum() < len(ours)
+        diff = np.flatnonzero(ours != theirs)
+        assert not len(diff), (prefix, [target.piece(int(t)) for t in diff[:8]])
+    assert states > 3
+
+
+@pytest.mark.parametrize("s", SETTINGS[:4] + SETTINGS[7:8], ids=str)
+def test_constrained_rows_match_llama_cpps_grammar_then_chain(target, s):
+    """Random rows and the tiny target's own rows, masked by our grammar state, through our chain, against
+    llama.cpp's chain on the row its grammar sampler masked (grammar first)."""
+    rng = np.random.default_rng(7)
+    prompt = target.tokenize("the quick brown fox", add_special=True)
+    for prefix, ours, theirs in walk(target, WORDS, "the cat sat on the mat."):
+        history = prompt + prefix
+        target.sync(history)
+        for row in (np.array(target.logits(-1)), (rng.standard_normal(target.n_vocab) * 3).astype(np.float32)):
+            masked = np.where(theirs, -np.inf, row).astype(np.float32)
+            assert_same(distribution(row, s, history, ours), llama_cpp_chain(masked, s, history),
+                        row=(masked, s, history))
+    target.reset()
+
+
+def llama_cpp_greedy(model, prompt, gbnf, n):
+    """llama.cpp's constrained greedy decoding, one token at a time: the argmax of each row its grammar sampler
+    masked, until end-of-generation or n tokens."""
+    ref = LlamaGrammar(model, gbnf)
+    out = []
+    try:
+        while len(out) < n:
+            model.sync(prompt + out)
+            row = np.where(ref.banned(), -np.inf, model.logits(-1))
+            t = int(np.argmax(row))
+            if model.is_eog(t):
+                break
+            out.append(t)
+            ref.accept([t])
+    finally:
+        ref.close()
+        model.reset()
+    return out
+
+
+def drafters(draft):
+    return {"none": lambda: None, "lookup": PromptLookup, "draft": lambda: DraftModel(draft),
+            "hybrid": lambda: Hybrid(PromptLookup(), DraftModel(draft))}
+
+
+@pytest.mark.parametrize("kind", ["none", "lookup", "draft", "hybrid"])
+@pytest.mark.parametrize("forced", [False, True])
+def test_greedy_constrained_output_is_llama_cpps(target, draft, kind, forced):
+    prompt = target.tokenize('{"name": "ann lee", "n": 42} {"name": "bob', add_special=True)
+    want = llama_cpp_greedy(target, prompt, RECORD, 40)
+    st = Stats()
+    g = Generation(target, drafters(draft)[kind](), Sampling(), max_tokens=40, grammar=Grammar.gbnf(RECORD),
+                   forced_drafts=forced)
+    got = tokens_of(g, prompt, st)
+    assert got == want
+    assert st.finish_reason == "stop"  # the record closed: the grammar is complete
+    if forced:
+        assert st.by_source.get("grammar", 0) > 0
+    else:
+        assert "grammar" not in st.by_source
+
+
+def test_forced_tokens_are_drafted_and_accepted(target):
+    """The record's literal keys are forced: drafted from the grammar alone, with no drafter, in fewer steps than
+    tokens."""
+    prompt = target.tokenize("a record:", add_special=True)
+    st = Stats()
+    g = Generation(target, None, Sampling(), max_tokens=60, grammar=Grammar.gbnf(RECORD))
+    tokens = tokens_of(g, prompt, st)
+    assert st.by_source["grammar"] >= 4 and st.n_accepted >= 4
+    assert st.n_steps < len(tokens)
+
+
+def exact_constrained_joint(model, prompt, s, gbnf, n_tokens=3, floor=1e-5):
+    """P(first n generated tokens) under the target alone with llama.cpp's grammar sampler masking each row
+    (exactness.exact_joint, constrained)."""
+    joint = {}
+
+    def walk_(prefix, mass):
+        if len(prefix) == n_tokens or (prefix and model.is_eog(prefix[-1])):
+            key = tuple(prefix[:-1] if prefix and model.is_eog(prefix[-1]) else prefix)
+            joint[key] = joint.get(key, 0.0) + mass
+            return
+        ref = LlamaGrammar(model, gbnf)
+        ref.accept(prefix)
+        banned = ref.banned()
+        ref.close()
+        history = prompt + prefix
+        model.sync(history)
+        d = distribution(np.where(banned, -np.inf, model.logits(-1)).astype(np.float32), s, [])
+        for t, pt in zip(d.ids.tolist(), d.p.tolist()):
+            if mass * pt > floor:
+                walk_(prefix + [t], mass * pt)
+
+    model.reset()
+    walk_([], 1.0)
+    model.reset()
+    return joint
+
+
+def constrained_counts(target, make_drafter, prompt, gbnf, s=SAMPLING, n=N_RUNS, forced=True):
+    counts = {}
+    grammar = Grammar.gbnf(gbnf)
+    for seed in range(n):
+        g = Generation(target, make_drafter(), s, Controller(k_max=3, adaptive=False), max_tokens=4, seed=seed,
+                       grammar=grammar, forced_drafts=forced)
+        seq = tuple(tokens_of(g, prompt)[:3])
+        counts[seq] = counts.get(seq, 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize("kind", ["lookup", "draft", "hybrid"])
+def test_sampled_constrained_output_follows_the_constrained_target(target, draft, kind):
+    """k = 3 drafts a step; the first three tokens' joint distribution against the exact one."""
+    prompt = target.tokenize("the cat sat on the mat. the cat", add_special=True)
+    counts = constrained_counts(target, drafters(draft)[kind], prompt, WORDS)
+    rejects, stat, crit = chi2_rejects(counts, exact_constrained_joint(target, prompt, SAMPLING, WORDS), N_RUNS)
+    assert not rejects, (stat, crit)
+
+
+def test_the_chi_square_catches_a_mask_dropped_after_the_first_row(target, draft, monkeypatch):
+    """Negative control: verification that masks only a step's first row (drafts past it are judged by the
+    unconstrained target) must fail the same test."""
+    import spectool.core.speculative as spec
+    from spectool.core.grammar import dist_under
+    from spectool.core.verify import dist_at
+
+    monkeypatch.setattr(spec, "dist_under", lambda m, i, s, recent, c: dist_under(m, i, s, recent, c) if i == 0
+                        else dist_at(m, i, s, recent))
+    prompt = target.tokenize("the cat sat on the mat. the cat", add_special=True)
+    counts = constrained_counts(target, lambda: DraftModel(draft), prompt, WORDS, n=1500)
+    rejects, _, _ = chi2_rejects(counts, exact_constrained_joint(target, prompt, SAMPLING, WORDS), 1500)
+    assert rejects
+
+
+def test_a_bad_grammar_or_schema_is_one_line_before_any_model():
+    for make, bad in ((Grammar.gbnf, 'root ::= "yes" | ('), (Grammar.json_schema, '{"type": "bogus"}'),
+                      (Grammar.json_schema, "{not json"), (Grammar.json_schema, "[1, 2]"),
+                      (Grammar.gbnf, "root ::= undefined-rule")):
+        with pytest.raises(GrammarError) as e:
+            make(bad)
+        assert "\n" not in str(e.value) and str(e.value)
+
+
+def test_a_grammar_stopped_by_the_budget_ends_with_length(target):
+    prompt = target.tokenize("a record:", add_special=True)
+    st = Stats()
+    g = Generation(target, PromptLookup(), Sampling(), max_tokens=5, grammar=Grammar.gbnf(RECORD))
+    steps = list(speculative_generate(g, prompt, st))
+    assert st.finish_reason == "length" and st.n_generated == 5 and steps[-1].finish_reason == "length"
