@@ -17,9 +17,10 @@ none, as this GGUF does); llama-server gets the same token ids on /completion, s
 
 F16 Gemma 3 270M, greedy, 2 threads, at most 256 new tokens (the grammar's completion ends a generation earlier),
 the contenders prompt by prompt, interleaved, so slow drift of the machine hits all alike:
-- spectool constrained plain (`Generation(grammar=...)`, no drafter), lookup without forced drafts
-  (`forced_drafts=False`), lookup with forced drafts (the default): the schema compiled by llguidance, decode
-  time from the end of prompt processing to the last token, one cost table per contender shared by the prompts;
+- spectool constrained plain (`Generation(grammar=..., forced_drafts=False)`, no drafter: one token a step), the
+  grammar's forced tokens as the only drafts (no drafter, `forced_drafts=True`), lookup without forced drafts,
+  lookup with forced drafts (the default): the schema compiled by llguidance, decode time from the end of prompt
+  processing to the last token, one cost table per contender shared by the prompts;
 - llama-server (built from the vendored llama.cpp), the schema in its `json_schema` request field, plain and with
   each n-gram drafter it has (`--spec-type`, llamacpp.SERVER_NGRAM), one server each, started once: decode speed
   is its own `timings` (predicted_per_second: the tokens after the first over predicted_ms, prompt excluded).
@@ -158,8 +159,9 @@ class Row(Result):
             self.notes.append(f"{self.contender} on {source}: {reason}")
 
 
-SPECTOOL = {  # name: (Contender, forced drafts)
-    "spectool constrained plain": (Contender("spectool constrained plain", "none"), True),
+SPECTOOL = {  # name: (Contender, forced drafts); plain decoding under the grammar drafts nothing, not even what it forces
+    "spectool constrained plain": (Contender("spectool constrained plain", "none"), False),
+    "spectool forced drafts only": (Contender("spectool forced drafts only", "none"), True),
     "spectool lookup, no forced drafts": (Contender("spectool lookup, no forced drafts", "lookup", DRAFT_MAX), False),
     "spectool lookup + forced drafts": (Contender("spectool lookup + forced drafts", "lookup", DRAFT_MAX), True),
 }

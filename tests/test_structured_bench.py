@@ -30,6 +30,13 @@ def test_eight_extraction_prompts_from_both_data_sets_with_a_schema_each(extract
         assert 3 <= len(e.schema["properties"]) <= 6 and e.schema["required"] == list(e.schema["properties"])
 
 
+def test_spectool_compiles_every_schema(extractions):
+    from spectool.core.grammar import Grammar
+
+    for e in extractions:
+        assert Grammar.json_schema(e.schema).kind == "json_schema"  # llguidance accepts it, maxLength and enum too
+
+
 def test_the_worked_example_is_valid_and_is_not_the_answer(extractions):
     demo_text, demo = S.FUNCTION_DEMO
     assert S.check(json.dumps(demo), S.FUNCTION) is None
