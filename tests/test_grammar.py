@@ -230,3 +230,43 @@ def test_a_grammar_stopped_by_the_budget_ends_with_length(target):
     g = Generation(target, PromptLookup(), Sampling(), max_tokens=5, grammar=Grammar.gbnf(RECORD))
     steps = list(speculative_generate(g, prompt, st))
     assert st.finish_reason == "length" and st.n_generated == 5 and steps[-1].finish_reason == "length"
+
+
+# a person record in GBNF, in llama.cpp's own JSON whitespace (common/json-schema-to-grammar.cpp's `space`)
+PERSON = r'''root ::= "{" space "\"name\"" space ":" space string "," space "\"age\"" space ":" space [0-9]{1,3} space "}"
+string ::= "\"" [^"\\\n]{0,40} "\""
+space ::= | " " | "\n"{1,2} [ \t]{0,20}'''
+NOT_TEXT = {b"\x00", *(bytes([b]) for b in range(0xF5, 0x100))}
+PERSON_PROMPT = ("<start_of_turn>user\nAs JSON with name and age: Alice Johnson is a 34-year-old engineer from "
+                 "Portland.<end_of_turn>\n<start_of_turn>model\n")
+
+
+@pytest.mark.realmodel
+def test_gemma_masks_and_greedy_output_match_llama_cpp(gemma_q4):
+    """On Gemma's 262k-token vocabulary: the masks along a JSON text, and constrained greedy output under lookup
+    with forced drafts, against llama.cpp's grammar sampler."""
+    from spectool.llama.engine import Model
+
+    from spectool.core.grammar import tokenizer_for
+
+    with Model(gemma_q4, n_ctx=512, n_threads=2) as m:
+        vocabulary = tokenizer_for(m)
+        tok = vocabulary.tokenizer
+        special = np.array([tok.is_special_token(t) and t not in vocabulary.eog for t in range(m.n_vocab)])
+        assert special.sum() > 6000  # <start_of_turn>, <unused0>... : what a text never means
+        # and the byte tokens of NUL and of the bytes no UTF-8 text holds (0xF5-0xFF, RFC 3629), which each
+        # library reads its own way
+        never = np.array([tok.decode_bytes([t]) in NOT_TEXT for t in range(m.n_vocab)])
+        for prefix, ours, theirs in walk(m, PERSON, '{\n  "name": "Ann Lee",\n  "age": 42\n}'):
+            # llama.cpp's sampler allows a special token wherever its printed name fits (inside a JSON string):
+            # llguidance never, unless the grammar names it (docs/exactness.md). Every other token agrees.
+            assert ours[special].all()
+            diff = np.flatnonzero((ours != theirs) & ~special & ~never)
+            assert not len(diff), (prefix, [m.piece(int(t)) for t in diff[:8]])
+        prompt = m.tokenize(PERSON_PROMPT, add_special=True, parse_special=True)
+        want = llama_cpp_greedy(m, prompt, PERSON, 60)
+        st = Stats()
+        got = tokens_of(Generation(m, PromptLookup(), Sampling(), max_tokens=60, grammar=Grammar.gbnf(PERSON)),
+                        prompt, st)
+        assert got == want and st.finish_reason == "stop"
+        assert st.by_source.get("grammar", 0) > 0

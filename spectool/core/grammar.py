@@ -140,6 +140,7 @@ class Vocabulary:
     members: np.ndarray
     group: np.ndarray
     n_groups: int
+    eog: frozenset[int]  # end-of-generation tokens: allowed where the grammar may end
 
 
 def tokenizer_for(model) -> Vocabulary:
@@ -165,24 +166,38 @@ def tokenizer_for(model) -> Vocabulary:
         twins = [ids for ids in spellings.values() if len(ids) > 1]
         members = np.array([t for ids in twins for t in ids], np.int64)
         group = np.repeat(np.arange(len(twins)), [len(ids) for ids in twins])
-        vocabulary = _TOKENIZERS[model] = Vocabulary(tok, members, group, len(twins))
+        vocabulary = _TOKENIZERS[model] = Vocabulary(tok, members, group, len(twins), frozenset(eog))
     return vocabulary
 
 
 class Constraint:
     """One generation's grammar state: the tokens accepted so far, and drafted ones pushed while a draft or a
-    verification looks ahead (`push`, `pop`)."""
+    verification looks ahead (`push`, `pop`). End-of-generation tokens are counted, not given to the matcher
+    (llguidance takes one of them, and none once its grammar is complete): the generation ends there anyway."""
 
     def __init__(self, matcher, n_vocab: int, vocabulary: Vocabulary):
-        self.m, self.n_vocab, self.vocabulary = matcher, n_vocab, vocabulary
+        self.m, self.n_vocab, self.vocabulary, self.eog = matcher, n_vocab, vocabulary, vocabulary.eog
         self._banned: np.ndarray | None = None  # the mask of the current state, until it moves
+        self._ended = 0  # end-of-generation tokens pushed (and not popped) after the matcher's last token
 
     def allows(self, token: int) -> bool:
-        return self.m.validate_tokens([token]) == 1
+        if token in self.eog:
+            return self.m.is_accepting()
+        return not self._ended and self.m.validate_tokens([token]) == 1
 
     def valid(self, tokens: Sequence[int]) -> int:
-        """How many of `tokens`, from the current state, the grammar accepts in a row."""
-        return self.m.validate_tokens(list(tokens)) if tokens else 0
+        """How many of `tokens`, from the current state, the grammar accepts in a row (up to an
+        end-of-generation token, which counts where the grammar may end)."""
+        if not tokens:
+            return 0
+        end = next((i for i, t in enumerate(tokens) if t in self.eog), len(tokens))
+        n = self.m.validate_tokens(list(tokens[:end])) if end and not self._ended else 0
+        if n < end or end == len(tokens):
+            return n
+        self.m.consume_tokens(list(tokens[:end]))  # where the grammar is after them: may it end there?
+        ends = self.m.is_accepting()
+        self.m.rollback(end)
+        return end + ends
 
     def banned(self) -> np.ndarray:
         """A boolean row, true for each token the grammar does not allow next."""
@@ -199,25 +214,40 @@ class Constraint:
 
     def forced(self) -> list[int]:
         """The bytes the grammar forces from here, as the tokenizer splits them (the model may split them
-        otherwise: a draft, not a certainty), up to the first token the grammar would not take."""
-        forced = self.m.compute_ff_bytes()
+        otherwise: a draft, not a certainty), up to the first token the grammar would not take, and but the last
+        unless the grammar ends there: a model likes to spell the end of forced text together with what follows
+        (`":"` and a value's first letters in one token), so that token is its choice, not a draft."""
+        forced = self.m.compute_ff_bytes() if not self._ended else b""
         if not forced:
             return []
         tokens = self.vocabulary.tokenizer.tokenize_bytes(forced)
-        return tokens[: self.m.validate_tokens(tokens)]
+        tokens = tokens[: self.m.validate_tokens(tokens)]
+        if tokens:
+            self.m.consume_tokens(tokens)
+            ends = self.m.is_stopped()
+            self.m.rollback(len(tokens))
+            tokens = tokens if ends else tokens[:-1]
+        return tokens
 
     def push(self, tokens: Sequence[int]) -> bool:
         """Advance over `tokens` (each allowed); false when one was not (the matcher is then in error)."""
         if not tokens:
             return True
         self._banned = None
-        return self.m.consume_tokens(list(tokens))
+        end = next((i for i, t in enumerate(tokens) if t in self.eog), len(tokens))
+        if end and (self._ended or not self.m.consume_tokens(list(tokens[:end]))):
+            return False
+        self._ended += len(tokens) - end
+        return all(t in self.eog for t in tokens[end:])
 
     def pop(self, n: int) -> None:
         """Undo the last n tokens pushed."""
         if n:
             self._banned = None
-            self.m.rollback(n)
+            ended = min(n, self._ended)
+            self._ended -= ended
+            if n > ended:
+                self.m.rollback(n - ended)
 
     @property
     def complete(self) -> bool:

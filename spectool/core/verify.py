@@ -118,6 +118,8 @@ def _top(z: np.ndarray, k: int) -> np.ndarray:
         c = np.flatnonzero(z >= m - delta)
         if len(c) >= k:
             break
+        if delta > 1e4:  # fewer than k tokens are not -inf (a grammar's mask): those are the k best
+            return np.flatnonzero(z > -np.inf)
         delta *= 2.0
     _Threshold.delta = delta if len(c) < 16 * k else max(1.0, delta / 2)
     return c if len(c) == k else c[np.argpartition(-z[c], k - 1)[:k]]

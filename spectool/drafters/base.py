@@ -74,9 +74,10 @@ def draw(model, row: int, k: int, advance: Callable[[int, int], None], sampling:
                     break
                 t = q.sample(rng)
                 qs.append(q)
+            if constraint is not None and not constraint.push([t if to_target is None else int(to_target[t])]):
+                del qs[len(tokens):]  # a token the grammar refused (it cannot happen): the draft ends before it
+                break
             tokens.append(t)
-            if constraint is not None:
-                constraint.push([t if to_target is None else int(to_target[t])])
             if i < k - 1:
                 advance(t, i)
     except NothingAllowed:
