@@ -54,6 +54,7 @@ from spectool.llama import engine  # noqa: E402
 from spectool.bench import Contender, Result  # noqa: E402
 from spectool.chat import prompt_tokens  # noqa: E402
 from spectool.core.costs import Costs  # noqa: E402
+from spectool.core.grammar import Grammar  # noqa: E402
 from spectool.core.stats import Stats  # noqa: E402
 from spectool.options import CTX_SIZE, DRAFT_MAX  # noqa: E402
 
@@ -159,21 +160,19 @@ class Row(Result):
             self.notes.append(f"{self.contender} on {source}: {reason}")
 
 
-SPECTOOL = {  # name: (Contender, forced drafts); plain decoding under the grammar drafts nothing, not even what it forces
-    "spectool constrained plain": (Contender("spectool constrained plain", "none"), False),
-    "spectool forced drafts only": (Contender("spectool forced drafts only", "none"), True),
-    "spectool lookup, no forced drafts": (Contender("spectool lookup, no forced drafts", "lookup", DRAFT_MAX), False),
-    "spectool lookup + forced drafts": (Contender("spectool lookup + forced drafts", "lookup", DRAFT_MAX), True),
-}
+SPECTOOL = [  # (contender, forced drafts); plain decoding under the grammar drafts nothing, not even what it forces
+    (Contender("spectool constrained plain", "none"), False),
+    (Contender("spectool forced drafts only", "none", DRAFT_MAX), True),  # room for drafts: no drafter but the grammar
+    (Contender("spectool lookup, no forced drafts", "lookup", DRAFT_MAX), False),
+    (Contender("spectool lookup + forced drafts", "lookup", DRAFT_MAX), True),
+]
 SERVERS = {"llama-server": (), **{f"llama-server {kind}": ("--spec-type", kind, *sizes)
                                    for kind, sizes in llamacpp.SERVER_NGRAM.items()}}
 
 
 def run(extractions: list[Extraction], model: Path, server_bin: Path, args) -> list[Row]:
-    from spectool.core.grammar import Grammar
-
-    rows = {name: Row(name) for name in [*SPECTOOL, *SERVERS]}
-    costs = {name: Costs() for name in SPECTOOL}
+    rows = {name: Row(name) for name in [*(c.name for c, _ in SPECTOOL), *SERVERS]}
+    costs = {c.name: Costs() for c, _ in SPECTOOL}
     repack, gpu = not engine.avoid_amx(), on_gpu()  # the weights layout and device spectool runs with
     with contextlib.ExitStack() as stack:
         servers = {name: stack.enter_context(llamacpp.Server(server_bin, model, args.threads, repack=repack,
@@ -184,14 +183,14 @@ def run(extractions: list[Extraction], model: Path, server_bin: Path, args) -> l
         for i, ex in enumerate(extractions):
             prompt = prompt_tokens(target, [{"role": "user", "content": ex.message}])
             grammar = Grammar.json_schema(ex.schema)
-            for name, (c, forced) in SPECTOOL.items():
-                st = Stats(mode=c.mode)
-                g = replace(c.generation(target, {}, args.tokens, costs[name]), grammar=grammar, forced_drafts=forced)
+            for c, forced in SPECTOOL:
+                st, r = Stats(mode=c.mode), rows[c.name]
+                g = replace(c.generation(target, {}, args.tokens, costs[c.name]), grammar=grammar,
+                            forced_drafts=forced)
                 tokens, n, seconds = decode(g, prompt, st)
-                rows[name].add(st, tokens, n, seconds)
-                rows[name].forced += st.by_source.get("grammar", 0)
-                rows[name].output(target.detokenize([t for t in tokens if not target.is_eog(t)]), ex.schema,
-                                  ex.source)
+                r.add(st, tokens, n, seconds)
+                r.forced += st.by_source.get("grammar", 0)
+                r.output(target.detokenize([t for t in tokens if not target.is_eog(t)]), ex.schema, ex.source)
             for name, server in servers.items():
                 r = rows[name]
                 try:
