@@ -1,13 +1,14 @@
 """llama.cpp's own C++ tools as contenders: `llama-lookup` (its n-gram cache drafting), `llama-speculative-simple`
-with its self-speculative n-gram drafters (`--spec-type ngram-simple | ngram-map-k | ngram-mod`) and
-`llama-completion` (plain decoding), built once from the llama.cpp sources vendored in the llama-cpp-python sdist that spectool runs
-on, so both tools run the same llama.cpp.
+with its self-speculative n-gram drafters (`--spec-type ngram-simple | ngram-map-k | ngram-mod`),
+`llama-completion` (plain decoding) and `llama-server` (Server: its /completion, for benchmarks/structured.py),
+built once from the llama.cpp sources vendored in the llama-cpp-python sdist that spectool runs on, so both tools
+run the same llama.cpp.
 
     python benchmarks/llamacpp.py            # build (345 s on 2 cores, once; cached) and print the binaries
 
 The build goes to ~/.cache/spectool-bench/llama.cpp-<version>/ (SPECTOOL_BENCH_CACHE moves it): the sdist is
 fetched with pip, configured as a native Release build (as pip builds llama-cpp-python), and only these targets
-are compiled.
+are compiled (llama-server only when asked for: `build(targets=SERVER)`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +27,7 @@ from spectool.options import CTX_SIZE  # the context spectool runs at, for like-
 
 CACHE = Path(os.environ.get("SPECTOOL_BENCH_CACHE", Path.home() / ".cache" / "spectool-bench"))
 TARGETS = ("llama-lookup", "llama-completion", "llama-speculative-simple")
+SERVER = ("llama-server",)  # built only when asked for (benchmarks/structured.py), so TARGETS' build stays as it was
 
 
 def llama_cpp_version() -> str:
@@ -58,9 +61,12 @@ def build(version: str | None = None, quiet: bool = False, targets: tuple[str, .
             vendored.rename(src)
     out = None if not quiet else subprocess.DEVNULL
     print(f"building {', '.join(targets)} from {src} (a few minutes, once)", file=sys.stderr, flush=True)
+    # the server's targets exist only when configured in; its web UI is left out (no npm, no download)
+    server = "ON" if "llama-server" in targets else "OFF"
     subprocess.run(["cmake", "-S", str(src), "-B", str(root / "build"), "-DCMAKE_BUILD_TYPE=Release",
-                    "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_OPENSSL=OFF",
-                    "-DLLAMA_CURL=OFF", "-DBUILD_SHARED_LIBS=OFF"], check=True, stdout=out)
+                    "-DLLAMA_BUILD_TESTS=OFF", f"-DLLAMA_BUILD_SERVER={server}", "-DLLAMA_BUILD_UI=OFF",
+                    "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_CURL=OFF",
+                    "-DBUILD_SHARED_LIBS=OFF"], check=True, stdout=out)
     subprocess.run(["cmake", "--build", str(root / "build"), "--config", "Release", "-j", str(os.cpu_count() or 2),
                     "--target", *targets], check=True, stdout=out)
     return bins
@@ -172,6 +178,91 @@ def _generated(stdout: str, prompt: str) -> str:
     """The generated text: the tools echo the prompt first."""
     i = stdout.find(prompt)
     return stdout[i + len(prompt):] if i >= 0 else stdout
+
+
+# the n-gram drafters llama-server has (`--spec-type`), sized as NGRAM sizes llama-speculative-simple's; ngram-cache
+# (llama-lookup's caches inside the server) takes no sizes
+SERVER_NGRAM = {**NGRAM, "ngram-map-k4v": ["--spec-ngram-map-k4v-size-n", "3", "--spec-ngram-map-k4v-size-m", "8"],
+                "ngram-cache": []}
+
+
+class Server:
+    """A `llama-server` on a free local port, asked for greedy completions of token ids on /completion
+    (tools/server/README.md). `extra`: more server flags, such as `--spec-type ngram-simple` and its sizes."""
+
+    def __init__(self, binary: Path, model: Path, threads: int = 2, ctx: int = CTX_SIZE, repack: bool = True,
+                 gpu: bool = False, extra: tuple[str, ...] | list[str] = (), ready_s: float = 180.0):
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.log = tempfile.TemporaryFile()
+        args = [str(binary), "-m", str(model), "-t", str(threads), "-c", str(ctx), "-ngl", "99" if gpu else "0",
+                "--host", "127.0.0.1", "--port", str(self.port), "--parallel", "1", "--no-webui", *extra]
+        self.proc = subprocess.Popen(args + ([] if repack else ["--no-repack"]), stdin=subprocess.DEVNULL,
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + ready_s
+        while not self._healthy():  # /health answers 503 while the model loads
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.close()
+                raise RuntimeError(f"llama-server {' '.join(extra)} did not start: {self.tail()}")
+            time.sleep(0.2)
+
+    def _healthy(self) -> bool:
+        import urllib.error
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def tail(self, n: int = 500) -> str:
+        self.log.seek(0)
+        return self.log.read().decode("utf-8", "replace")[-n:]
+
+    def complete(self, prompt: list[int], tokens: int, json_schema: dict | None = None) -> Run:
+        """Greedy completion of `prompt` (token ids: the server adds no BOS to them), at most `tokens` new ones,
+        constrained to `json_schema`. Timed as llama-server times it (`timings`): predicted_ms runs from the end
+        of prompt processing, whose last batch gives the first token, to the last token, so it covers
+        predicted_n - 1 tokens (its predicted_per_second); no prompt cache, so every prompt is processed whole."""
+        import json
+        import urllib.error
+        import urllib.request
+
+        body = {"prompt": prompt, "n_predict": tokens, "temperature": 0, "seed": 0, "cache_prompt": False}
+        if json_schema is not None:
+            body["json_schema"] = json_schema
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=600) as r:
+                out = json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            raise RuntimeError(f"llama-server answered {e.code}: {e.read()[:300].decode('utf-8', 'replace')}") from None
+        except (urllib.error.URLError, OSError) as e:
+            raise RuntimeError(f"llama-server failed ({e}): {self.tail()}") from None
+        t = out["timings"]
+        return Run(out["content"], max(0, t["predicted_n"] - 1), t["predicted_ms"] / 1000, t.get("draft_n", 0),
+                   t.get("draft_n_accepted", 0))
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def __enter__(self) -> "Server":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+        self.log.close()
 
 
 if __name__ == "__main__":

