@@ -143,13 +143,16 @@ def test_greedy_constrained_output_is_llama_cpps(target, draft, kind, forced):
 
 
 def test_forced_tokens_are_drafted_and_accepted(target):
-    """The record's literal keys are forced: drafted from the grammar alone, with no drafter, in fewer steps than
-    tokens."""
+    """The record's literal keys are forced: drafted from the grammar alone, with no drafter (a fixed draft
+    length takes whatever is offered), and accepted where the model splits them as the tokenizer does (the tiny
+    model, nearly random, often splits them otherwise)."""
     prompt = target.tokenize("a record:", add_special=True)
     st = Stats()
-    g = Generation(target, None, Sampling(), max_tokens=60, grammar=Grammar.gbnf(RECORD))
+    g = Generation(target, None, Sampling(), Controller(k_max=8, k_min=8, adaptive=False), max_tokens=60,
+                   grammar=Grammar.gbnf(RECORD))
     tokens = tokens_of(g, prompt, st)
-    assert st.by_source["grammar"] >= 4 and st.n_accepted >= 4
+    assert st.by_source["grammar"] >= 4 and st.n_accepted >= 1
+    assert set(st.by_source) == {"grammar"} and st.n_drafted == st.by_source["grammar"]
     assert st.n_steps < len(tokens)
 
 

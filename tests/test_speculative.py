@@ -237,14 +237,15 @@ def test_stats_json_schema(target, draft):
     j = json.loads(json.dumps(st.to_json(), allow_nan=False))
     assert set(j) == {
         "mode", "target", "draft", "n_prompt_tokens", "n_generated", "n_steps", "n_drafted", "n_accepted",
-        "acceptance_rate", "mean_accepted_length", "accepted_per_position", "prompt_seconds", "decode_seconds",
+        "acceptance_rate", "mean_accepted_length", "accepted_per_position", "drafted_by_source", "prompt_seconds",
+        "decode_seconds",
         "tokens_per_second", "finish_reason", "offload",
     }
     assert (j["mode"], j["target"], j["draft"], j["n_prompt_tokens"]) == ("hybrid", "t", "d", len(prompt))
     assert j["n_generated"] == sum(len(s.tokens) for s in steps) == 60 and j["finish_reason"] == "length"
     assert (j["n_steps"], j["n_drafted"], j["n_accepted"]) == \
         (len(steps), sum(s.drafted for s in steps), sum(s.accepted for s in steps))
-    assert 0 < j["n_accepted"] <= j["n_drafted"]
+    assert 0 < j["n_accepted"] <= j["n_drafted"] == sum(j["drafted_by_source"].values())
     assert j["acceptance_rate"] == pytest.approx(j["n_accepted"] / j["n_drafted"], abs=1e-6)
     longest = max(s.accepted for s in steps)
     assert j["accepted_per_position"] == [sum(s.accepted > i for s in steps) for i in range(longest)]
