@@ -86,7 +86,7 @@ def speculative_generate(g: Generation, prompt: Sequence[int], stats: Stats | No
     drafter = g.drafter
     if constraint is not None and (drafter is not None or g.forced_drafts):
         drafter = Constrained(drafter, constraint, g.forced_drafts)
-    drafter, notice = _start_drafter(g, drafter, x, on_graph)
+    drafter, notice = _start_drafter(g, drafter, x, on_graph, constraint)
     if stats is not None:
         stats.n_prompt_tokens, stats.n_prefilled = len(x), n_prefilled
         stats.prompt_seconds = time.perf_counter() - t0
@@ -115,7 +115,7 @@ class _Loop:
                 keys, d = self.draft(min(room, self.g.max_tokens - self.n_new - 1))
                 t1 = time.perf_counter()
                 try:
-                    n_acc, t = self.verify(d) if self.constraint is None else self.verify_under(d, self.constraint)
+                    n_acc, t = self.verify(d)
                 except NothingAllowed:
                     yield self.last("stop")
                     return
@@ -153,24 +153,24 @@ class _Loop:
     def verify(self, d: Draft) -> tuple[int, int]:
         """One target pass over [x[-1], d_1..d_k]: how many drafts are accepted, and the target's own next token.
         The cache then holds x and the accepted drafts."""
-        x, target, s = self.x, self.target, self.sampling
+        x, target, s, tokens = self.x, self.target, self.sampling, d.tokens
         recent = x[-s.window:] if s.window else []  # p_i's penalties see x + d_1..d_i
-        target.eval([x[-1], *d.tokens], logits="all", output=self.on_graph)
-        if s.greedy:
-            n_acc, t = accept_greedy(greedy_rows(target, s, recent, d.tokens), d.tokens)
+        target.eval([x[-1], *tokens], logits="all", output=self.on_graph)
+        if self.constraint is not None:
+            n_acc, t = self.accept_under(d, recent, self.constraint)
+        elif s.greedy:
+            n_acc, t = accept_greedy(greedy_rows(target, s, recent, tokens), tokens)
         else:
-            n_acc, t = accept_sampled(lambda i: dist_at(target, i, s, recent + d.tokens[:i]), d.q, d.tokens, self.rng)
-        if n_acc < len(d.tokens):
+            n_acc, t = accept_sampled(lambda i: dist_at(target, i, s, recent + tokens[:i]), d.q, tokens, self.rng)
+        if n_acc < len(tokens):
             target.rollback(len(x) + n_acc)  # keep x and the accepted drafts; t is fed next step
         return n_acc, t
 
-    def verify_under(self, d: Draft, c: Constraint) -> tuple[int, int]:
-        """`verify` under a grammar: p_i is the target's row after x + d_1..d_i masked by the grammar in that state
-        (the drafts were cut to what it accepts), so the grammar advances over each draft as its row is reached;
-        it then holds x, the accepted drafts and the target's token."""
-        x, target, s, tokens = self.x, self.target, self.sampling, d.tokens
-        recent = x[-s.window:] if s.window else []
-        target.eval([x[-1], *tokens], logits="all", output=self.on_graph)
+    def accept_under(self, d: Draft, recent: list[int], c: Constraint) -> tuple[int, int]:
+        """The acceptance rule under a grammar: p_i is the target's row after x + d_1..d_i masked by the grammar in
+        that state (the drafts were cut to what it accepts), so the grammar advances over each draft as its row is
+        reached; it then holds x, the accepted drafts and the target's token."""
+        target, s, tokens = self.target, self.sampling, d.tokens
 
         def row(i: int, under):
             if i:
@@ -183,8 +183,6 @@ class _Loop:
             n_acc, t = accept_sampled(lambda i: row(i, dist_under), d.q, tokens, self.rng)
         if not c.push([t]):
             raise NothingAllowed("the grammar admits no token here")
-        if n_acc < len(tokens):
-            target.rollback(len(x) + n_acc)
         return n_acc, t
 
     def observe(self, keys: list[Key], d: Draft, n_acc: int, draft_seconds: float, verify_seconds: float) -> None:
@@ -260,10 +258,11 @@ def _prefill(g: Generation, x: list[int], interrupted: Callable[[], bool]) -> in
     return target.sync(x[:-1], logits="none", progress=progress)
 
 
-def _start_drafter(g: Generation, drafter: Drafter | None, x: list[int],
-                   on_graph: Output) -> tuple[Drafter | None, str | None]:
+def _start_drafter(g: Generation, drafter: Drafter | None, x: list[int], on_graph: Output,
+                   constraint: Constraint | None) -> tuple[Drafter | None, str | None]:
     """The drafter, given the prompt (a draft model's prompt is prompt processing, not drafting), after a first
-    run's calibration; prompt lookup instead, with a notice, where the draft model fails."""
+    run's calibration; prompt lookup instead (under the grammar, where there is one), with a notice, where the
+    draft model fails."""
     if drafter is None:
         return None, None
     calibrate(g.target, x, g.controller, on_graph)
@@ -271,7 +270,7 @@ def _start_drafter(g: Generation, drafter: Drafter | None, x: list[int],
         drafter.prefill(x)
         return drafter, None
     except EngineError as e:
-        return _fallback(x, e, drafter.c if isinstance(drafter, Constrained) else None, g.forced_drafts)
+        return _fallback(x, e, constraint, g.forced_drafts)
 
 
 def _freeze_startup_objects() -> None:
