@@ -190,14 +190,22 @@ class Constraint:
         end-of-generation token, which counts where the grammar may end)."""
         if not tokens:
             return 0
-        end = next((i for i, t in enumerate(tokens) if t in self.eog), len(tokens))
+        end = self._first_end(tokens)
         n = self.m.validate_tokens(list(tokens[:end])) if end and not self._ended else 0
         if n < end or end == len(tokens):
             return n
-        self.m.consume_tokens(list(tokens[:end]))  # where the grammar is after them: may it end there?
-        ends = self.m.is_accepting()
-        self.m.rollback(end)
-        return end + ends
+        return end + self._after(tokens[:end], self.m.is_accepting)
+
+    def _first_end(self, tokens: Sequence[int]) -> int:
+        """The index of the first end-of-generation token in `tokens` (their length where there is none)."""
+        return next((i for i, t in enumerate(tokens) if t in self.eog), len(tokens))
+
+    def _after(self, tokens: Sequence[int], ask):
+        """What `ask()` says of the grammar's state after `tokens` (each allowed), the state left as it was."""
+        self.m.consume_tokens(list(tokens))
+        answer = ask()
+        self.m.rollback(len(tokens))
+        return answer
 
     def banned(self) -> np.ndarray:
         """A boolean row, true for each token the grammar does not allow next."""
@@ -222,19 +230,14 @@ class Constraint:
             return []
         tokens = self.vocabulary.tokenizer.tokenize_bytes(forced)
         tokens = tokens[: self.m.validate_tokens(tokens)]
-        if tokens:
-            self.m.consume_tokens(tokens)
-            ends = self.m.is_stopped()
-            self.m.rollback(len(tokens))
-            tokens = tokens if ends else tokens[:-1]
-        return tokens
+        return tokens if tokens and self._after(tokens, self.m.is_stopped) else tokens[:-1]
 
     def push(self, tokens: Sequence[int]) -> bool:
         """Advance over `tokens` (each allowed); false when one was not (the matcher is then in error)."""
         if not tokens:
             return True
         self._banned = None
-        end = next((i for i, t in enumerate(tokens) if t in self.eog), len(tokens))
+        end = self._first_end(tokens)
         if end and (self._ended or not self.m.consume_tokens(list(tokens[:end]))):
             return False
         self._ended += len(tokens) - end
@@ -253,10 +256,6 @@ class Constraint:
     def complete(self) -> bool:
         """Nothing but end-of-generation can follow (or the matcher failed)."""
         return self.m.is_stopped()
-
-    @property
-    def failed(self) -> bool:
-        return self.m.is_error()
 
 
 class NothingAllowed(GrammarError):

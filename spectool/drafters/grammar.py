@@ -24,7 +24,7 @@ class Constrained:
     masked rows (drafters/base.draw), so its q is what it drew from and rejection sampling stays exact."""
 
     def __init__(self, inner: Drafter | None, constraint: Constraint, forced: bool = True):
-        self.inner, self.c, self.force = inner, constraint, forced
+        self.inner, self.constraint, self.force = inner, constraint, forced
         self._forced: list[int] = []
         self._ahead: list[int] | None = None  # the history the inner drafter peeked at: the real one + forced
 
@@ -33,11 +33,11 @@ class Constrained:
             self.inner.prefill(history)
 
     def peek(self, history: Sequence[int], k_max: int, estimate: Estimate | None = None) -> Iterable[Key]:
-        ff = self.c.forced()[:k_max] if self.force else []
+        ff = self.constraint.forced()[:k_max] if self.force else []
         self._forced, self._ahead = ff, None
         if ff and isinstance(self.inner, PromptLookup):  # lookup copying a text that goes on as the grammar
             first, _ = self.inner.lookup(history, 1)  # says: its draft, split into tokens as that text was
-            if first and self.c.valid(first):
+            if first and self.constraint.valid(first):
                 self._ahead = history
                 self._forced = []
                 return self.inner.peek(history, k_max, estimate)
@@ -51,15 +51,15 @@ class Constrained:
         ff = self._forced[:k]
         if k <= len(ff) or self._ahead is None:
             return Draft(ff, None, Source.grammar, forced=len(ff)) if ff else EMPTY
-        c = self.c
+        c = self.constraint
         c.push(ff)
         try:
             d = self.inner.propose(self._ahead, k - len(ff), sampling, rng, c)
             n = c.valid(d.tokens)
         finally:
             c.pop(len(ff))
-        if not ff:
-            return d if n == len(d.tokens) else Draft(d.tokens[:n], None if d.q is None else d.q[:n], d.source,
-                                                      d.catch_up_seconds) if n else EMPTY
+        tokens = ff + d.tokens[:n]
+        if not tokens:
+            return EMPTY
         q = None if d.q is None else [None] * len(ff) + d.q[:n]
-        return Draft(ff + d.tokens[:n], q, d.source if n else Source.grammar, d.catch_up_seconds, forced=len(ff))
+        return Draft(tokens, q, d.source if n else Source.grammar, d.catch_up_seconds, forced=len(ff))
