@@ -4,6 +4,8 @@ the two, and wrong acceptance rules that test must catch (docs/exactness.md)."""
 
 import math
 
+import numpy as np
+
 from helpers import tokens_of
 
 from spectool.core.controller import Controller
@@ -16,10 +18,11 @@ K_DRAFT = 3  # ... with drafts of 3 tokens, so that every draft position is exer
 SAMPLING = Sampling(temp=1.0)
 
 
-def exact_joint(model, prompt, s, n_tokens=N_JOINT, floor=1e-5):
+def exact_joint(model, prompt, s, n_tokens=N_JOINT, floor=1e-5, banned=None):
     """P(first n generated tokens) under the target alone, decoding one token at a time, for sequences with
     more mass than `floor` (the chain itself is checked against llama.cpp's in test_verify.py). A sequence ends
-    before an end-of-generation token, as generation does."""
+    before an end-of-generation token, as generation does. `banned(prefix)`: the tokens a grammar bans after
+    the generated `prefix`, masked out of the row before the chain (grammar first)."""
     joint = {}
 
     def walk(prefix, mass):
@@ -29,7 +32,8 @@ def exact_joint(model, prompt, s, n_tokens=N_JOINT, floor=1e-5):
             return
         history = prompt + prefix
         model.sync(history)
-        d = distribution(model.logits(-1), s, history[-s.window:] if s.window else [])
+        row = model.logits(-1) if banned is None else np.where(banned(prefix), -np.inf, model.logits(-1))
+        d = distribution(row.astype(np.float32), s, history[-s.window:] if s.window else [])
         for t, pt in zip(d.ids.tolist(), d.p.tolist()):
             if mass * pt > floor:
                 walk(prefix + [t], mass * pt)
@@ -56,12 +60,13 @@ def chi2_rejects(counts, joint, n, alpha_z=3.09):
     return stat > crit, stat, crit
 
 
-def sample_joint(target, make_drafter, prompt, s=SAMPLING, n=N_RUNS, stats=None):
-    """Counts of the first N_JOINT tokens over n seeded runs; the first step drafts K_DRAFT tokens."""
+def sample_joint(target, make_drafter, prompt, s=SAMPLING, n=N_RUNS, stats=None, grammar=None):
+    """Counts of the first N_JOINT tokens over n seeded runs; the first step drafts K_DRAFT tokens (under
+    `grammar`, with its forced tokens first)."""
     counts = {}
     for seed in range(n):
         g = Generation(target, make_drafter(), s, Controller(k_max=K_DRAFT, adaptive=False),
-                       max_tokens=K_DRAFT + 1, seed=seed)
+                       max_tokens=K_DRAFT + 1, seed=seed, grammar=grammar)
         seq = tuple(tokens_of(g, prompt, stats)[:N_JOINT])
         counts[seq] = counts.get(seq, 0) + 1
     return counts

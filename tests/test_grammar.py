@@ -3,13 +3,11 @@ same GBNF, through llama-cpp-python's low-level bindings): the masks state by st
 row by row, greedy output token for token under every drafter, and sampled output by chi-square (docs/exactness.md).
 On a GPU host the same tests run on the GPU's rows (the target's layers go where -ngl auto puts them)."""
 
-import ctypes
-
 import numpy as np
 import pytest
-from exactness import N_RUNS, SAMPLING, chi2_rejects
+from exactness import N_RUNS, SAMPLING, chi2_rejects, exact_joint, sample_joint
 from helpers import tokens_of
-from test_verify import SETTINGS, assert_same, llama_cpp_chain
+from test_verify import SETTINGS, apply_sampler, assert_same, llama_cpp_chain
 
 from spectool.core.controller import Controller
 from spectool.core.grammar import Grammar, GrammarError, mask_for
@@ -19,7 +17,6 @@ from spectool.core.verify import Sampling, distribution
 from spectool.drafters.draft_model import DraftModel
 from spectool.drafters.hybrid import Hybrid
 from spectool.drafters.lookup import PromptLookup
-from test_verify import TOKEN
 
 # lowercase words: the tiny models' vocabulary has tokens of every kind, so the mask cuts every row
 WORDS = 'root ::= [a-z]+ (" " [a-z]+)* "."'
@@ -43,15 +40,9 @@ class LlamaGrammar:
             self.L.llama_sampler_accept(self.smpl, int(t))
 
     def banned(self) -> np.ndarray:
-        buf = np.zeros(self.n, TOKEN)
-        buf["id"] = np.arange(self.n)
-        arr = self.L.llama_token_data_array(data=buf.ctypes.data_as(self.L.llama_token_data_p), size=self.n,
-                                            selected=-1, sorted=False)
-        self.L.llama_sampler_apply(self.smpl, ctypes.byref(arr))
-        out = np.ctypeslib.as_array(ctypes.cast(arr.data, ctypes.POINTER(ctypes.c_uint8)),
-                                    shape=(arr.size * TOKEN.itemsize,)).view(TOKEN)
+        ids, z = apply_sampler(self.smpl, np.zeros(self.n, np.float32))
         banned = np.ones(self.n, bool)
-        banned[out["id"][np.isfinite(out["logit"])]] = False
+        banned[ids[np.isfinite(z)]] = False
         return banned
 
     def close(self):
@@ -156,50 +147,26 @@ def test_forced_tokens_are_drafted_and_accepted(target):
     assert st.n_steps < len(tokens)
 
 
-def exact_constrained_joint(model, prompt, s, gbnf, n_tokens=3, floor=1e-5):
-    """P(first n generated tokens) under the target alone with llama.cpp's grammar sampler masking each row
-    (exactness.exact_joint, constrained)."""
-    joint = {}
-
-    def walk_(prefix, mass):
-        if len(prefix) == n_tokens or (prefix and model.is_eog(prefix[-1])):
-            key = tuple(prefix[:-1] if prefix and model.is_eog(prefix[-1]) else prefix)
-            joint[key] = joint.get(key, 0.0) + mass
-            return
+def llama_cpp_banned(model, gbnf):
+    """prefix -> the tokens llama.cpp's grammar sampler bans after it (for exactness.exact_joint)."""
+    def banned(prefix):
         ref = LlamaGrammar(model, gbnf)
-        ref.accept(prefix)
-        banned = ref.banned()
-        ref.close()
-        history = prompt + prefix
-        model.sync(history)
-        d = distribution(np.where(banned, -np.inf, model.logits(-1)).astype(np.float32), s, [])
-        for t, pt in zip(d.ids.tolist(), d.p.tolist()):
-            if mass * pt > floor:
-                walk_(prefix + [t], mass * pt)
+        try:
+            ref.accept(prefix)
+            return ref.banned()
+        finally:
+            ref.close()
 
-    model.reset()
-    walk_([], 1.0)
-    model.reset()
-    return joint
-
-
-def constrained_counts(target, make_drafter, prompt, gbnf, s=SAMPLING, n=N_RUNS, forced=True):
-    counts = {}
-    grammar = Grammar.gbnf(gbnf)
-    for seed in range(n):
-        g = Generation(target, make_drafter(), s, Controller(k_max=3, adaptive=False), max_tokens=4, seed=seed,
-                       grammar=grammar, forced_drafts=forced)
-        seq = tuple(tokens_of(g, prompt)[:3])
-        counts[seq] = counts.get(seq, 0) + 1
-    return counts
+    return banned
 
 
 @pytest.mark.parametrize("kind", ["lookup", "draft", "hybrid"])
 def test_sampled_constrained_output_follows_the_constrained_target(target, draft, kind):
     """k = 3 drafts a step; the first three tokens' joint distribution against the exact one."""
     prompt = target.tokenize("the cat sat on the mat. the cat", add_special=True)
-    counts = constrained_counts(target, drafters(draft)[kind], prompt, WORDS)
-    rejects, stat, crit = chi2_rejects(counts, exact_constrained_joint(target, prompt, SAMPLING, WORDS), N_RUNS)
+    counts = sample_joint(target, drafters(draft)[kind], prompt, grammar=Grammar.gbnf(WORDS))
+    joint = exact_joint(target, prompt, SAMPLING, banned=llama_cpp_banned(target, WORDS))
+    rejects, stat, crit = chi2_rejects(counts, joint, N_RUNS)
     assert not rejects, (stat, crit)
 
 
@@ -213,8 +180,9 @@ def test_the_chi_square_catches_a_mask_dropped_after_the_first_row(target, draft
     monkeypatch.setattr(spec, "dist_under", lambda m, i, s, recent, c: dist_under(m, i, s, recent, c) if i == 0
                         else dist_at(m, i, s, recent))
     prompt = target.tokenize("the cat sat on the mat. the cat", add_special=True)
-    counts = constrained_counts(target, lambda: DraftModel(draft), prompt, WORDS, n=1500)
-    rejects, _, _ = chi2_rejects(counts, exact_constrained_joint(target, prompt, SAMPLING, WORDS), 1500)
+    counts = sample_joint(target, lambda: DraftModel(draft), prompt, n=1500, grammar=Grammar.gbnf(WORDS))
+    joint = exact_joint(target, prompt, SAMPLING, banned=llama_cpp_banned(target, WORDS))
+    rejects, _, _ = chi2_rejects(counts, joint, 1500)
     assert rejects
 
 

@@ -31,19 +31,27 @@ def llama_cpp_chain(logits: np.ndarray, s: Sampling, history=()) -> dict[int, fl
         L.llama_sampler_chain_add(chain, L.llama_sampler_init_temp(s.temp))
         for t in history:
             L.llama_sampler_accept(chain, int(t))
-        buf = np.zeros(n, TOKEN)
-        buf["id"] = np.arange(n)
-        buf["logit"] = logits
-        arr = L.llama_token_data_array(data=buf.ctypes.data_as(L.llama_token_data_p), size=n, selected=-1,
-                                       sorted=False)
-        L.llama_sampler_apply(chain, ctypes.byref(arr))
-        out = np.ctypeslib.as_array(ctypes.cast(arr.data, ctypes.POINTER(ctypes.c_uint8)),
-                                    shape=(arr.size * TOKEN.itemsize,)).view(TOKEN)
-        ids, z = out["id"].copy(), out["logit"].astype(np.float64)
+        ids, z = apply_sampler(chain, logits)
+        z = z.astype(np.float64)
     finally:
         L.llama_sampler_free(chain)
     w = np.exp(z - z.max())  # at temperature 0 llama.cpp sets every logit but the best to -inf: weight 0
     return {t: p for t, p in zip(ids.tolist(), (w / w.sum()).tolist()) if p > 0}
+
+
+def apply_sampler(sampler, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, logits) of the candidates llama.cpp's `sampler` leaves when applied to a row of every token."""
+    import llama_cpp as L
+
+    n = len(logits)
+    buf = np.zeros(n, TOKEN)
+    buf["id"] = np.arange(n)
+    buf["logit"] = logits
+    arr = L.llama_token_data_array(data=buf.ctypes.data_as(L.llama_token_data_p), size=n, selected=-1, sorted=False)
+    L.llama_sampler_apply(sampler, ctypes.byref(arr))
+    out = np.ctypeslib.as_array(ctypes.cast(arr.data, ctypes.POINTER(ctypes.c_uint8)),
+                                shape=(arr.size * TOKEN.itemsize,)).view(TOKEN)
+    return out["id"].copy(), out["logit"].copy()
 
 
 def top_p_boundary(logits, s: Sampling, history, token: int) -> bool:
