@@ -147,6 +147,43 @@ def test_forced_tokens_are_drafted_and_accepted(target):
     assert st.n_steps < len(tokens)
 
 
+def offered(target, prompt: str, output: str, gbnf: str, k: int = 24):
+    """The draft Constrained(PromptLookup) offers after `prompt` + `output` (the grammar advanced over `output`):
+    its text and the Draft."""
+    from spectool.drafters.grammar import Constrained
+
+    out = target.tokenize(output, add_special=False)
+    history = target.tokenize(prompt, add_special=True) + out
+    c = Grammar.gbnf(gbnf).matcher(target)
+    assert c.push(out)
+    lookup = PromptLookup()
+    lookup.prefill(history)
+    drafter = Constrained(lookup, c)
+    keys = list(drafter.peek(history, k))
+    d = drafter.propose(history, len(keys), Sampling(), np.random.default_rng(0))
+    assert c.valid(d.tokens) == len(d.tokens)  # every token of it fits the grammar, which is back where it was
+    return target.detokenize(d.tokens), d
+
+
+def test_lookup_goes_on_after_the_forced_text_that_follows_its_cut(target):
+    """Lookup copies a record whose second key the grammar does not have: its draft is cut there, the grammar's
+    forced key follows in the same draft, and lookup goes on after it (the value of that key, copied)."""
+    text, d = offered(target, '{"name": "ann lee", "x": 42} {"name": "bob lee", "n": 42} ', '{"name": "ann',
+                      RECORD)
+    assert text.startswith(' lee", "n')  # lookup up to its cut at "x", then the forced "n"
+    assert d.forced > 0 and d.source.value == "lookup"
+    assert text == ' lee", "n": 42}'  # and lookup again after it, copying the second record to its end
+
+
+def test_a_value_copied_without_its_leading_space_is_looked_up_with_it(target):
+    """A JSON string starts right after its quote, so a word copied into it lacks the space that preceded it in the
+    text: lookup matches it as the spaced word and drafts what followed it there. (The tiny vocabulary has both
+    "The" and " The"; the text has only the spaced one.)"""
+    title = 'root ::= "{\\"title\\": \\"" [A-Za-z ]{1,40} "\\"}"'
+    text, _ = offered(target, "a lazy dog. The dog sleeps in the sun\n", '{"title": "The', title)
+    assert text.startswith(" dog sleeps in the sun")
+
+
 def llama_cpp_banned(model, gbnf):
     """prefix -> the tokens llama.cpp's grammar sampler bans after it (for exactness.exact_joint)."""
     def banned(prefix):

@@ -141,6 +141,7 @@ class Vocabulary:
     group: np.ndarray
     n_groups: int
     eog: frozenset[int]  # end-of-generation tokens: allowed where the grammar may end
+    spaced: dict[int, int]  # a token -> the token that spells the same with a space before it (" x" for "x")
 
 
 def tokenizer_for(model) -> Vocabulary:
@@ -166,7 +167,8 @@ def tokenizer_for(model) -> Vocabulary:
         twins = [ids for ids in spellings.values() if len(ids) > 1]
         members = np.array([t for ids in twins for t in ids], np.int64)
         group = np.repeat(np.arange(len(twins)), [len(ids) for ids in twins])
-        vocabulary = _TOKENIZERS[model] = Vocabulary(tok, members, group, len(twins), frozenset(eog))
+        spaced = {ids[0]: spellings[b" " + s][0] for s, ids in spellings.items() if b" " + s in spellings}
+        vocabulary = _TOKENIZERS[model] = Vocabulary(tok, members, group, len(twins), frozenset(eog), spaced)
     return vocabulary
 
 

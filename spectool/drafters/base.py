@@ -30,7 +30,7 @@ class Draft:
     q: list[Dist | None] | None  # the drafter's rows, on the target's vocabulary (None: one-hot)
     source: Source
     catch_up_seconds: float = 0.0  # time a drafter spent catching up on tokens it missed while idle
-    forced: int = 0  # of the tokens, the first this many were forced by a grammar (Source.grammar)
+    forced: int = 0  # of the tokens, this many were forced by a grammar (Source.grammar; the rest: source's)
 
 
 EMPTY = Draft([], None, Source.none)

@@ -17,15 +17,17 @@ from spectool.drafters.lookup import PromptLookup
 
 
 class Constrained:
-    """Any drafter (or none) under one generation's grammar. Each step's offer starts with the tokens the grammar
-    forces from the history (its fast-forward tokens, under the key GRAMMAR: no drafting, and accepted unless the
-    model spells the same text with other tokens), then the drafter's, peeked at after them; the draft is cut at
-    the first token the grammar rejects, before verification. A draft model or MTP head draws from the grammar's
-    masked rows (drafters/base.draw), so its q is what it drew from and rejection sampling stays exact."""
+    """Any drafter (or none) under one generation's grammar. Prompt lookup and the grammar take turns: lookup's
+    tokens up to the first one the grammar rejects, the tokens it forces from there (its fast-forward tokens,
+    under the key GRAMMAR: no drafting, and accepted unless the model spells the same text with other tokens),
+    lookup again after them, and so on. Another drafter's offer starts with the forced tokens, then its own,
+    peeked at after them and cut at the first token the grammar rejects. A draft model or MTP head draws from
+    the grammar's masked rows (drafters/base.draw), so its q is what it drew from and rejection sampling stays
+    exact."""
 
     def __init__(self, inner: Drafter | None, constraint: Constraint, forced: bool = True):
         self.inner, self.constraint, self.force = inner, constraint, forced
-        self._forced: list[int] = []
+        self._taken: list[tuple[int, bool]] = []  # the tokens offered ahead of the inner drafter's: (token, forced)
         self._ahead: list[int] | None = None  # the history the inner drafter peeked at: the real one + forced
 
     def prefill(self, history: Sequence[int]) -> None:
@@ -33,24 +35,57 @@ class Constrained:
             self.inner.prefill(history)
 
     def peek(self, history: Sequence[int], k_max: int, estimate: Estimate | None = None) -> Iterable[Key]:
+        self._taken = []
+        if isinstance(self.inner, PromptLookup):
+            self._ahead = None
+            return self._lookup_and_forced(history, k_max)
         ff = self.constraint.forced()[:k_max] if self.force else []
-        self._forced, self._ahead = ff, None
-        if ff and isinstance(self.inner, PromptLookup):  # lookup copying a text that goes on as the grammar
-            first, _ = self.inner.lookup(history, 1)  # says: its draft, split into tokens as that text was
-            if first and self.constraint.valid(first):
-                self._ahead = history
-                self._forced = []
-                return self.inner.peek(history, k_max, estimate)
+        self._taken, self._ahead = [(t, True) for t in ff], None
         keys = [GRAMMAR] * len(ff)
         if self.inner is None or len(ff) >= k_max:
             return keys
         self._ahead = ahead = [*history, *ff] if ff else history
         return chain(keys, self.inner.peek(ahead, k_max - len(ff), estimate, final=len(history)))
 
+    def _lookup_and_forced(self, history: Sequence[int], k_max: int) -> list[Key]:
+        """Prompt lookup and the grammar in turn, up to k_max tokens (see the class). Lookup goes first where its
+        next token fits: it splits a text into tokens as that text was split before. In JSON a value copied from
+        the prompt ends where the prompt's text goes on otherwise, the grammar forces the next key's name, and
+        lookup copies the punctuation around it as the output wrote it so far. A string's first word follows its
+        quote, not the space it had in the text: where lookup finds nothing after the history's last token, it
+        looks again as if that token had its space (" max" for "max": the tokenizer's twin, Vocabulary.spaced)."""
+        c, lookup, taken, keys = self.constraint, self.inner, self._taken, []
+        try:
+            while len(taken) < k_max and not (taken and taken[-1][0] in c.eog):
+                room = k_max - len(taken)
+                ahead = [*history, *(t for t, _ in taken)] if taken else history
+                tokens, new_keys = lookup.lookup(ahead, room, final=len(history))
+                n = c.valid(tokens)
+                if not n and not taken and history[-1] in c.vocabulary.spaced:
+                    tokens, new_keys = lookup.lookup_instead(history, c.vocabulary.spaced[history[-1]], room)
+                    n = c.valid(tokens)
+                if n:
+                    tokens, new_keys = tokens[:n], new_keys[:n]
+                else:
+                    tokens = c.forced()[:room] if self.force else []
+                    new_keys = [GRAMMAR] * len(tokens)
+                if not tokens:
+                    break
+                c.push(tokens)
+                taken += ((t, not n) for t in tokens)
+                keys += new_keys
+        finally:
+            c.pop(len(taken))
+        return keys
+
     def propose(self, history: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator) -> Draft:
-        ff = self._forced[:k]
-        if k <= len(ff) or self._ahead is None:
-            return Draft(ff, None, Source.grammar, forced=len(ff)) if ff else EMPTY
+        taken = self._taken[:k]
+        forced = sum(f for _, f in taken)
+        if k <= len(taken) or self._ahead is None:
+            tokens = [t for t, _ in taken]
+            source = Source.grammar if forced == len(tokens) else Source.lookup
+            return Draft(tokens, None, source, forced=forced) if tokens else EMPTY
+        ff = [t for t, _ in taken]
         c = self.constraint
         c.push(ff)
         try:

@@ -134,6 +134,10 @@ class PromptLookup:
         disagreed) starts a new one under its own key (`key`). Only the first `final` tokens of the history are
         indexed (the rest, a grammar's forced tokens, may yet be rejected)."""
         self.index.extend(history, final)
+        yield from self._predicted(history, k, tokens)
+
+    def _predicted(self, history: Sequence[int], k: int, tokens: list[int]) -> Iterator[Key]:
+        """`_keys` on the index as it is."""
         n_max = self.index.n_max
         key, prev_n = None, 0
         for t, n, count, total in islice(self.index.predict(history), k):
@@ -146,9 +150,16 @@ class PromptLookup:
             prev_n = n
             yield key
 
-    def lookup(self, history: Sequence[int], k: int) -> tuple[list[int], list[Key]]:
+    def lookup_instead(self, history: Sequence[int], last: int, k: int) -> tuple[list[int], list[Key]]:
+        """Up to k tokens predicted after `history` (indexed already) with its last token taken as `last` instead,
+        and their keys."""
+        tokens: list[int] = []
+        keys = list(self._predicted([*history[:-1], last], k, tokens))
+        return tokens, keys
+
+    def lookup(self, history: Sequence[int], k: int, final: int | None = None) -> tuple[list[int], list[Key]]:
         """Up to k tokens predicted after `history`, and the controller key of each (see `_keys`)."""
-        offer = LookupOffer(self, history, k)
+        offer = LookupOffer(self, history, k, final)
         keys = list(offer)
         return offer.tokens, keys
 
