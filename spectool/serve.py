@@ -274,9 +274,11 @@ class Server:
             yield chunk(None, delta={"role": "assistant", "content": ""})
         try:
             async for piece, end in pieces:
-                if piece is not None:
-                    for delta in shaped.feed(piece) if shaped else [{"content": piece}]:
+                if piece is not None and shaped:
+                    for delta in shaped.feed(piece):
                         yield chunk(None, delta=delta)
+                elif piece is not None:
+                    yield chunk(piece)
                 elif isinstance(end, Exception):
                     yield f"data: {json.dumps(ApiError(500, f'generation failed: {end}', 'server_error').body())}\n\n"
                 else:

@@ -46,8 +46,8 @@ def invalid(name: str, message: str) -> ApiError:
     return ApiError(400, f"'{name}' {message}", code=f"invalid_{name}", param=name)
 
 
-def unhonoured(body: dict) -> None:
-    for name, fine in UNHONOURED.items():
+def unhonoured(body: dict, fields: dict = UNHONOURED) -> None:
+    for name, fine in fields.items():
         value = body.get(name)
         if not any(value == ok and type(value) is type(ok) for ok in fine):
             raise ApiError(400, f"'{name}' is not supported by this server (it was sent as {json.dumps(value)[:60]}); "
@@ -79,6 +79,9 @@ def parse(raw: bytes, chat: bool, session: Session, options: Options) -> tuple[G
     unhonoured(body)
     stream, more = stream_and_stop(body)
     target = session.gen.target
+    if not chat:  # tools are for chat completions only
+        unhonoured({name: body.get(name) for name in ("tools", "tool_choice")}, {"tools": (None, []),
+                                                                             "tool_choice": (None, "none", "auto")})
     tools = request_tools(body, target) if chat else None
     tokens, stop = chat_prompt(body, target, tools) if chat else completion_prompt(body, target)
     if chat and body.get("max_completion_tokens") is not None:

@@ -329,7 +329,7 @@ def template_messages(messages: list[dict], content: Callable[[dict, int], str],
             else:
                 out.append({"role": "tool", "content": text, "tool_call_id": m["tool_call_id"]}
                            | ({"name": m["name"]} if isinstance(m.get("name"), str) else {}))
-        elif role == "assistant" and calls is not None:
+        elif role == "assistant" and calls:
             parsed = [_call(c, i, j) for j, c in enumerate(calls if isinstance(calls, list) else [None])]
             text = "" if m.get("content") is None else content(m, i)
             if plain:
