@@ -74,12 +74,19 @@ class Tools:
 
     @property
     def constrained(self) -> bool:
-        """Whether the reply is held to a grammar: a call (required, named), or the generic format's JSON."""
-        return self.choice != "none" and (self.choice != "auto" or self.format == "generic")
+        """Whether the reply is held to a grammar: always but under `none` (auto: a lazy one, see grammar)."""
+        return self.choice != "none"
+
+    @property
+    def forced(self) -> bool:
+        """Whether the reply is all a call (required, named) or JSON (the generic format): nothing to stream
+        before its end."""
+        return self.choice not in ("none", "auto") or self.format == "generic"
 
     def grammar(self, model):
-        """The Grammar of the reply (None: the model writes freely): a call of one of the tools (the named one),
-        its wrapper text included; the generic format's `auto` also allows the JSON answer."""
+        """The Grammar of the reply: a call of one of the tools (the named one), its markers included. Under `auto`
+        a lazy one, as llama.cpp's grammar triggers: any text up to a call's opening, then the call; the generic
+        format's `auto` allows a call or the JSON answer."""
         if not self.constrained:
             return None
         from spectool.core.grammar import Grammar, lark_json
@@ -90,8 +97,23 @@ class Tools:
                     "required": ["tool_call"]}
             answer = {"type": "object", "properties": {"response": {"type": "string"}}, "required": ["response"]}
             return Grammar.json_schema(call if self.choice != "auto" else {"anyOf": [call, answer]})
-        rules = [f"c{i}: {_wrapped(self.format, f, model, lark_json)}" for i, f in enumerate(fns)]
-        return Grammar.lark("start: " + " | ".join(f"c{i}" for i in range(len(fns))) + "\n" + "\n".join(rules) + "\n")
+
+        def lit(text: str) -> str:  # a special token by its id: it has no text to match
+            ids = model.tokenize(text, add_special=False, parse_special=True)
+            return f"<[{ids[0]}]>" if len(ids) == 1 and not model.piece(ids[0]) else json.dumps(text)
+
+        calls = "calls: " + " | ".join(_call_rule(self.format, f, lit, lark_json) for f in fns) + "\n"
+        opening = OPENINGS.get(self.format) if self.format != "llama3" else None
+        if self.choice != "auto":
+            return Grammar.lark(f"start: {lit(opening) if opening else ''} calls\n" + calls)
+        if opening is None:  # Llama 3.x: a reply that opens with "{" is a call
+            return Grammar.lark("start: TEXT | WS calls\nTEXT: /(?s:.*)/ & ~/[ \\t\\n]*\\{(?s:.*)/\n"
+                                "WS: /[ \\t\\n]*/\n" + calls)
+        if lit(opening).startswith("<["):  # a special token ends the free text
+            return Grammar.lark(f"start: TEXT | TEXT {lit(opening)} calls\nTEXT: /(?s:.*)/\n" + calls)
+        o = re.escape(opening)  # the text up to the opening's first occurrence, then the call
+        return Grammar.lark(f"start: TEXT | OPEN calls\nTEXT: /(?s:.*)/ & ~/(?s:.*{o}.*)/\n"
+                            f"OPEN: /(?s:.*){o}/ & ~/(?s:.*{o}.+)/\n" + calls)
 
     def parse(self, text: str) -> tuple[str | None, list[dict]]:
         """(content, OpenAI tool_calls) of a whole reply; text that holds no call is all content."""
@@ -126,30 +148,26 @@ def _call_schema(fn: dict) -> dict:
             "required": ["name", "arguments"]}
 
 
-def _wrapped(fmt: str, fn: dict, model, lark_json: Callable[[dict], str]) -> str:
-    """A Lark rule's body for one call of `fn` in format `fmt`, markers included (a special token by its id)."""
-    def lit(text: str) -> str:
-        ids = model.tokenize(text, add_special=False, parse_special=True)
-        return f"<[{ids[0]}]>" if len(ids) == 1 and not model.piece(ids[0]) else json.dumps(text)
-
+def _call_rule(fmt: str, fn: dict, lit: Callable[[str], str], lark_json: Callable[[dict], str]) -> str:
+    """A Lark expansion of one call of `fn` in format `fmt` after its opening (OPENINGS), markers included."""
     name, params = fn["name"], fn["parameters"]
     if fmt == "hermes":
-        return f'{lit("<tool_call>")} "\\n" {lark_json(_call_schema(fn))} "\\n" {lit("</tool_call>")}'
+        return f'"\\n" {lark_json(_call_schema(fn))} "\\n" {lit("</tool_call>")}'
     if fmt == "llama3":
         return lark_json({"type": "object", "properties": {"name": {"const": name}, "parameters": params},
                           "required": ["name", "parameters"]})
     if fmt == "mistral":
         item = {**_call_schema(fn), "properties": {**_call_schema(fn)["properties"],
                                                    "id": {"type": "string", "pattern": "^[a-zA-Z0-9]{9}$"}}}
-        return f'{lit("[TOOL_CALLS]")} ' + lark_json({"type": "array", "items": item, "minItems": 1, "maxItems": 1})
+        return lark_json({"type": "array", "items": item, "minItems": 1, "maxItems": 1})
     if fmt == "deepseek_r1":
-        return (f'{lit("<｜tool▁calls▁begin｜>")} {lit("<｜tool▁call▁begin｜>")} "function" {lit("<｜tool▁sep｜>")} '
+        return (f'{lit("<｜tool▁call▁begin｜>")} "function" {lit("<｜tool▁sep｜>")} '
                 f'{json.dumps(name + chr(10) + "```json" + chr(10))} {lark_json(params)} "\\n```" '
                 f'{lit("<｜tool▁call▁end｜>")} {lit("<｜tool▁calls▁end｜>")}')
     # glm45: its arguments are key/value pairs, not JSON: the keys the schema lists, values up to the next tag
     keys = " | ".join(json.dumps(k) for k in params.get("properties", {})) or '""'
     pair = f'"<arg_key>" ({keys}) "</arg_key>\\n<arg_value>" /[^<]*/ "</arg_value>\\n"'
-    return f'{lit("<tool_call>")} {json.dumps(name + chr(10))} ({pair})* {lit("</tool_call>")}'
+    return f'{json.dumps(name + chr(10))} ({pair})* {lit("</tool_call>")}'
 
 
 def _parse(fmt: str, text: str) -> tuple[str, list[tuple[str, object, str | None]]] | None:
@@ -224,7 +242,7 @@ class Stream:
     one delta (index, id, type, name and arguments), as the openai client's stream helpers accept."""
 
     def __init__(self, tools: Tools):
-        self.tools, self.text, self.sent, self.held = tools, "", 0, tools.constrained
+        self.tools, self.text, self.sent, self.held = tools, "", 0, tools.forced
 
     def feed(self, piece: str) -> list[dict]:
         self.text += piece

@@ -199,3 +199,22 @@ def test_malformed_tools_and_tool_messages_name_the_field(fields, messages, para
         t = read(fields, QWEN25_TEMPLATE)
         template_messages(messages or [], content, QWEN25_TEMPLATE, t)
     assert e.value.param == param and f"'{param}" in str(e.value)
+
+
+@pytest.mark.parametrize("fmt", TEMPLATES)
+def test_auto_is_a_lazy_grammar_free_text_until_a_calls_opening_then_the_call(tool_models, fmt):
+    """As llama.cpp's grammar triggers: any text that opens no call, and once a call opens, a call of the tools."""
+    from spectool.llama.engine import Model
+
+    call = {"hermes": 'Let me see. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+            "llama3": '{"name": "get_weather", "parameters": {"city": "Paris"}}'}[fmt]
+    wrong = {"hermes": 'Let me see. <tool_call>\n{"name": "get_wether"', "llama3": '{"answer": 42}'}[fmt]
+    with Model(tool_models[fmt], n_ctx=256, n_threads=2) as m:
+        g = read({"tools": [WEATHER, TIME]}, m.chat_template()).grammar(m)
+        for text, takes, ends in (("It is sunny, <b>21</b> C; {no call}.", True, False), (call, True, True),
+                                  (wrong, False, False)):
+            c = g.matcher(m)
+            tokens = m.tokenize(text, add_special=False, parse_special=True)
+            assert (c.valid(tokens) == len(tokens)) == takes, text
+            if takes:
+                assert c.push(tokens) and c.m.is_accepting() and c.complete == ends, text
