@@ -368,6 +368,8 @@ def template_messages(messages: list[dict], content: Callable[[dict, int], str],
             tools=listed, example=EXAMPLES.get(fmt, ""))
         if out and out[0]["role"] == "system":
             out[0] = {**out[0], "content": out[0]["content"] + "\n\n" + described}
+        elif "System role not supported" in (template or "") and out and out[0]["role"] == "user":
+            out[0] = {**out[0], "content": described + "\n\n" + out[0]["content"]}  # Gemma 2's: no system turn
         else:
             out.insert(0, {"role": "system", "content": described})
     return out
