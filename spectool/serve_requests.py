@@ -119,7 +119,7 @@ def tools_grammar(tools: Tools, target: Model) -> Grammar:
     try:
         return tools.grammar(target)
     except GrammarError as e:
-        raise invalid("tools", f"make no grammar of a call: {e}") from None
+        raise invalid("tools", f"could not be made into a grammar of a call: {e}") from None
 
 
 def request_grammar(body: dict) -> Grammar | None:
