@@ -163,6 +163,7 @@ def renamed(e: ApiError) -> ApiError:
         if e.param == theirs or (e.param or "").startswith(theirs + "["):
             e.param = ours + e.param[len(theirs):]
         e.message = e.message.replace(f"'{theirs}'", f"'{ours}'")
+        e.code = e.code.replace(f"invalid_{theirs}", f"invalid_{ours}".replace(".", "_")) if e.code else e.code
     return e
 
 
