@@ -209,7 +209,8 @@ def test_messages_errors_are_anthropic_shaped_with_the_right_status(server, tiny
 
 
 # -- tools: the translations -------------------------------------------------------------------------------------
-WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
+           "required": ["city"], "additionalProperties": False}
 CALL = {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Paris"}'}}
 
 
@@ -349,11 +350,11 @@ def test_tool_loops_through_both_apis(server):
     c, claude_client = server.client(), claude(server)
     tool = {"type": "function", "name": "weather", "description": "The weather in a city", "parameters": WEATHER}
     ask = [{"role": "user", "content": "What is the weather in Paris?"}]
-    r = c.responses.create(model="any", input=ask, tools=[tool], tool_choice="required", max_output_tokens=64)
+    r = c.responses.create(model="any", input=ask, tools=[tool], tool_choice="required", max_output_tokens=160)
     call = next(o for o in r.output if o.type == "function_call")
     assert call.name == "weather" and isinstance(json.loads(call.arguments)["city"], str)
     with c.responses.stream(model="any", input=ask, tools=[tool], tool_choice="required",
-                            max_output_tokens=64) as stream:
+                            max_output_tokens=160) as stream:
         streamed_call = next(o for o in stream.get_final_response().output if o.type == "function_call")
     assert (streamed_call.name, streamed_call.arguments) == (call.name, call.arguments)
     after = c.responses.create(model="any", tools=[tool], max_output_tokens=16, input=ask + [
@@ -362,11 +363,11 @@ def test_tool_loops_through_both_apis(server):
     assert after.output and after.usage.input_tokens > r.usage.input_tokens
 
     tools = [{"name": "weather", "description": "The weather in a city", "input_schema": WEATHER}]
-    m = claude_client.messages.create(model="any", max_tokens=64, messages=ask, tools=tools,
+    m = claude_client.messages.create(model="any", max_tokens=160, messages=ask, tools=tools,
                                       tool_choice={"type": "any"})
     use = next(b for b in m.content if b.type == "tool_use")
     assert m.stop_reason == "tool_use" and use.name == "weather" and isinstance(use.input["city"], str)
-    with claude_client.messages.stream(model="any", max_tokens=64, messages=ask, tools=tools,
+    with claude_client.messages.stream(model="any", max_tokens=160, messages=ask, tools=tools,
                                        tool_choice={"type": "any"}) as stream:
         final = stream.get_final_message()
     assert final.stop_reason == "tool_use" and next(b for b in final.content if b.type == "tool_use").input == use.input
