@@ -131,6 +131,8 @@ class Server:
                                              self.stopping.is_set()):
                     if text:
                         push((text, None))
+        except KeyboardInterrupt:  # the prefill stopped between batches: the client left (speculative._prefill)
+            pass
         except Exception as e:  # noqa: BLE001 - reported to the client as a 500, never a traceback
             push((None, e))
             return

@@ -87,6 +87,9 @@ def messages(value) -> list[dict]:
         role, content, at = m.get("role"), m.get("content"), f"messages[{i}]"
         if role not in ("user", "assistant"):
             raise bad(f"{at}.role", "must be user or assistant (the system prompt goes in 'system')")
+        if role == "assistant" and i == len(value) - 1:  # Anthropic continues such a turn: not done here
+            raise bad(f"{at}.role", "is assistant in the last message: continuing a prefilled answer is not "
+                                    "supported; end with a user turn", "unsupported_prefill")
         if isinstance(content, str):
             out.append({"role": role, "content": content})
             continue

@@ -6,7 +6,9 @@ translations with tools are tested as the functions they are (test_*_tool_*); th
 the chat path has tool calls (test_tool_loops_through_both_apis)."""
 
 import asyncio
+import http.client
 import json
+import time
 import urllib.request
 
 import anthropic
@@ -174,6 +176,8 @@ MESSAGES_BAD = [  # (fields, a word the message names)
         "type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}]}]}, "'messages[0].content[0]'"),
     ({"messages": [{"role": "system", "content": "hi"}]}, "'messages[0].role'"),
     ({"messages": []}, "'messages'"),
+    ({"messages": [{"role": "user", "content": USER}, {"role": "assistant", "content": "Foxes"}]},
+     "'messages[1].role'"),
     ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "'tools[0].type'"),
     ({"tool_choice": {"type": "maybe"}}, "'tool_choice'"),
     ({"stop_sequences": "END"}, "'stop_sequences'"),
@@ -375,6 +379,28 @@ def test_tool_loops_through_both_apis(server):
         {"role": "assistant", "content": [{"type": "tool_use", "id": use.id, "name": use.name, "input": use.input}]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "sunny, 25 C"}]}])
     assert after.content and after.stop_reason in ("end_turn", "max_tokens", "tool_use")
+
+
+def test_a_client_that_leaves_either_stream_stops_its_generation(tiny):
+    s = Server(tiny["target"], "--spec", "none", "-c", "4096")
+    try:
+        # greedy, this prompt loops without an end-of-generation token: 4000 tokens would take seconds
+        prompt = "the dog the fox the dog the fox the dog the"
+        for i, (path, body) in enumerate((("/v1/responses", {"input": prompt, "max_output_tokens": 4000}),
+                                          ("/v1/messages", {"max_tokens": 4000, "messages": [
+                                              {"role": "user", "content": prompt}]}))):
+            conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=120)
+            conn.request("POST", path, json.dumps({**body, "stream": True}), {"Content-Type": "application/json"})
+            r = conn.getresponse()
+            assert r.status == 200 and r.readline().startswith(b"event: ")
+            conn.close()  # one event, then hang up
+            deadline = time.time() + 60
+            while s.metric("requests_cancelled_total") == i and time.time() < deadline:
+                time.sleep(0.1)
+            assert s.metric("requests_cancelled_total") == i + 1
+        assert s.metric("completion_tokens_total") < 4000  # both stopped well short of their budgets
+    finally:
+        s.stop()
 
 
 def test_a_raw_request_without_a_client_is_answered_too(server):
