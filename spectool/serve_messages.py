@@ -181,7 +181,8 @@ def usage(chat_usage: dict) -> dict:
     """Anthropic's usage: input_tokens are those not read from the cache (cache_read_input_tokens)."""
     cached = chat_usage["prompt_tokens_details"]["cached_tokens"]
     return {"input_tokens": chat_usage["prompt_tokens"] - cached, "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": cached, "output_tokens": chat_usage["completion_tokens"]}
+            "cache_read_input_tokens": cached, "output_tokens": chat_usage["completion_tokens"],
+            "speculative": chat_usage.get("speculative")}  # spectool's own, as on chat: drafted, accepted, ...
 
 
 def tool_use(call: dict) -> dict:

@@ -43,8 +43,8 @@ def to_chat(body: dict) -> dict:
     passed = {o.request for o, _, _ in Options.declared().values() if o.request} - {"max_tokens"}
     for name, value in body.items():
         if name in NOT_HONOURED and not any(value == ok and type(value) is type(ok) for ok in NOT_HONOURED[name]):
-            raise bad(name, f"is not supported by this server (it was sent as {json.dumps(value)[:60]}): it keeps "
-                            "no responses and runs no tools of its own", "unsupported_field")
+            raise bad(name, f"is not supported by this server (it was sent as {json.dumps(value)[:60]}); leave it "
+                            "out (it keeps no responses, runs no tools of its own)", "unsupported_field")
         if name not in IGNORED | MAPPED | passed | set(NOT_HONOURED):
             raise bad(name, "is not a field this server knows", "unsupported_field")
     chat = {k: body[k] for k in passed | {"temperature", "top_p", "stream", "parallel_tool_calls"} if k in body}
@@ -171,7 +171,8 @@ def renamed(e: ApiError) -> ApiError:
 def usage(chat_usage: dict) -> dict:
     n_in, n_out = chat_usage["prompt_tokens"], chat_usage["completion_tokens"]
     return {"input_tokens": n_in, "input_tokens_details": chat_usage["prompt_tokens_details"], "output_tokens": n_out,
-            "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": n_in + n_out}
+            "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": n_in + n_out,
+            "speculative": chat_usage.get("speculative")}  # spectool's own, as on chat: drafted, accepted, ...
 
 
 def message_item(mid: str, text: str, status: str = "completed") -> dict:

@@ -49,6 +49,7 @@ def test_a_response_equals_the_chat_completion_whole_and_streamed(server):
     assert r.output_text == want.choices[0].message.content and r.output_text
     assert (r.usage.input_tokens, r.usage.output_tokens, r.usage.total_tokens) == (
         want.usage.prompt_tokens, want.usage.completion_tokens, want.usage.total_tokens)
+    assert r.usage.model_extra["speculative"]["mode"] == "lookup"  # spectool's own, as on chat
     # the budget ran out: the Responses API's word for it
     assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
 
@@ -140,6 +141,7 @@ def test_a_message_equals_the_chat_completion_whole_and_streamed(server):
     assert m.stop_reason == "max_tokens" and m.stop_sequence is None
     assert m.usage.input_tokens + m.usage.cache_read_input_tokens == want.usage.prompt_tokens
     assert m.usage.output_tokens == want.usage.completion_tokens
+    assert m.usage.model_extra["speculative"]["mode"] == "lookup"  # spectool's own, as on chat
     # the system prompt as text blocks, the user's content as one text block: the same prompt
     with c.messages.stream(model="any", max_tokens=16, system=[{"type": "text", "text": SYSTEM}],
                            messages=[{"role": "user", "content": [{"type": "text", "text": USER}]}]) as stream:
@@ -271,7 +273,7 @@ def tool_chunks():
     """A chat answer streamed as OpenAI streams a tool call: some text, then the call's name and its arguments in
     pieces, then the finish with usage."""
     usage = {"prompt_tokens": 9, "completion_tokens": 7, "total_tokens": 16, "prompt_tokens_details": {
-        "cached_tokens": 2}}
+        "cached_tokens": 2}, "speculative": {"mode": "lookup", "drafted": 4, "accepted": 3}}
 
     def chunk(delta, finish=None, **more):
         return {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}], **more}
@@ -308,6 +310,7 @@ def test_a_chat_tool_call_answer_becomes_a_function_call_output_item():
     assert {k: r["output"][1][k] for k in ("call_id", "name", "arguments")} == {
         "call_id": "call_1", "name": "weather", "arguments": '{"city": "Paris"}'}
     assert r["usage"]["input_tokens"] == 9 and r["usage"]["output_tokens"] == 7
+    assert r["usage"]["speculative"] == usage["speculative"]
     events = streamed(serve_responses.events(Served, {}, "resp_1", 0, aiter_of(chunks)))
     kinds = [k for k, _ in events]
     assert kinds == ["response.created", "response.in_progress", "response.output_item.added",
@@ -330,7 +333,7 @@ def test_a_chat_tool_call_answer_becomes_a_tool_use_block():
         {"type": "text", "text": "Looking."},
         {"type": "tool_use", "id": "call_1", "name": "weather", "input": {"city": "Paris"}}]
     assert m["usage"] == {"input_tokens": 7, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 2,
-                          "output_tokens": 7}
+                          "output_tokens": 7, "speculative": usage["speculative"]}
 
     class Reply:
         n_prompt, stats = 9, None
