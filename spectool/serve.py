@@ -19,6 +19,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from spectool import serve_messages, serve_responses
 from spectool.options import Options, UserError
 from spectool.serve_requests import ApiError, parse
 from spectool.session import Session
@@ -50,6 +51,20 @@ class Totals:
         return "\n".join(lines) + "\n"
 
 
+@dataclass
+class Reply:
+    """A request under way: what its answer is made of. `pieces` are the worker's items (Server._pieces); `stats`
+    is set when they end."""
+    rid: str
+    created: int
+    chat: bool
+    stream: bool
+    n_prompt: int
+    pieces: Any
+    tools: Any = None
+    stats: Any = None
+
+
 class Server:
     """The server's state: the session it generates with, `options` (the requests' defaults and --queue,
     --max-body-bytes, --body-timeout), the turn of each request and the totals /metrics reports."""
@@ -67,7 +82,7 @@ class Server:
         self.stopping = threading.Event()
 
     # -- requests ------------------------------------------------------------------------------------------------
-    def generation(self, raw: bytes, chat: bool):
+    def generation(self, raw: bytes | dict, chat: bool):
         """(Generation, prompt tokens, stop strings, stream) of a request's body (serve_requests.parse). Runs in a
         thread: parsing and tokenizing a large body never holds up the event loop."""
         return parse(raw, chat, self.session, self.options)
@@ -117,6 +132,8 @@ class Server:
                                              self.stopping.is_set()):
                     if text:
                         push((text, None))
+        except KeyboardInterrupt:  # the prefill stopped between batches: the client left (speculative._prefill)
+            pass
         except Exception as e:  # noqa: BLE001 - reported to the client as a 500, never a traceback
             push((None, e))
             return
@@ -134,6 +151,39 @@ class Server:
             t.cancelled += 1
         push((None, stats))
 
+    async def start(self, request, raw: bytes | dict, chat: bool) -> Reply:
+        """The request's generation under way: its body (read, or already translated from another API:
+        serve_responses, serve_messages) parsed in a thread, its place in the queue taken (503 when full)."""
+        # one model is served: any `model` names it, as with llama-server (responses name the real one)
+        gen, tokens, stop, stream, tools = await asyncio.to_thread(self.generation, raw, chat)
+        with self.counting:
+            if self.waiting >= self.options.queue:
+                self.totals.rejected += 1
+                raise ApiError(503, f"busy: {self.waiting} requests are waiting; try again later",
+                               "server_error", "queue_full")
+            self.waiting += 1
+            self.totals.requests += 1
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        cancelled = threading.Event()
+        worker = threading.Thread(target=self.run, daemon=True,
+                                  args=(self.ticket(), gen, tokens, stop, lambda item: loop.call_soon_threadsafe(
+                                      queue.put_nowait, item), cancelled))
+        worker.start()
+        return Reply(f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", int(time.time()), chat, stream,
+                     len(tokens), self._pieces(request, queue, cancelled), tools)
+
+    async def whole(self, reply: Reply) -> dict:
+        """The reply's answer in one object: a chat.completion or a text_completion."""
+        text, end = [], None
+        async for piece, end in reply.pieces:
+            if piece is not None:
+                text.append(piece)
+        if isinstance(end, Exception):
+            raise ApiError(500, f"generation failed: {end}", "server_error")
+        reply.stats = end
+        return self._object(reply.rid, reply.created, reply.chat, "".join(text), end, reply.n_prompt, reply.tools)
+
     # -- the ASGI application ------------------------------------------------------------------------------------
     def app(self):
         from starlette.applications import Starlette
@@ -142,66 +192,43 @@ class Server:
         from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
         from starlette.routing import Route
 
-        def error(e: ApiError) -> JSONResponse:
+        def error(e: ApiError, shape: Callable[[ApiError], dict] = ApiError.body) -> JSONResponse:
             # a body left unread (413, 408) would be taken for the next request: those close the connection
             close = {"Connection": "close"} if e.status in (408, 413) else None
-            return JSONResponse(e.body(), status_code=e.status, headers=close)
+            return JSONResponse(shape(e), status_code=e.status, headers=close)
 
-        def answered(handler):
+        def answered(handler, shape: Callable[[ApiError], dict] = ApiError.body):
             """The endpoint `handler` that always answers: ApiError as itself, anything else as a 500 and one line
-            through `say` (stderr). Nothing reaches Starlette's error middleware, which would re-raise it to uvicorn
-            (a traceback, and a keep-alive connection dropped under the client)."""
+            through `say` (stderr), in its API's error `shape`. Nothing reaches Starlette's error middleware, which
+            would re-raise it to uvicorn (a traceback, and a keep-alive connection dropped under the client)."""
             async def endpoint(request: Request):
                 try:
                     return await handler(request)
                 except ApiError as e:
-                    return error(e)
+                    return error(e, shape)
                 except ClientDisconnect:  # gone while sending its body: no one reads the answer
-                    return error(ApiError(499, "the client closed the connection", code="client_closed"))
+                    return error(ApiError(499, "the client closed the connection", code="client_closed"), shape)
                 except Exception as e:  # noqa: BLE001 - one line on stderr, never a traceback
                     self.say(f"error: {request.method} {request.url.path}: {type(e).__name__}: {e}")
-                    return error(ApiError(500, f"internal error: {type(e).__name__}", "server_error"))
+                    return error(ApiError(500, f"internal error: {type(e).__name__}", "server_error"), shape)
             return endpoint
 
         def authorised(request: Request) -> None:
-            # the header's bytes (Starlette decodes them as latin-1), compared in constant time
-            sent = request.headers.get("authorization", "").encode("latin-1")
+            # the header's bytes (Starlette decodes them as latin-1), compared in constant time; Anthropic's clients
+            # send the key as x-api-key, which llama-server reads too
+            key = request.headers.get("x-api-key")
+            sent = (f"Bearer {key}" if key and "authorization" not in request.headers else
+                    request.headers.get("authorization", "")).encode("latin-1")
             if self.api_key and not hmac.compare_digest(sent, f"Bearer {self.api_key}".encode()):
                 raise ApiError(401, "invalid API key (send 'Authorization: Bearer KEY')", "authentication_error",
                                "invalid_api_key")
 
         async def complete(request: Request, chat: bool):
             authorised(request)
-            raw = await self.body(request)
-            # one model is served: any `model` names it, as with llama-server (responses name the real one)
-            gen, tokens, stop, stream, tools = await asyncio.to_thread(self.generation, raw, chat)
-            with self.counting:
-                if self.waiting >= self.options.queue:
-                    self.totals.rejected += 1
-                    raise ApiError(503, f"busy: {self.waiting} requests are waiting; try again later",
-                                   "server_error", "queue_full")
-                self.waiting += 1
-                self.totals.requests += 1
-            loop = asyncio.get_running_loop()
-            queue: asyncio.Queue = asyncio.Queue()
-            cancelled = threading.Event()
-            worker = threading.Thread(target=self.run, daemon=True,
-                                      args=(self.ticket(), gen, tokens, stop, lambda item: loop.call_soon_threadsafe(
-                                          queue.put_nowait, item), cancelled))
-            worker.start()
-            rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
-            created = int(time.time())
-            pieces = self._pieces(request, queue, cancelled)
-            if stream:
-                return StreamingResponse(self._events(pieces, rid, created, chat, tools),
-                                         media_type="text/event-stream")
-            text, end = [], None
-            async for piece, end in pieces:
-                if piece is not None:
-                    text.append(piece)
-            if isinstance(end, Exception):
-                raise ApiError(500, f"generation failed: {end}", "server_error")
-            return JSONResponse(self._object(rid, created, chat, "".join(text), end, len(tokens), tools))
+            reply = await self.start(request, await self.body(request), chat)
+            if reply.stream:
+                return StreamingResponse(self._events(reply), media_type="text/event-stream")
+            return JSONResponse(await self.whole(reply))
 
         async def models(request: Request):
             authorised(request)
@@ -220,6 +247,10 @@ class Server:
         async def completions(request: Request):
             return await complete(request, False)
 
+        async def api(request: Request, answer):  # another API over the chat path: serve_responses, serve_messages
+            authorised(request)
+            return await answer(self, request)
+
         async def http_error(request: Request, exc):
             if exc.status_code == 404:
                 return error(ApiError(404, f"no such path: {request.url.path}", code="not_found"))
@@ -228,6 +259,10 @@ class Server:
 
         routes = [Route("/v1/chat/completions", answered(chat_completions), methods=["POST"]),
                   Route("/v1/completions", answered(completions), methods=["POST"]),
+                  Route("/v1/responses", answered(lambda r: api(r, serve_responses.answer)), methods=["POST"]),
+                  *[Route(path, answered(lambda r, f=f: api(r, f), serve_messages.error_body), methods=["POST"])
+                    for path, f in (("/v1/messages", serve_messages.answer),
+                                    ("/v1/messages/count_tokens", serve_messages.count_tokens))],
                   Route("/v1/models", answered(models), methods=["GET"]),
                   Route("/health", answered(health), methods=["GET"]),
                   Route("/metrics", answered(metrics), methods=["GET"])]
@@ -254,7 +289,18 @@ class Server:
             watcher.cancel()
             cancelled.set()
 
-    async def _events(self, pieces, rid, created, chat, tools=None):
+    async def _events(self, reply: Reply):
+        async for obj in self.chunks(reply):
+            yield f"data: {json.dumps(obj)}\n\n"
+            if "error" in obj:
+                return
+        yield "data: [DONE]\n\n"
+
+    async def chunks(self, reply: Reply):
+        """The reply's answer as the objects OpenAI streams (chat.completion.chunk or text_completion), the last
+        with its finish_reason and usage; or, where generation failed, an error object."""
+        rid, created, chat, pieces = reply.rid, reply.created, reply.chat, reply.pieces
+        tools = reply.tools
         kind = "chat.completion.chunk" if chat else "text_completion"
         shaped = tools.streamer() if tools else None  # content as it comes, tool calls once read (tools.Stream)
 
@@ -268,7 +314,7 @@ class Server:
             obj = {"id": rid, "object": kind, "created": created, "model": self.model_id, "choices": [choice]}
             if usage is not None:
                 obj["usage"] = usage
-            return f"data: {json.dumps(obj)}\n\n"
+            return obj
 
         if chat:
             yield chunk(None, delta={"role": "assistant", "content": ""})
@@ -280,13 +326,13 @@ class Server:
                 elif piece is not None:
                     yield chunk(piece)
                 elif isinstance(end, Exception):
-                    yield f"data: {json.dumps(ApiError(500, f'generation failed: {end}', 'server_error').body())}\n\n"
+                    yield ApiError(500, f"generation failed: {end}", "server_error").body()
                 else:
+                    reply.stats = end
                     deltas, called = shaped.end() if shaped else ([], False)
                     for delta in deltas:
                         yield chunk(None, delta=delta)
                     yield chunk(None, "tool_calls" if called else _finish(end), self._usage(end, end.n_prompt_tokens))
-                    yield "data: [DONE]\n\n"
         finally:
             await pieces.aclose()  # a stream closed early (the client went away) stops the generation
 

@@ -66,16 +66,23 @@ def stream_and_stop(body: dict) -> tuple[bool, list[str]]:
     return bool(stream), [s for s in stop if s]
 
 
-def parse(raw: bytes, chat: bool, session: Session, options: Options) -> tuple[Generation, list[int], list[str], bool,
-                                                                             Tools | None]:
-    """(Generation for this request, prompt tokens, stop strings, stream, the tools it offers) from its body: a
-    chat completion's messages or a completion's prompt, the request's fields over the server's `options`."""
+def load(raw: bytes) -> dict:
+    """A request body's JSON object, else a 400."""
     try:  # (Python reads NaN and Infinity too: the field that holds one is named by request_options)
         body = json.loads(raw)
     except ValueError:
         raise ApiError(400, "the request body is not valid JSON", code="invalid_json") from None
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
+    return body
+
+
+def parse(raw: bytes | dict, chat: bool, session: Session,
+          options: Options) -> tuple[Generation, list[int], list[str], bool, Tools | None]:
+    """(Generation for this request, prompt tokens, stop strings, stream) from its body (or the body already
+    read, as another API's translation hands it over): a chat completion's messages or a completion's prompt, the
+    request's fields over the server's `options`."""
+    body = raw if isinstance(raw, dict) else load(raw)
     unhonoured(body)
     stream, more = stream_and_stop(body)
     target = session.gen.target

@@ -217,6 +217,7 @@ class _Loop:
         if self.stats is not None:
             self.stats.add_step(step)
             self.stats.finish_reason = finish
+            self.stats.stop_string = self.stream.stopped if self.stream is not None else None
         return step
 
     def cut(self, new: list[int]) -> tuple[list[int], str | None]:
@@ -329,17 +330,18 @@ class TextStream:
         self.detok = model.detokenizer()
         self.stop = [s for s in stop if s]
         self.pending = ""
-        self.stopped = False
+        self.stopped: str | None = None  # the stop string that ended the text, once one has
 
     def feed(self, tokens: Sequence[int]) -> str:
-        """The text that is final after `tokens`; sets `stopped` when a stop string appeared."""
+        """The text that is final after `tokens`; sets `stopped` to the stop string that appeared, if one did."""
         self.pending += self.detok.feed(tokens)
         if not self.stop:
             out, self.pending = self.pending, ""
             return out
-        hits = [i for i in (self.pending.find(s) for s in self.stop) if i >= 0]
+        hits = [(i, s) for i, s in ((self.pending.find(s), s) for s in self.stop) if i >= 0]
         if hits:
-            out, self.pending, self.stopped = self.pending[: min(hits)], "", True
+            first, self.stopped = min(hits, key=lambda hit: hit[0])
+            out, self.pending = self.pending[:first], ""
             return out
         hold = max((n for s in self.stop for n in range(1, len(s)) if self.pending.endswith(s[:n])), default=0)
         cut = len(self.pending) - hold

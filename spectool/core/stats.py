@@ -47,6 +47,7 @@ class Stats(Rates):
     prompt_seconds: float = 0.0
     decode_seconds: float = 0.0
     finish_reason: str | None = None
+    stop_string: str | None = None  # the stop string that ended the generation, where one did
     last_k: int = 0
     offload: dict | None = None  # where the weights went (session.Session.offload)
 

@@ -1,0 +1,312 @@
+"""OpenAI's Responses API (`POST /v1/responses`) over the server's chat path: a request's `instructions` and
+`input` items become a chat completion's messages, its fields the chat request's (`to_chat`), and the chat answer,
+whole or streamed, becomes a response object (`response`) or the Responses stream's events (`events`).
+
+Nothing is stored, so what needs a stored response (`previous_response_id`, `store: true`, `background`, item
+references, `conversation`) is a 400 naming the field, as are built-in tools and input other than text. The fields
+IGNORED ask nothing of the output (bookkeeping, hints to reasoning models); anything else unknown is a 400.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from contextlib import aclosing
+
+from spectool.options import Options
+from spectool.serve_requests import ApiError, load
+
+# fields that change nothing here: bookkeeping, and `reasoning` (an effort hint to reasoning models; the chat path
+# renders and returns no reasoning), which agents such as Codex send with every request
+IGNORED = {"model", "metadata", "user", "safety_identifier", "prompt_cache_key", "prompt_cache_retention",
+           "service_tier", "reasoning", "stream_options"}
+# fields whose other values need what this server has not (storage, tools run server-side, ...), and the values
+# that ask nothing: anything else is a 400 naming the field
+NOT_HONOURED = {"store": (None, False), "previous_response_id": (None, ""), "background": (None, False),
+                "conversation": (None,), "prompt": (None,), "truncation": (None, "disabled"),
+                "max_tool_calls": (None,), "top_logprobs": (None, 0),
+                "include": (None, [], ["reasoning.encrypted_content"])}  # (no reasoning items to include)
+# the chat request's names for the fields mapped onto it, by the Responses names (errors name the latter)
+RENAMED = {"max_output_tokens": "max_tokens", "input": "messages", "text.format": "response_format"}
+MAPPED = {"input", "instructions", "max_output_tokens", "temperature", "top_p", "stream", "tools", "tool_choice",
+          "text", "parallel_tool_calls"}
+
+
+def bad(param: str, message: str, code: str = "invalid_request") -> ApiError:
+    return ApiError(400, f"'{param}' {message}", code=code, param=param)
+
+
+def to_chat(body: dict) -> dict:
+    """The chat completion request a Responses request asks for (OpenAI's chat shape), else a 400 naming the
+    field in the Responses API's terms."""
+    passed = {o.request for o, _, _ in Options.declared().values() if o.request} - {"max_tokens"}
+    for name, value in body.items():
+        if name in NOT_HONOURED and not any(value == ok and type(value) is type(ok) for ok in NOT_HONOURED[name]):
+            raise bad(name, f"is not supported by this server (it was sent as {json.dumps(value)[:60]}); leave it "
+                            "out (it keeps no responses, runs no tools of its own)", "unsupported_field")
+        if name not in IGNORED | MAPPED | passed | set(NOT_HONOURED):
+            raise bad(name, "is not a field this server knows", "unsupported_field")
+    chat = {k: body[k] for k in passed | {"temperature", "top_p", "stream", "parallel_tool_calls"} if k in body}
+    if body.get("max_output_tokens") is not None:
+        chat["max_tokens"] = body["max_output_tokens"]
+    chat["messages"] = messages(body)
+    if body.get("tools") is not None:
+        chat["tools"] = tools(body["tools"])
+    if body.get("tool_choice") is not None:
+        chat["tool_choice"] = tool_choice(body["tool_choice"])
+    if body.get("text") is not None:
+        chat |= text_format(body["text"])
+    return chat
+
+
+def messages(body: dict) -> list[dict]:
+    """`instructions` (a system message) and `input` (a string: one user message; or a list of items: messages,
+    function calls and their outputs) as chat messages. A function call joins the assistant message before it."""
+    out = []
+    if body.get("instructions") is not None:
+        if not isinstance(body["instructions"], str):
+            raise bad("instructions", "must be a string")
+        out.append({"role": "system", "content": body["instructions"]})
+    items = body.get("input")
+    if isinstance(items, str):
+        return out + [{"role": "user", "content": items}]
+    if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
+        raise bad("input", "must be a string or a list of input items (objects)")
+    for i, item in enumerate(items):
+        kind, at = item.get("type", "message"), f"input[{i}]"
+        if kind == "message" and "role" in item:
+            role = {"developer": "system"}.get(item["role"], item["role"])
+            if role not in ("user", "system", "assistant"):
+                raise bad(f"{at}.role", "must be user, system, developer or assistant")
+            out.append({"role": role, "content": parts(item.get("content"), f"{at}.content")})
+        elif kind == "function_call":
+            call = {"id": text_field(item, "call_id", at), "type": "function",
+                    "function": {"name": text_field(item, "name", at), "arguments": text_field(item, "arguments", at)}}
+            if out and out[-1]["role"] == "assistant":
+                out[-1].setdefault("tool_calls", []).append(call)
+            else:
+                out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        elif kind == "function_call_output":
+            output = item.get("output")
+            out.append({"role": "tool", "tool_call_id": text_field(item, "call_id", at),
+                        "content": output if isinstance(output, str) else parts(output, f"{at}.output")})
+        else:
+            raise bad(f"{at}.type", f"is {json.dumps(kind)[:40]}: this server takes messages, function_call and "
+                                    "function_call_output items (it keeps no items to refer to)", "unsupported_input")
+    return out
+
+
+def text_field(item: dict, name: str, at: str) -> str:
+    if not isinstance(item.get(name), str):
+        raise bad(f"{at}.{name}", "must be a string")
+    return item[name]
+
+
+def parts(content, at: str) -> str | list[dict]:
+    """A message's content (a string, or input_text / output_text parts) in the chat shape; other parts (images,
+    files, audio) are refused by type: this server reads text only."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list) or not all(isinstance(p, dict) for p in content):
+        raise bad(at, "must be a string or a list of content parts")
+    for j, p in enumerate(content):
+        if p.get("type") not in ("input_text", "output_text") or not isinstance(p.get("text"), str):
+            raise bad(f"{at}[{j}]", f"is a part of type {json.dumps(p.get('type'))[:40]}; this server takes text "
+                                    "parts (input_text, output_text) only", "unsupported_content")
+    return [{"type": "text", "text": p["text"]} for p in content]
+
+
+def tools(value) -> list[dict]:
+    """Function tools ({type: function, name, description, parameters, strict}) as chat tools; built-in tools
+    (web search, file search, computer use, MCP, ...) run on OpenAI's side and are refused."""
+    if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
+        raise bad("tools", "must be a list of tool objects")
+    out = []
+    for i, tool in enumerate(value):
+        if tool.get("type") != "function":
+            raise bad(f"tools[{i}].type", f"is {json.dumps(tool.get('type'))[:40]}: this server runs no built-in "
+                                          "tools; give function tools", "unsupported_tool")
+        out.append({"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}})
+    return out
+
+
+def tool_choice(value):
+    """auto, none, required, or {type: function, name} as the chat request's tool_choice."""
+    if value in ("auto", "none", "required"):
+        return value
+    if isinstance(value, dict) and value.get("type") == "function" and isinstance(value.get("name"), str):
+        return {"type": "function", "function": {"name": value["name"]}}
+    raise bad("tool_choice", 'must be "auto", "none", "required" or {"type": "function", "name": ...} (it was sent '
+                             f"as {json.dumps(value)[:60]})")
+
+
+def text_format(value) -> dict:
+    """`text` ({format, verbosity}) as the chat request's response_format; verbosity is a hint, ignored."""
+    if not isinstance(value, dict) or set(value) - {"format", "verbosity"}:
+        raise bad("text", "must be {format, verbosity}")
+    f = value.get("format")
+    if f is None:
+        return {}
+    if not isinstance(f, dict) or f.get("type") not in ("text", "json_object", "json_schema"):
+        raise bad("text.format", 'must be {"type": "text"}, {"type": "json_object"} or {"type": "json_schema", '
+                                 f'"name": ..., "schema": {{...}}}} (it was sent as {json.dumps(f)[:60]})')
+    if f["type"] != "json_schema":
+        return {"response_format": {"type": f["type"]}}
+    spec = {k: f[k] for k in ("name", "schema", "strict", "description") if k in f}
+    return {"response_format": {"type": "json_schema", "json_schema": spec}}
+
+
+def renamed(e: ApiError) -> ApiError:
+    """A chat request's error named in the Responses API's terms (max_tokens: max_output_tokens, ...)."""
+    for ours, theirs in RENAMED.items():
+        if e.param == theirs or (e.param or "").startswith(theirs + "["):
+            e.param = ours + e.param[len(theirs):]
+        e.message = e.message.replace(f"'{theirs}'", f"'{ours}'")
+        e.code = e.code.replace(f"invalid_{theirs}", f"invalid_{ours}".replace(".", "_")) if e.code else e.code
+    return e
+
+
+# -- the answer ----------------------------------------------------------------------------------------------------
+def usage(chat_usage: dict) -> dict:
+    n_in, n_out = chat_usage["prompt_tokens"], chat_usage["completion_tokens"]
+    return {"input_tokens": n_in, "input_tokens_details": chat_usage["prompt_tokens_details"], "output_tokens": n_out,
+            "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": n_in + n_out,
+            "speculative": chat_usage.get("speculative")}  # spectool's own, as on chat: drafted, accepted, ...
+
+
+def message_item(mid: str, text: str, status: str = "completed") -> dict:
+    return {"type": "message", "id": mid, "status": status, "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if status ==
+            "completed" else []}
+
+
+def call_item(call: dict, status: str = "completed") -> dict:
+    f = call.get("function", {})
+    return {"type": "function_call", "id": f"fc_{uuid.uuid4().hex[:24]}", "call_id": call.get("id", ""),
+            "name": f.get("name", ""), "arguments": f.get("arguments", "") if status == "completed" else "",
+            "status": status}
+
+
+def response(server, body: dict, rid: str, created: int, output: list, finish: str | None,
+             chat_usage: dict | None) -> dict:
+    """The response object: in progress (no finish yet), completed, or incomplete (the token budget ran out)."""
+    status = "in_progress" if finish is None else "incomplete" if finish == "length" else "completed"
+    return {"id": rid, "object": "response", "created_at": created, "status": status,
+            "completed_at": int(time.time()) if status == "completed" else None, "error": None,
+            "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+            "instructions": body.get("instructions"), "max_output_tokens": body.get("max_output_tokens"),
+            "model": server.model_id, "output": output, "parallel_tool_calls": body.get("parallel_tool_calls", True),
+            "temperature": body.get("temperature"), "top_p": body.get("top_p"),
+            "tool_choice": body.get("tool_choice", "auto"), "tools": body.get("tools", []),
+            "text": body.get("text") or {"format": {"type": "text"}}, "store": False, "metadata": {},
+            "usage": usage(chat_usage) if chat_usage else None}
+
+
+def whole(server, body: dict, rid: str, created: int, chat: dict) -> dict:
+    choice = chat["choices"][0]
+    message, calls = choice["message"], choice["message"].get("tool_calls") or []
+    output = [call_item(c) for c in calls]
+    if message.get("content") or not calls:
+        output.insert(0, message_item(f"msg_{uuid.uuid4().hex[:24]}", message.get("content") or ""))
+    return response(server, body, rid, created, output, choice["finish_reason"], chat["usage"])
+
+
+async def events(server, body: dict, rid: str, created: int, chunks):
+    """The Responses stream, from the chat answer's chunks: the response created and in progress, each output
+    item added (a message, whose text part gets its deltas; a function call, whose arguments do), done, and the
+    response completed or incomplete; or an error event where generation failed."""
+    seq, output = 0, []
+    text: list[str] = []
+    calls: dict[int, dict] = {}  # a tool call's index in the chat deltas: its item and its place in output
+
+    def event(kind: str, **fields) -> str:
+        nonlocal seq
+        seq += 1
+        return f"event: {kind}\ndata: {json.dumps({'type': kind, 'sequence_number': seq - 1, **fields})}\n\n"
+
+    def close_message():  # the message item open at the end of output, done
+        item = output[-1]
+        part = {"type": "output_text", "text": "".join(text), "annotations": [], "logprobs": []}
+        at = {"item_id": item["id"], "output_index": len(output) - 1, "content_index": 0}
+        item.update(message_item(item["id"], part["text"]))
+        return [event("response.output_text.done", **at, text=part["text"], logprobs=[]),
+                event("response.content_part.done", **at, part=part),
+                event("response.output_item.done", output_index=len(output) - 1, item=item)]
+
+    def close_call(c: dict):
+        item, index = c["item"], output.index(c["item"])
+        item["status"] = "completed"
+        return [event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+                      arguments=item["arguments"]),
+                event("response.output_item.done", output_index=index, item=item)]
+
+    def open_message():
+        output.append(message_item(f"msg_{uuid.uuid4().hex[:24]}", "", "in_progress"))
+        at = {"item_id": output[-1]["id"], "output_index": len(output) - 1}
+        return [event("response.output_item.added", output_index=len(output) - 1, item=dict(output[-1])),
+                event("response.content_part.added", **at, content_index=0,
+                      part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})]
+
+    first = response(server, body, rid, created, [], None, None)
+    yield event("response.created", response=first)
+    yield event("response.in_progress", response=first)
+    async with aclosing(chunks):  # a stream closed early stops the generation
+        async for chunk in chunks:
+            if "error" in chunk:
+                err = chunk["error"]
+                yield event("error", code=err.get("code") or err.get("type"), message=err["message"], param=None)
+                return
+            choice = chunk["choices"][0]
+            delta = choice.get("delta") or {}
+            if delta.get("content"):
+                if not output or output[-1]["type"] != "message":
+                    for e in open_message():
+                        yield e
+                text.append(delta["content"])
+                yield event("response.output_text.delta", item_id=output[-1]["id"], output_index=len(output) - 1,
+                            content_index=0, delta=delta["content"], logprobs=[])
+            for call in delta.get("tool_calls") or []:
+                c = calls.get(call.get("index", 0))
+                if c is None:
+                    if output and output[-1]["type"] == "message" and output[-1]["status"] == "in_progress":
+                        for e in close_message():
+                            yield e
+                    c = calls[call.get("index", 0)] = {"item": call_item(call, "in_progress")}
+                    output.append(c["item"])
+                    yield event("response.output_item.added", output_index=len(output) - 1, item=dict(c["item"]))
+                piece = (call.get("function") or {}).get("arguments") or ""
+                if piece:
+                    c["item"]["arguments"] += piece
+                    yield event("response.function_call_arguments.delta", item_id=c["item"]["id"],
+                                output_index=output.index(c["item"]), delta=piece)
+            if choice.get("finish_reason") is not None:
+                if not output:
+                    for e in open_message():
+                        yield e
+                if output[-1]["type"] == "message" and output[-1]["status"] == "in_progress":
+                    for e in close_message():
+                        yield e
+                for c in calls.values():
+                    if c["item"]["status"] == "in_progress":
+                        for e in close_call(c):
+                            yield e
+                final = response(server, body, rid, created, output, choice["finish_reason"], chunk.get("usage"))
+                yield event(f"response.{final['status']}", response=final)
+
+
+async def answer(server, request):
+    """POST /v1/responses: the request's body translated, run on the chat path, the answer translated back."""
+    from starlette.responses import JSONResponse, StreamingResponse
+
+    body = load(await server.body(request))
+    try:
+        chat = to_chat(body)
+        reply = await server.start(request, chat, True)
+    except ApiError as e:
+        raise renamed(e) from None
+    rid, created = f"resp_{uuid.uuid4().hex[:24]}", int(time.time())
+    if reply.stream:
+        return StreamingResponse(events(server, body, rid, created, server.chunks(reply)),
+                                 media_type="text/event-stream")
+    return JSONResponse(whole(server, body, rid, created, await server.whole(reply)))
