@@ -19,6 +19,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from spectool import serve_infill, serve_tokens
 from spectool.options import Options, UserError
 from spectool.serve_requests import ApiError, parse
 from spectool.session import Session
@@ -68,8 +69,9 @@ class Server:
 
     # -- requests ------------------------------------------------------------------------------------------------
     def generation(self, raw: bytes, chat: bool):
-        """(Generation, prompt tokens, stop strings, stream) of a request's body (serve_requests.parse). Runs in a
-        thread: parsing and tokenizing a large body never holds up the event loop."""
+        """(a Generation per choice, prompt tokens, stop strings, stream) of a request's body
+        (serve_requests.parse). Runs in a thread: parsing and tokenizing a large body never holds up the event
+        loop."""
         return parse(raw, chat, self.session, self.options)
 
     async def body(self, request) -> bytes:
@@ -112,7 +114,10 @@ class Server:
         with self.counting:
             self.waiting -= 1
         try:
-            if not cancelled.is_set():  # a client that left while waiting costs nothing
+            if gen.max_tokens == 0:  # an /infill with n_predict 0 (an editor warming the cache): the prompt only
+                stats.n_prompt_tokens, stats.n_prefilled = len(tokens), gen.target.sync(tokens[:-1], logits="none")
+                stats.finish_reason = "length"
+            elif not cancelled.is_set():  # a client that left while waiting costs nothing
                 for text, _ in generate_text(gen, tokens, stop, stats, lambda: cancelled.is_set() or
                                              self.stopping.is_set()):
                     if text:
@@ -170,37 +175,53 @@ class Server:
                 raise ApiError(401, "invalid API key (send 'Authorization: Bearer KEY')", "authentication_error",
                                "invalid_api_key")
 
-        async def complete(request: Request, chat: bool):
+        async def complete(request: Request, chat: bool, infill: bool = False):
             authorised(request)
             raw = await self.body(request)
             # one model is served: any `model` names it, as with llama-server (responses name the real one)
-            gen, tokens, stop, stream = await asyncio.to_thread(self.generation, raw, chat)
+            if infill:
+                gens, tokens, stop, stream, fields = await asyncio.to_thread(
+                    serve_infill.request, raw, self.session, self.options)
+            else:
+                gens, tokens, stop, stream = await asyncio.to_thread(self.generation, raw, chat)
             with self.counting:
                 if self.waiting >= self.options.queue:
                     self.totals.rejected += 1
                     raise ApiError(503, f"busy: {self.waiting} requests are waiting; try again later",
                                    "server_error", "queue_full")
-                self.waiting += 1
+                self.waiting += len(gens)
                 self.totals.requests += 1
             loop = asyncio.get_running_loop()
-            queue: asyncio.Queue = asyncio.Queue()
             cancelled = threading.Event()
-            worker = threading.Thread(target=self.run, daemon=True,
-                                      args=(self.ticket(), gen, tokens, stop, lambda item: loop.call_soon_threadsafe(
-                                          queue.put_nowait, item), cancelled))
-            worker.start()
+            queues: list[asyncio.Queue] = []
+            with self.turn:  # the choices' turns one after another: `n` generations in a row
+                for gen in gens:
+                    queues.append(queue := asyncio.Queue())
+                    threading.Thread(target=self.run, daemon=True, args=(
+                        self.ticket(), gen, tokens, stop,
+                        lambda item, q=queue: loop.call_soon_threadsafe(q.put_nowait, item), cancelled)).start()
             rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
             created = int(time.time())
-            pieces = self._pieces(request, queue, cancelled)
+            pieces = self._pieces(request, queues, cancelled)
+            if stream and infill:
+                return StreamingResponse(serve_infill.events(pieces, len(tokens), self.model_id, fields),
+                                         media_type="text/event-stream")
             if stream:
-                return StreamingResponse(self._events(pieces, rid, created, chat), media_type="text/event-stream")
-            text, end = [], None
+                return StreamingResponse(self._events(pieces, rid, created, chat, len(gens)),
+                                         media_type="text/event-stream")
+            texts, ends = [[]], []
             async for piece, end in pieces:
                 if piece is not None:
-                    text.append(piece)
-            if isinstance(end, Exception):
-                raise ApiError(500, f"generation failed: {end}", "server_error")
-            return JSONResponse(self._object(rid, created, chat, "".join(text), end, len(tokens)))
+                    texts[-1].append(piece)
+                elif isinstance(end, Exception):
+                    raise ApiError(500, f"generation failed: {end}", "server_error")
+                else:
+                    ends.append(end)
+                    texts.append([])
+            texts = ["".join(t) for t in texts[:-1]]
+            if infill:
+                return JSONResponse(serve_infill.final(texts[0], ends[0], len(tokens), self.model_id, fields, False))
+            return JSONResponse(self._object(rid, created, chat, texts, ends, len(tokens)))
 
         async def models(request: Request):
             authorised(request)
@@ -219,6 +240,15 @@ class Server:
         async def completions(request: Request):
             return await complete(request, False)
 
+        async def infill(request: Request):  # llama-server's fill-in-the-middle (serve_infill.py)
+            return await complete(request, False, infill=True)
+
+        async def tokens(request: Request):  # llama-server's /tokenize and /detokenize (serve_tokens.py)
+            authorised(request)
+            raw = await self.body(request)
+            return JSONResponse(await asyncio.to_thread(serve_tokens.answer, request.url.path, raw,
+                                                        self.session.gen.target))
+
         async def http_error(request: Request, exc):
             if exc.status_code == 404:
                 return error(ApiError(404, f"no such path: {request.url.path}", code="not_found"))
@@ -227,16 +257,20 @@ class Server:
 
         routes = [Route("/v1/chat/completions", answered(chat_completions), methods=["POST"]),
                   Route("/v1/completions", answered(completions), methods=["POST"]),
+                  Route("/infill", answered(infill), methods=["POST"]),
+                  Route("/tokenize", answered(tokens), methods=["POST"]),
+                  Route("/detokenize", answered(tokens), methods=["POST"]),
                   Route("/v1/models", answered(models), methods=["GET"]),
                   Route("/health", answered(health), methods=["GET"]),
                   Route("/metrics", answered(metrics), methods=["GET"])]
         return Starlette(routes=routes, exception_handlers={HTTPException: http_error})
 
     @staticmethod
-    async def _pieces(request, queue, cancelled):
-        """The worker's (text, None) pieces and its last (None, Stats or Exception) as they come. A client that goes
-        away (looked for every 0.25 s, streamed or not) sets `cancelled`, which stops its generation at the next
-        step (the worker then hands over its last item); so does a stream closed early."""
+    async def _pieces(request, queues, cancelled):
+        """The workers' (text, None) pieces and each one's last (None, Stats or Exception) as they come, one
+        worker (a choice) after another. A client that goes away (looked for every 0.25 s, streamed or not) sets
+        `cancelled`, which stops its generation at the next step (the worker then hands over its last item, and
+        the choices after it generate nothing); so does a stream closed early."""
         async def watch():
             while not await request.is_disconnected():
                 await asyncio.sleep(0.25)
@@ -244,45 +278,61 @@ class Server:
 
         watcher = asyncio.create_task(watch())
         try:
-            while True:
-                item = await queue.get()
-                yield item
-                if item[0] is None:
-                    return
+            for queue in queues:
+                while True:
+                    item = await queue.get()
+                    yield item
+                    if item[0] is None:
+                        if isinstance(item[1], Exception):
+                            return
+                        break
         finally:
             watcher.cancel()
             cancelled.set()
 
-    async def _events(self, pieces, rid, created, chat):
+    async def _events(self, pieces, rid, created, chat, n: int = 1):
+        """The SSE chunks of `n` choices, one after another, each chunk naming its choice's index; the last
+        choice's finish chunk carries the usage of all."""
         kind = "chat.completion.chunk" if chat else "text_completion"
+        ends: list = []  # the Stats of the choices done
 
         def chunk(text: str | None, finish: str | None = None, usage: dict | None = None,
                   delta: dict | None = None) -> str:
             if chat:
                 delta = delta if delta is not None else {"content": text} if text is not None else {}
-                choice = {"index": 0, "delta": delta, "finish_reason": finish}
+                choice = {"index": len(ends), "delta": delta, "finish_reason": finish}
             else:
-                choice = {"index": 0, "text": text or "", "finish_reason": finish}
+                choice = {"index": len(ends), "text": text or "", "finish_reason": finish}
             obj = {"id": rid, "object": kind, "created": created, "model": self.model_id, "choices": [choice]}
             if usage is not None:
                 obj["usage"] = usage
             return f"data: {json.dumps(obj)}\n\n"
 
-        if chat:
-            yield chunk(None, delta={"role": "assistant", "content": ""})
         try:
+            if chat:
+                yield chunk(None, delta={"role": "assistant", "content": ""})
             async for piece, end in pieces:
                 if piece is not None:
                     yield chunk(piece)
                 elif isinstance(end, Exception):
                     yield f"data: {json.dumps(ApiError(500, f'generation failed: {end}', 'server_error').body())}\n\n"
+                elif len(ends) < n - 1:
+                    yield chunk(None, _finish(end))
+                    ends.append(end)
+                    if chat:
+                        yield chunk(None, delta={"role": "assistant", "content": ""})
                 else:
-                    yield chunk(None, _finish(end), self._usage(end, end.n_prompt_tokens))
+                    yield chunk(None, _finish(end), self._usage([*ends, end], end.n_prompt_tokens))
                     yield "data: [DONE]\n\n"
         finally:
             await pieces.aclose()  # a stream closed early (the client went away) stops the generation
 
-    def _usage(self, stats, n_prompt: int) -> dict:
+    def _usage(self, ends: list, n_prompt: int) -> dict:
+        """The usage of a request's choices (`ends`: their Stats): the prompt once, as OpenAI counts it, the
+        completions' tokens and the speculation summed over them."""
+        from spectool.core.stats import Stats
+
+        stats = Stats.summed(ends)
         cached = max(0, n_prompt - 1 - stats.n_prefilled)  # the KV cache kept them from the previous request
         return {"prompt_tokens": n_prompt, "completion_tokens": stats.n_generated,
                 "total_tokens": n_prompt + stats.n_generated, "prompt_tokens_details": {"cached_tokens": cached},
@@ -293,14 +343,17 @@ class Server:
                                 "prompt_seconds": round(stats.prompt_seconds, 6),
                                 "decode_seconds": round(stats.decode_seconds, 6)}}
 
-    def _object(self, rid, created, chat, text, stats, n_prompt) -> dict:
-        choice: dict[str, Any] = {"index": 0, "finish_reason": _finish(stats)}
-        if chat:
-            choice["message"] = {"role": "assistant", "content": text}
-        else:
-            choice |= {"text": text, "logprobs": None}
+    def _object(self, rid, created, chat, texts: list[str], ends: list, n_prompt) -> dict:
+        choices: list[dict[str, Any]] = []
+        for i, (text, stats) in enumerate(zip(texts, ends)):
+            choice: dict[str, Any] = {"index": i, "finish_reason": _finish(stats)}
+            if chat:
+                choice["message"] = {"role": "assistant", "content": text}
+            else:
+                choice |= {"text": text, "logprobs": None}
+            choices.append(choice)
         return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
-                "model": self.model_id, "choices": [choice], "usage": self._usage(stats, n_prompt)}
+                "model": self.model_id, "choices": choices, "usage": self._usage(ends, n_prompt)}
 
 
 def _finish(stats) -> str:

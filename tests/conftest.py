@@ -76,3 +76,12 @@ def gemma_f16(gemma_q4) -> Path:
 @pytest.fixture(scope="session")
 def gemma_f32(gemma_q4) -> Path:
     return _derived(gemma_q4, "F32")
+
+
+# -- fill-in-the-middle (serve's /infill) ------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def fim_path(tmp_path_factory) -> Path:
+    """A generated tiny model whose vocabulary has FIM tokens (tinymodels.write_fim_model)."""
+    from tinymodels import write_fim_model
+
+    return write_fim_model(tmp_path_factory.mktemp("fim"))
