@@ -115,8 +115,9 @@ class Server:
             self.waiting -= 1
         try:
             if gen.max_tokens == 0:  # an /infill with n_predict 0 (an editor warming the cache): the prompt only
+                t0 = time.perf_counter()
                 stats.n_prompt_tokens, stats.n_prefilled = len(tokens), gen.target.sync(tokens[:-1], logits="none")
-                stats.finish_reason = "length"
+                stats.prompt_seconds, stats.finish_reason = time.perf_counter() - t0, "length"
             elif not cancelled.is_set():  # a client that left while waiting costs nothing
                 for text, _ in generate_text(gen, tokens, stop, stats, lambda: cancelled.is_set() or
                                              self.stopping.is_set()):
@@ -203,24 +204,21 @@ class Server:
             rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
             created = int(time.time())
             pieces = self._pieces(request, queues, cancelled)
-            if stream and infill:
-                return StreamingResponse(serve_infill.events(pieces, len(tokens), self.model_id, fields),
-                                         media_type="text/event-stream")
+            if infill:
+                return await serve_infill.respond(pieces, stream, len(tokens), self.model_id, fields)
             if stream:
                 return StreamingResponse(self._events(pieces, rid, created, chat, len(gens)),
                                          media_type="text/event-stream")
             texts, ends = [[]], []
-            async for piece, end in pieces:
+            async for piece, end in pieces:  # (a failure ends them)
                 if piece is not None:
                     texts[-1].append(piece)
-                elif isinstance(end, Exception):
-                    raise ApiError(500, f"generation failed: {end}", "server_error")
                 else:
                     ends.append(end)
                     texts.append([])
+            if isinstance(ends[-1], Exception):
+                raise ApiError(500, f"generation failed: {ends[-1]}", "server_error")
             texts = ["".join(t) for t in texts[:-1]]
-            if infill:
-                return JSONResponse(serve_infill.final(texts[0], ends[0], len(tokens), self.model_id, fields, False))
             return JSONResponse(self._object(rid, created, chat, texts, ends, len(tokens)))
 
         async def models(request: Request):

@@ -177,3 +177,19 @@ async def events(pieces, n_prompt: int, model_id: str, fields: list | None):
                 yield "data: " + json.dumps(final("".join(text), end, n_prompt, model_id, fields, True)) + "\n\n"
     finally:
         await pieces.aclose()  # a stream closed early (the client went away) stops the generation
+
+
+async def respond(pieces, stream: bool, n_prompt: int, model_id: str, fields: list | None):
+    """The answer to an /infill request from its worker's `pieces` (serve.Server._pieces): streamed (events) or
+    one JSON object (final)."""
+    from starlette.responses import JSONResponse, StreamingResponse
+
+    if stream:
+        return StreamingResponse(events(pieces, n_prompt, model_id, fields), media_type="text/event-stream")
+    text, end = [], None
+    async for piece, end in pieces:
+        if piece is not None:
+            text.append(piece)
+    if isinstance(end, Exception):
+        raise ApiError(500, f"generation failed: {end}", "server_error")
+    return JSONResponse(final("".join(text), end, n_prompt, model_id, fields, False))
