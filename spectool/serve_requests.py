@@ -94,6 +94,9 @@ def parse(raw: bytes, chat: bool, session: Session, options: Options,
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
     unhonoured(body)
+    if chat and body.get("suffix") not in (None, ""):  # fill-in-the-middle is a completion's (serve_infill.py)
+        raise ApiError(400, "'suffix' is taken on /v1/completions, not by chat completions; leave it out",
+                       code="unsupported_field", param="suffix")
     n = choices(body, infill)
     stream, more = stream_and_stop(body)
     target = session.gen.target

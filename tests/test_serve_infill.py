@@ -147,6 +147,10 @@ def test_fim_on_a_model_without_fim_tokens_is_a_400(plain):
     with pytest.raises(openai.BadRequestError) as e:
         c.completions.create(model="any", prompt="def f():\n", suffix="\n", max_tokens=4)
     assert e.value.body["param"] == "suffix"
+    with pytest.raises(openai.BadRequestError) as e:  # a chat completion has no suffix, as OpenAI's has none
+        c.chat.completions.create(model="any", messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+                                  extra_body={"suffix": "\n"})
+    assert e.value.body["param"] == "suffix"
     assert c.completions.create(model="any", prompt="def f():\n", max_tokens=4).choices[0].text  # served after
 
 
@@ -219,3 +223,17 @@ def test_n_out_of_range_is_a_400_naming_it(plain):
         assert e.value.body["param"] == "n"
     status, r = post(plain, "/v1/completions", {"prompt": "hi", "max_tokens": 2, "n": 2.5})
     assert status == 400 and r["error"]["param"] == "n"
+
+
+def test_the_fim_tokens_are_read_from_the_gguf_and_their_end_tokens_end_generation(fim_path, tiny):
+    """What /infill stands on: llama.cpp reads tokenizer.ggml.fim_*_token_id, and counts FIM_PAD, FIM_REP and
+    FIM_SEP as end-of-generation (so a completion stops there); the default tiny model has none."""
+    from spectool.llama.engine import Model
+
+    with Model(fim_path, n_ctx=256, n_threads=2) as m:
+        fim = m.fim_tokens()
+        assert [m.piece(fim[k], special=True).decode() for k in ("pre", "suf", "mid", "pad", "rep", "sep")] == [
+            "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>"]
+        assert [m.is_eog(fim[k]) for k in ("pre", "suf", "mid", "pad", "rep", "sep")] == [False] * 3 + [True] * 3
+    with Model(tiny["target"], n_ctx=256, n_threads=2) as m:
+        assert m.fim_tokens() == {}
