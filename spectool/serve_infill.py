@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from spectool.llama.engine import Model
 
 CHUNK_SEPARATOR = "\n\n--- snippet ---\n\n"  # llama-server's, between extra chunks where the vocabulary has no FIM_SEP
+FIM_BATCH = 2048  # llama-server's default --batch-size, which its FIM prompt is cut to fit
 
 
 def fim_tokens(target: Model, field: str) -> dict[str, int]:
@@ -36,8 +37,8 @@ def fim_prompt(target: Model, fim: dict[str, int], prefix: str, suffix: str, ext
     """llama-server's repo-level FIM prompt (format_prompt_infill): [FIM_REP]myproject, then each extra chunk as
     [FIM_SEP]filename and its text (or a snippet separator without FIM_SEP), [FIM_SEP]filename, then
     [BOS][FIM_PRE]prefix middle[FIM_SUF]suffix[FIM_MID]. Truncated as there: the prefix keeps its last 3/4 of a
-    batch, the suffix its first 1/4 (less the middle), the extra chunks their end, within what the context leaves
-    after a batch and twice the answer's budget."""
+    batch (llama-server's 2048 tokens, or half the context if less), the suffix its first 1/4 (less the middle),
+    the extra chunks their end, within what the context leaves after a batch and twice the answer's budget."""
     def tok(text: str, special: bool = False) -> list[int]:
         return target.tokenize(text, add_special=False, parse_special=special)
 
@@ -49,7 +50,8 @@ def fim_prompt(target: Model, fim: dict[str, int], prefix: str, suffix: str, ext
     if "sep" in fim:
         extra_tokens += [fim["sep"], *tok("filename\n")]
     pre, suf, mid = tok(prefix), tok(suffix), tok(middle, special=True)
-    n_batch, n_ctx = target.n_batch, target.n_ctx
+    n_ctx = target.n_ctx
+    n_batch = min(FIM_BATCH, n_ctx // 2)  # (half: a prompt cut to a whole small context would leave no room)
     pre = pre[len(pre) - min(len(pre), 3 * (n_batch // 4)):]
     suf = suf[:min(len(suf), max(0, n_batch // 4 - (2 + len(mid))))]
     n_extra = min(max(0, n_ctx - n_batch - 2 * n_predict), len(extra_tokens))
@@ -85,11 +87,9 @@ def infill_prompt(body: dict, target: Model, n_predict: int) -> list[int]:
     return fim_prompt(target, fim_tokens(target, "input_suffix"), prefix, suffix, extra, middle, n_predict)
 
 
-def suffix_prompt(body: dict, target: Model, n_predict: int) -> list[int] | None:
-    """The FIM tokens of a completion with OpenAI's `suffix` (the prompt is the prefix); None without one."""
+def suffix_prompt(body: dict, target: Model, n_predict: int) -> list[int]:
+    """The FIM tokens of a completion with OpenAI's `suffix` (the prompt is the prefix)."""
     suffix = body.get("suffix")
-    if suffix is None or suffix == "":
-        return None
     if not isinstance(suffix, str):
         raise invalid("suffix", "must be a string")
     prompt = body.get("prompt")
@@ -104,9 +104,10 @@ def n_predict(body: dict) -> tuple[dict, bool]:
     """(the body with llama-server's `n_predict`, before `max_tokens`, as this server's `max_tokens`, and whether
     it asks for no tokens at all): -1 (no limit there) is the server's default here, and 0 asks for the prompt only
     (editors send it to warm the cache)."""
-    value = body.get("n_predict", body.get("max_tokens"))
+    name = "n_predict" if body.get("n_predict") is not None else "max_tokens"
+    value = body.get(name)
     if isinstance(value, bool) or not isinstance(value, (int, type(None))) or (value or 0) < -1:
-        raise invalid("n_predict", "must be an integer, -1 (the server's default) or more")
+        raise invalid(name, "must be an integer, -1 (the server's default) or more")
     if value in (None, -1, 0):
         return {k: v for k, v in body.items() if k not in ("n_predict", "max_tokens")}, value == 0
     return {**body, "max_tokens": value}, False

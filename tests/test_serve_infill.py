@@ -108,8 +108,9 @@ def test_suffix_through_the_openai_client_is_the_infill_of_prompt_and_suffix(fim
 
 
 def test_a_long_prefix_keeps_its_end_as_llama_server_truncates(fim):
-    """The prefix keeps its last 3/4 of a batch (n_batch 512: 384 tokens), the suffix its first quarter less two
-    (126), and the repo-level header and the BOS, FIM_PRE, FIM_SUF and FIM_MID tokens come on top."""
+    """The prefix keeps its last 3/4 of a batch (at -c 1024, half the context: 384 tokens), the suffix its first
+    quarter less two (126), and the repo-level header and the BOS, FIM_PRE, FIM_SUF and FIM_MID tokens come on
+    top."""
     long_prefix = "total = add(total, i)\n" * 200
     status, r = post(fim, "/infill", {"input_prefix": long_prefix, "input_suffix": SUFFIX * 20, "n_predict": 4})
     assert status == 200 and n_tokens(fim, long_prefix) > 1000
