@@ -17,10 +17,11 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
-from spectool import serve_messages, serve_responses
+from spectool import serve_infill, serve_messages, serve_openai, serve_responses, serve_tokens
 from spectool.options import Options, UserError
+from spectool.serve_openai import Reply
 from spectool.serve_requests import ApiError, parse
 from spectool.session import Session
 
@@ -51,20 +52,6 @@ class Totals:
         return "\n".join(lines) + "\n"
 
 
-@dataclass
-class Reply:
-    """A request under way: what its answer is made of. `pieces` are the worker's items (Server._pieces); `stats`
-    is set when they end."""
-    rid: str
-    created: int
-    chat: bool
-    stream: bool
-    n_prompt: int
-    pieces: Any
-    tools: Any = None
-    stats: Any = None
-
-
 class Server:
     """The server's state: the session it generates with, `options` (the requests' defaults and --queue,
     --max-body-bytes, --body-timeout), the turn of each request and the totals /metrics reports."""
@@ -83,8 +70,9 @@ class Server:
 
     # -- requests ------------------------------------------------------------------------------------------------
     def generation(self, raw: bytes | dict, chat: bool):
-        """(Generation, prompt tokens, stop strings, stream) of a request's body (serve_requests.parse). Runs in a
-        thread: parsing and tokenizing a large body never holds up the event loop."""
+        """(a Generation per choice, prompt tokens, stop strings, stream, tools) of a request's body
+        (serve_requests.parse). Runs in a thread: parsing and tokenizing a large body never holds up the event
+        loop."""
         return parse(raw, chat, self.session, self.options)
 
     async def body(self, request) -> bytes:
@@ -127,7 +115,11 @@ class Server:
         with self.counting:
             self.waiting -= 1
         try:
-            if not cancelled.is_set():  # a client that left while waiting costs nothing
+            if gen.max_tokens == 0:  # an /infill with n_predict 0 (an editor warming the cache): the prompt only
+                t0 = time.perf_counter()
+                stats.n_prompt_tokens, stats.n_prefilled = len(tokens), gen.target.sync(tokens[:-1], logits="none")
+                stats.prompt_seconds, stats.finish_reason = time.perf_counter() - t0, "length"
+            elif not cancelled.is_set():  # a client that left while waiting costs nothing
                 for text, _ in generate_text(gen, tokens, stop, stats, lambda: cancelled.is_set() or
                                              self.stopping.is_set()):
                     if text:
@@ -151,38 +143,44 @@ class Server:
             t.cancelled += 1
         push((None, stats))
 
-    async def start(self, request, raw: bytes | dict, chat: bool) -> Reply:
+    async def start(self, request, raw: bytes | dict, chat: bool, infill: bool = False) -> Reply:
         """The request's generation under way: its body (read, or already translated from another API:
-        serve_responses, serve_messages) parsed in a thread, its place in the queue taken (503 when full)."""
+        serve_responses, serve_messages) parsed in a thread, its choices' places in the queue taken, one after
+        another (503 when full)."""
         # one model is served: any `model` names it, as with llama-server (responses name the real one)
-        gen, tokens, stop, stream, tools = await asyncio.to_thread(self.generation, raw, chat)
+        if infill:
+            gens, tokens, stop, stream, fields = await asyncio.to_thread(serve_infill.request, raw, self.session,
+                                                                         self.options)
+            tools = None
+        else:
+            (gens, tokens, stop, stream, tools), fields = await asyncio.to_thread(self.generation, raw, chat), None
         with self.counting:
             if self.waiting >= self.options.queue:
                 self.totals.rejected += 1
                 raise ApiError(503, f"busy: {self.waiting} requests are waiting; try again later",
                                "server_error", "queue_full")
-            self.waiting += 1
+            self.waiting += len(gens)
             self.totals.requests += 1
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue = asyncio.Queue()
         cancelled = threading.Event()
-        worker = threading.Thread(target=self.run, daemon=True,
-                                  args=(self.ticket(), gen, tokens, stop, lambda item: loop.call_soon_threadsafe(
-                                      queue.put_nowait, item), cancelled))
-        worker.start()
+        queues: list[asyncio.Queue] = []
+        with self.turn:  # the choices' turns one after another: `n` generations in a row
+            for gen in gens:
+                queues.append(queue := asyncio.Queue())
+                threading.Thread(target=self.run, daemon=True, args=(
+                    self.ticket(), gen, tokens, stop,
+                    lambda item, q=queue: loop.call_soon_threadsafe(q.put_nowait, item), cancelled)).start()
         return Reply(f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", int(time.time()), chat, stream,
-                     len(tokens), self._pieces(request, queue, cancelled), tools)
+                     len(tokens), self._pieces(request, queues, cancelled), tools, n=len(gens), fields=fields)
 
     async def whole(self, reply: Reply) -> dict:
         """The reply's answer in one object: a chat.completion or a text_completion."""
-        text, end = [], None
-        async for piece, end in reply.pieces:
-            if piece is not None:
-                text.append(piece)
-        if isinstance(end, Exception):
-            raise ApiError(500, f"generation failed: {end}", "server_error")
-        reply.stats = end
-        return self._object(reply.rid, reply.created, reply.chat, "".join(text), end, reply.n_prompt, reply.tools)
+        texts, ends = await serve_openai.choices(reply)
+        return serve_openai.answer(reply, texts, ends, self.model_id, self.session.mode)
+
+    def chunks(self, reply: Reply):
+        """The reply's answer as the objects OpenAI streams (serve_openai.chunks)."""
+        return serve_openai.chunks(reply, self.model_id, self.session.mode)
 
     # -- the ASGI application ------------------------------------------------------------------------------------
     def app(self):
@@ -223,9 +221,12 @@ class Server:
                 raise ApiError(401, "invalid API key (send 'Authorization: Bearer KEY')", "authentication_error",
                                "invalid_api_key")
 
-        async def complete(request: Request, chat: bool):
+        async def complete(request: Request, chat: bool, infill: bool = False):
             authorised(request)
-            reply = await self.start(request, await self.body(request), chat)
+            reply = await self.start(request, await self.body(request), chat, infill)
+            if infill:  # llama-server's fill-in-the-middle answer (serve_infill.py)
+                return await serve_infill.respond(reply.pieces, reply.stream, reply.n_prompt, self.model_id,
+                                                  reply.fields)
             if reply.stream:
                 return StreamingResponse(self._events(reply), media_type="text/event-stream")
             return JSONResponse(await self.whole(reply))
@@ -247,6 +248,12 @@ class Server:
         async def completions(request: Request):
             return await complete(request, False)
 
+        async def tokens(request: Request):  # llama-server's /tokenize and /detokenize (serve_tokens.py)
+            authorised(request)
+            raw = await self.body(request)
+            return JSONResponse(await asyncio.to_thread(serve_tokens.answer, request.url.path, raw,
+                                                        self.session.gen.target))
+
         async def api(request: Request, answer):  # another API over the chat path: serve_responses, serve_messages
             authorised(request)
             return await answer(self, request)
@@ -259,6 +266,9 @@ class Server:
 
         routes = [Route("/v1/chat/completions", answered(chat_completions), methods=["POST"]),
                   Route("/v1/completions", answered(completions), methods=["POST"]),
+                  Route("/infill", answered(lambda r: complete(r, False, infill=True)), methods=["POST"]),
+                  Route("/tokenize", answered(tokens), methods=["POST"]),
+                  Route("/detokenize", answered(tokens), methods=["POST"]),
                   Route("/v1/responses", answered(lambda r: api(r, serve_responses.answer)), methods=["POST"]),
                   *[Route(path, answered(lambda r, f=f: api(r, f), serve_messages.error_body), methods=["POST"])
                     for path, f in (("/v1/messages", serve_messages.answer),
@@ -269,10 +279,11 @@ class Server:
         return Starlette(routes=routes, exception_handlers={HTTPException: http_error})
 
     @staticmethod
-    async def _pieces(request, queue, cancelled):
-        """The worker's (text, None) pieces and its last (None, Stats or Exception) as they come. A client that goes
-        away (looked for every 0.25 s, streamed or not) sets `cancelled`, which stops its generation at the next
-        step (the worker then hands over its last item); so does a stream closed early."""
+    async def _pieces(request, queues, cancelled):
+        """The workers' (text, None) pieces and each one's last (None, Stats or Exception) as they come, one
+        worker (a choice) after another. A client that goes away (looked for every 0.25 s, streamed or not) sets
+        `cancelled`, which stops its generation at the next step (the worker then hands over its last item, and
+        the choices after it generate nothing); so does a stream closed early."""
         async def watch():
             while not await request.is_disconnected():
                 await asyncio.sleep(0.25)
@@ -280,11 +291,14 @@ class Server:
 
         watcher = asyncio.create_task(watch())
         try:
-            while True:
-                item = await queue.get()
-                yield item
-                if item[0] is None:
-                    return
+            for queue in queues:
+                while True:
+                    item = await queue.get()
+                    yield item
+                    if item[0] is None:
+                        if isinstance(item[1], Exception):
+                            return
+                        break
         finally:
             watcher.cancel()
             cancelled.set()
@@ -295,71 +309,6 @@ class Server:
             if "error" in obj:
                 return
         yield "data: [DONE]\n\n"
-
-    async def chunks(self, reply: Reply):
-        """The reply's answer as the objects OpenAI streams (chat.completion.chunk or text_completion), the last
-        with its finish_reason and usage; or, where generation failed, an error object."""
-        rid, created, chat, pieces = reply.rid, reply.created, reply.chat, reply.pieces
-        tools = reply.tools
-        kind = "chat.completion.chunk" if chat else "text_completion"
-        shaped = tools.streamer() if tools else None  # content as it comes, tool calls once read (tools.Stream)
-
-        def chunk(text: str | None, finish: str | None = None, usage: dict | None = None,
-                  delta: dict | None = None) -> str:
-            if chat:
-                delta = delta if delta is not None else {"content": text} if text is not None else {}
-                choice = {"index": 0, "delta": delta, "finish_reason": finish}
-            else:
-                choice = {"index": 0, "text": text or "", "finish_reason": finish}
-            obj = {"id": rid, "object": kind, "created": created, "model": self.model_id, "choices": [choice]}
-            if usage is not None:
-                obj["usage"] = usage
-            return obj
-
-        if chat:
-            yield chunk(None, delta={"role": "assistant", "content": ""})
-        try:
-            async for piece, end in pieces:
-                if piece is not None and shaped:
-                    for delta in shaped.feed(piece):
-                        yield chunk(None, delta=delta)
-                elif piece is not None:
-                    yield chunk(piece)
-                elif isinstance(end, Exception):
-                    yield ApiError(500, f"generation failed: {end}", "server_error").body()
-                else:
-                    reply.stats = end
-                    deltas, called = shaped.end() if shaped else ([], False)
-                    for delta in deltas:
-                        yield chunk(None, delta=delta)
-                    yield chunk(None, "tool_calls" if called else _finish(end), self._usage(end, end.n_prompt_tokens))
-        finally:
-            await pieces.aclose()  # a stream closed early (the client went away) stops the generation
-
-    def _usage(self, stats, n_prompt: int) -> dict:
-        cached = max(0, n_prompt - 1 - stats.n_prefilled)  # the KV cache kept them from the previous request
-        return {"prompt_tokens": n_prompt, "completion_tokens": stats.n_generated,
-                "total_tokens": n_prompt + stats.n_generated, "prompt_tokens_details": {"cached_tokens": cached},
-                "speculative": {"mode": self.session.mode, "drafted": stats.n_drafted, "accepted": stats.n_accepted,
-                                "acceptance_rate": round(stats.acceptance_rate, 4),
-                                "by_source": dict(stats.by_source),  # drafted tokens: lookup, draft, ..., grammar
-                                "tokens_per_second": round(stats.tokens_per_second, 3),
-                                "prompt_seconds": round(stats.prompt_seconds, 6),
-                                "decode_seconds": round(stats.decode_seconds, 6)}}
-
-    def _object(self, rid, created, chat, text, stats, n_prompt, tools=None) -> dict:
-        choice: dict[str, Any] = {"index": 0, "finish_reason": _finish(stats)}
-        if chat:
-            choice["message"], called = tools.message(text) if tools else ({"role": "assistant", "content": text}, 0)
-            choice["finish_reason"] = "tool_calls" if called else choice["finish_reason"]
-        else:
-            choice |= {"text": text, "logprobs": None}
-        return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
-                "model": self.model_id, "choices": [choice], "usage": self._usage(stats, n_prompt)}
-
-
-def _finish(stats) -> str:
-    return "length" if stats.finish_reason in ("length", "context") else "stop"
 
 
 def check_api_key(api_key: str | None) -> None:

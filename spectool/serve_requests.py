@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
+from dataclasses import replace
+
 from spectool.options import Options, UserError, in_request, request_options
 from spectool.session import Session, generation
 
@@ -23,8 +25,8 @@ if TYPE_CHECKING:
 # request fields this server does not honour, and the values that ask nothing of it: anything else is a 400 that
 # names the field (a client that asked for three samples, log-probabilities or JSON is told, not sent free text)
 UNHONOURED = {
-    "n": (None, 1), "best_of": (None, 1), "logprobs": (None, False, 0), "top_logprobs": (None, 0),
-    "echo": (None, False), "suffix": (None, ""), "logit_bias": (None, {}),
+    "best_of": (None, 1), "logprobs": (None, False, 0), "top_logprobs": (None, 0),
+    "echo": (None, False), "logit_bias": (None, {}),
     "functions": (None, []), "function_call": (None, "none", "auto"),
     "audio": (None,), "modalities": (None, ["text"]),
 }
@@ -66,6 +68,20 @@ def stream_and_stop(body: dict) -> tuple[bool, list[str]]:
     return bool(stream), [s for s in stop if s]
 
 
+N_MAX = 8  # `n`: the most choices a request may ask for, generated one after another
+
+
+def choices(body: dict, infill: bool) -> int:
+    """The request's `n`: 1 to N_MAX choices (/infill: 1, as llama-server's has no `n`), else a 400 naming it."""
+    n = body.get("n")
+    if n is None:
+        return 1
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= (1 if infill else N_MAX):
+        raise invalid("n", f"must be an integer from 1 to {1 if infill else N_MAX} (it was sent as "
+                           f"{json.dumps(n)[:60]})")
+    return n
+
+
 def load(raw: bytes) -> dict:
     """A request body's JSON object, else a 400."""
     try:  # (Python reads NaN and Infinity too: the field that holds one is named by request_options)
@@ -77,22 +93,33 @@ def load(raw: bytes) -> dict:
     return body
 
 
-def parse(raw: bytes | dict, chat: bool, session: Session,
-          options: Options) -> tuple[Generation, list[int], list[str], bool, Tools | None]:
-    """(Generation for this request, prompt tokens, stop strings, stream) from its body (or the body already
-    read, as another API's translation hands it over): a chat completion's messages or a completion's prompt, the
-    request's fields over the server's `options`."""
+def parse(raw: bytes | dict, chat: bool, session: Session, options: Options,
+          infill: bool = False) -> tuple[list[Generation], list[int], list[str], bool, Tools | None]:
+    """(a Generation for each of the request's `n` choices, prompt tokens, stop strings, stream, the tools it
+    offers) from its body (or the body already read, as another API's translation hands it over): a chat
+    completion's messages, a completion's prompt (with `suffix`: fill-in-the-middle) or an /infill request's fields
+    (serve_infill.py), the request's fields over the server's `options`. Choice i of a seeded request has
+    seed + i."""
     body = raw if isinstance(raw, dict) else load(raw)
     unhonoured(body)
+    if chat and body.get("suffix") not in (None, ""):  # fill-in-the-middle is a completion's (serve_infill.py)
+        raise ApiError(400, "'suffix' is taken on /v1/completions, not by chat completions; leave it out",
+                       code="unsupported_field", param="suffix")
+    n = choices(body, infill)
     stream, more = stream_and_stop(body)
     target = session.gen.target
     if not chat:  # tools are for chat completions only
         unhonoured({name: body.get(name) for name in ("tools", "tool_choice")}, {"tools": (None, []),
                                                                              "tool_choice": (None, "none", "auto")})
     tools = request_tools(body, target) if chat else None
-    tokens, stop = chat_prompt(body, target, tools) if chat else completion_prompt(body, target)
     if chat and body.get("max_completion_tokens") is not None:
         body = {**body, "max_tokens": body["max_completion_tokens"]}
+    warm = False  # an /infill with n_predict 0: the prompt into the cache, nothing generated
+    if infill:
+        from spectool.serve_infill import n_predict
+
+        body, warm = n_predict(body)
+    tokens, stop = chat_prompt(body, target, tools) if chat else completion_prompt(body, target, infill, options)
     if len(tokens) >= target.n_ctx:
         raise ApiError(400, f"the prompt has {len(tokens)} tokens but the context holds {target.n_ctx}",
                        code="context_length_exceeded")
@@ -102,13 +129,15 @@ def parse(raw: bytes | dict, chat: bool, session: Session,
     # the tools' grammar (a call), else the request's, else the server's default
     grammar = (tools and tools.constrained and tools_grammar(tools, target)) or grammar or session.gen.grammar
     try:  # the request's fields over the server's options, by their declarations (options.py), as `run` does
-        gen = generation(session, request_options(options, body), grammar)
+        o = request_options(options, body)
     except UserError as e:
         if e.option is None:
             raise
         name, message = in_request(e)
         raise ApiError(400, message, code=f"invalid_{name}", param=name) from None
-    return gen, tokens, stop + more, stream, tools
+    seeds = [o.seed if o.seed is None else o.seed + i for i in range(n)]
+    gens = [generation(session, replace(o, seed=seed), grammar) for seed in seeds]
+    return [replace(g, max_tokens=0) for g in gens] if warm else gens, tokens, stop + more, stream, tools
 
 
 def request_tools(body: dict, target: Model) -> Tools | None:
@@ -195,8 +224,17 @@ def chat_prompt(body: dict, target: Model, tools: Tools | None = None) -> tuple[
     return tokens, list(FALLBACK_STOP) if target.chat_template() is None else []
 
 
-def completion_prompt(body: dict, target: Model) -> tuple[list[int], list[str]]:
-    """A completion's `prompt` (a string, or a list of one) as tokens, and no stop strings of its own."""
+def completion_prompt(body: dict, target: Model, infill: bool = False,
+                      options: Options | None = None) -> tuple[list[int], list[str]]:
+    """A completion's `prompt` (a string, or a list of one) as tokens, and no stop strings of its own; with a
+    `suffix`, or for /infill, the fill-in-the-middle prompt (serve_infill.py)."""
+    if infill or body.get("suffix") not in (None, ""):
+        from spectool.serve_infill import infill_prompt, suffix_prompt
+
+        # the extra chunks leave room for the server's answer budget, as llama-server's its --n-predict: a request
+        # that warms the cache (n_predict 0) and the next one then keep the same chunks
+        budget = options.max_tokens if options is not None else 0
+        return (infill_prompt if infill else suffix_prompt)(body, target, budget), []
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]

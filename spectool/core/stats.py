@@ -67,6 +67,19 @@ class Stats(Rates):
                     hist.extend([0] * (n + 1 - len(hist)))
                 hist[n] += 1
 
+    @classmethod
+    def summed(cls, runs: list[Stats]) -> Stats:
+        """The counters of several generations of one prompt added up (serve's `n` choices): the prompt as the
+        first processed it, the rest summed."""
+        total = cls(mode=runs[0].mode, n_prompt_tokens=runs[0].n_prompt_tokens, n_prefilled=runs[0].n_prefilled,
+                    prompt_seconds=runs[0].prompt_seconds, finish_reason=runs[-1].finish_reason)
+        for s in runs:
+            for name in ("n_generated", "n_steps", "n_drafted", "n_accepted", "decode_seconds"):
+                setattr(total, name, getattr(total, name) + getattr(s, name))
+            for source, n in s.by_source.items():
+                total.by_source[source] = total.by_source.get(source, 0) + n
+        return total
+
     @property
     def drafted_per_position(self) -> list[int]:
         """How many steps drafted a token at position i (i = 0: the first), by i."""

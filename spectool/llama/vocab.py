@@ -95,16 +95,19 @@ class Facts:
             n = self.lib.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, parse_special)
         return list(buf[:n])
 
-    def piece(self, token: int) -> bytes:
-        """The bytes of one token (special tokens render as nothing)."""
-        p = self._pieces.get(token)
+    def piece(self, token: int, special: bool = False) -> bytes:
+        """The bytes of one token; special tokens render as nothing unless `special` (then as their text, as
+        llama-server's /tokenize and /detokenize show them)."""
+        p = None if special else self._pieces.get(token)
         if p is None:
             buf = ctypes.create_string_buffer(64)
-            n = self.lib.llama_token_to_piece(self._vocab, token, buf, 64, 0, False)
+            n = self.lib.llama_token_to_piece(self._vocab, token, buf, 64, 0, special)
             if n < 0:
                 buf = ctypes.create_string_buffer(-n)
-                n = self.lib.llama_token_to_piece(self._vocab, token, buf, -n, 0, False)
-            p = self._pieces[token] = buf.raw[:n]
+                n = self.lib.llama_token_to_piece(self._vocab, token, buf, -n, 0, special)
+            p = buf.raw[:n]
+            if not special:
+                self._pieces[token] = p
         return p
 
     def detokenize(self, tokens: Sequence[int]) -> str:
@@ -133,6 +136,19 @@ class Facts:
     @property
     def architecture(self) -> str:
         return self.meta("general.architecture") or "?"
+
+    def fim_tokens(self) -> dict[str, int]:
+        """The vocabulary's fill-in-the-middle tokens that it has, by llama.cpp's names: pre, suf, mid (all three
+        needed for FIM), pad, rep (repository), sep (file separator)."""
+        lib, v = self.lib, self._vocab
+        found = {name: getattr(lib, f"llama_vocab_fim_{name}")(v) for name in ("pre", "suf", "mid", "pad", "rep",
+                                                                               "sep")}
+        return {name: int(t) for name, t in found.items() if t >= 0}  # LLAMA_TOKEN_NULL is -1
+
+    def added_bos(self) -> list[int]:
+        """The BOS that tokenize(add_special=True) puts first, as a list: empty where the vocabulary adds none."""
+        lib, v = self.lib, self._vocab
+        return [int(lib.llama_vocab_bos(v))] if lib.llama_vocab_get_add_bos(v) else []
 
     def chat_template(self) -> str | None:
         t = self.lib.llama_model_chat_template(self._weights, None)
