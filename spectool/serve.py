@@ -101,10 +101,13 @@ class Server:
             return self.next_ticket - 1
 
     def run(self, ticket: int, gen, tokens, stop, push, cancelled: threading.Event):
-        """Generate in this (worker) thread once `ticket` is served, handing (text, None) pieces and finally
-        (None, Stats) to `push`."""
+        """Generate in this (worker) thread once `ticket` is served, handing (text, the records of its tokens'
+        logprobs or None) pieces and finally (None, Stats) to `push`."""
         from spectool.core.speculative import generate_text
         from spectool.core.stats import Stats
+        from spectool.serve_logprobs import Tracker
+
+        tracker = Tracker(gen.target) if gen.logprobs is not None else None
 
         stats = Stats(mode=self.session.mode)
         with self.turn:
@@ -113,10 +116,11 @@ class Server:
             self.waiting -= 1
         try:
             if not cancelled.is_set():  # a client that left while waiting costs nothing
-                for text, _ in generate_text(gen, tokens, stop, stats, lambda: cancelled.is_set() or
-                                             self.stopping.is_set()):
-                    if text:
-                        push((text, None))
+                for text, step in generate_text(gen, tokens, stop, stats, lambda: cancelled.is_set() or
+                                                self.stopping.is_set()):
+                    records = tracker.feed(text, step) if tracker is not None else None
+                    if text or records:
+                        push((text, records))
         except Exception as e:  # noqa: BLE001 - reported to the client as a 500, never a traceback
             push((None, e))
             return
@@ -194,13 +198,14 @@ class Server:
             pieces = self._pieces(request, queue, cancelled)
             if stream:
                 return StreamingResponse(self._events(pieces, rid, created, chat), media_type="text/event-stream")
-            text, end = [], None
+            text, end, records = [], None, [] if gen.logprobs is not None else None
             async for piece, end in pieces:
                 if piece is not None:
                     text.append(piece)
+                    records = records + end if end else records
             if isinstance(end, Exception):
                 raise ApiError(500, f"generation failed: {end}", "server_error")
-            return JSONResponse(self._object(rid, created, chat, "".join(text), end, len(tokens)))
+            return JSONResponse(self._object(rid, created, chat, "".join(text), end, len(tokens), records))
 
         async def models(request: Request):
             authorised(request)
@@ -257,12 +262,14 @@ class Server:
         kind = "chat.completion.chunk" if chat else "text_completion"
 
         def chunk(text: str | None, finish: str | None = None, usage: dict | None = None,
-                  delta: dict | None = None) -> str:
+                  delta: dict | None = None, records: list | None = None) -> str:
             if chat:
                 delta = delta if delta is not None else {"content": text} if text is not None else {}
                 choice = {"index": 0, "delta": delta, "finish_reason": finish}
             else:
                 choice = {"index": 0, "text": text or "", "finish_reason": finish}
+            if records is not None:  # the logprobs of this piece's tokens (serve_logprobs.py)
+                choice["logprobs"] = self._logprobs(records, chat)
             obj = {"id": rid, "object": kind, "created": created, "model": self.model_id, "choices": [choice]}
             if usage is not None:
                 obj["usage"] = usage
@@ -273,7 +280,7 @@ class Server:
         try:
             async for piece, end in pieces:
                 if piece is not None:
-                    yield chunk(piece)
+                    yield chunk(piece, records=end)
                 elif isinstance(end, Exception):
                     yield f"data: {json.dumps(ApiError(500, f'generation failed: {end}', 'server_error').body())}\n\n"
                 else:
@@ -293,12 +300,19 @@ class Server:
                                 "prompt_seconds": round(stats.prompt_seconds, 6),
                                 "decode_seconds": round(stats.decode_seconds, 6)}}
 
-    def _object(self, rid, created, chat, text, stats, n_prompt) -> dict:
-        choice: dict[str, Any] = {"index": 0, "finish_reason": _finish(stats)}
+    def _logprobs(self, records: list | None, chat: bool) -> dict | None:
+        from spectool import serve_logprobs
+
+        if records is None:
+            return None
+        return (serve_logprobs.chat if chat else serve_logprobs.completion)(records, self.session.gen.target)
+
+    def _object(self, rid, created, chat, text, stats, n_prompt, records=None) -> dict:
+        choice: dict[str, Any] = {"index": 0, "finish_reason": _finish(stats), "logprobs": self._logprobs(records, chat)}
         if chat:
             choice["message"] = {"role": "assistant", "content": text}
         else:
-            choice |= {"text": text, "logprobs": None}
+            choice["text"] = text
         return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
                 "model": self.model_id, "choices": [choice], "usage": self._usage(stats, n_prompt)}
 

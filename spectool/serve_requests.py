@@ -12,6 +12,7 @@ import json
 from typing import TYPE_CHECKING
 
 from spectool.options import Options, UserError, in_request, request_options
+from spectool.serve_logprobs import requested as requested_logprobs
 from spectool.session import Session, generation
 
 if TYPE_CHECKING:
@@ -20,10 +21,9 @@ if TYPE_CHECKING:
     from spectool.llama.engine import Model
 
 # request fields this server does not honour, and the values that ask nothing of it: anything else is a 400 that
-# names the field (a client that asked for three samples, log-probabilities or JSON is told, not sent free text)
+# names the field (a client that asked for three samples or tools is told, not sent free text)
 UNHONOURED = {
-    "n": (None, 1), "best_of": (None, 1), "logprobs": (None, False, 0), "top_logprobs": (None, 0),
-    "echo": (None, False), "suffix": (None, ""), "logit_bias": (None, {}), "tools": (None, []),
+    "n": (None, 1), "best_of": (None, 1), "echo": (None, False), "suffix": (None, ""), "logit_bias": (None, {}), "tools": (None, []),
     "tool_choice": (None, "none", "auto"), "functions": (None, []), "function_call": (None, "none", "auto"),
     "audio": (None,), "modalities": (None, ["text"]),
 }
@@ -91,6 +91,7 @@ def parse(raw: bytes, chat: bool, session: Session, options: Options) -> tuple[G
             raise
         name, message = in_request(e)
         raise ApiError(400, message, code=f"invalid_{name}", param=name) from None
+    gen.logprobs = requested_logprobs(body, chat, target.n_vocab)  # serve_logprobs.py
     return gen, tokens, stop + more, stream
 
 
