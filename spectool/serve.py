@@ -202,7 +202,8 @@ class Server:
             async for piece, end in pieces:
                 if piece is not None:
                     text.append(piece)
-                    records = records + end if end else records
+                    if end:  # the logprobs of its tokens
+                        records.extend(end)
             if isinstance(end, Exception):
                 raise ApiError(500, f"generation failed: {end}", "server_error")
             return JSONResponse(self._object(rid, created, chat, "".join(text), end, len(tokens), records))
@@ -308,7 +309,8 @@ class Server:
         return (serve_logprobs.chat if chat else serve_logprobs.completion)(records, self.session.gen.target)
 
     def _object(self, rid, created, chat, text, stats, n_prompt, records=None) -> dict:
-        choice: dict[str, Any] = {"index": 0, "finish_reason": _finish(stats), "logprobs": self._logprobs(records, chat)}
+        choice: dict[str, Any] = {"index": 0, "finish_reason": _finish(stats),
+                                  "logprobs": self._logprobs(records, chat)}
         if chat:
             choice["message"] = {"role": "assistant", "content": text}
         else:

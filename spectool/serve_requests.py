@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 # request fields this server does not honour, and the values that ask nothing of it: anything else is a 400 that
 # names the field (a client that asked for three samples or tools is told, not sent free text)
 UNHONOURED = {
-    "n": (None, 1), "best_of": (None, 1), "echo": (None, False), "suffix": (None, ""), "logit_bias": (None, {}), "tools": (None, []),
+    "n": (None, 1), "best_of": (None, 1),
+    "echo": (None, False), "suffix": (None, ""), "logit_bias": (None, {}), "tools": (None, []),
     "tool_choice": (None, "none", "auto"), "functions": (None, []), "function_call": (None, "none", "auto"),
     "audio": (None,), "modalities": (None, ["text"]),
 }

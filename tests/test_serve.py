@@ -210,12 +210,12 @@ def test_a_seeded_request_gives_the_same_text_every_time_and_on_any_server(serve
 
 
 def test_fields_the_server_does_not_honour_are_refused_by_name(server):
-    """`n` > 1, log-probabilities and tools are not done here: a 400 that names the field, never a 200 with one
-    choice, no log-probabilities or free text. Values that ask nothing pass. (response_format is honoured:
-    test_grammar_serve.py.)"""
+    """`n` > 1 and tools are not done here: a 400 that names the field, never a 200 with one choice or free text;
+    so is `top_logprobs` without `logprobs: true`. Values that ask nothing pass. (response_format is honoured:
+    test_grammar_serve.py; logprobs: test_logprobs.py.)"""
     c, model = server.client(), server_model_id(server)
     messages = [{"role": "user", "content": "Name a colour."}]
-    for extra, name in (({"n": 3}, "n"), ({"logprobs": True}, "logprobs"), ({"top_logprobs": 2}, "top_logprobs"),
+    for extra, name in (({"n": 3}, "n"), ({"top_logprobs": 2}, "top_logprobs"),
                         ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools")):
         with pytest.raises(openai.BadRequestError) as e:
             c.chat.completions.create(model=model, messages=messages, max_tokens=4, **extra)
