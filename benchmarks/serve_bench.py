@@ -8,7 +8,9 @@ For each mode a real server process serves F16 Gemma 3 270M on 127.0.0.1 and the
 the prompts one after another, greedy, streamed (as editors and agents ask). End-to-end speed is completion tokens
 over the client's wall clock from the request to the stream's end (prompt processing included, as a user waits
 for it); the server's own prompt and decode times come back in `usage.speculative`, and what is left of the
-client's time, per token, is what the API adds (HTTP, JSON, server-sent events, the queue).
+client's time, per token, is what the API adds (HTTP, JSON, server-sent events, the queue). `--logprobs N` adds
+the lookup server asked for each token's logprob and its N best alternatives (`logprobs: N`), each prompt sent with
+and without them in turn (which first alternates), so that both see the same load.
 """
 
 from __future__ import annotations
@@ -45,27 +47,31 @@ def start(model: Path, spec: str, threads: int) -> tuple[subprocess.Popen, str]:
     raise RuntimeError("the server did not start")
 
 
-def measure(url: str, texts: list[str], tokens: int) -> dict:
+def measure(url: str, texts: list[str], tokens: int, logprobs: int | None = None) -> dict:
+    """The totals of the prompts sent one after another; with `logprobs`, each prompt is sent twice, with and
+    without asking for them, and {False: totals without, True: totals with} comes back."""
     import openai
 
     client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=600)
     model = client.models.list().data[0].id
     client.completions.create(model=model, prompt="warm up", max_tokens=4)
-    n = wall = decode = prompt = 0.0
-    drafted = accepted = 0
-    for text in texts:
-        t0 = time.perf_counter()
-        usage = None
-        for chunk in client.completions.create(model=model, prompt=text, max_tokens=tokens, temperature=0,
-                                               stream=True):
-            usage = chunk.usage or usage
-        wall += time.perf_counter() - t0
-        spec = usage.model_extra["speculative"]
-        n += usage.completion_tokens
-        decode += spec["decode_seconds"]
-        prompt += spec["prompt_seconds"]
-        drafted, accepted = drafted + spec["drafted"], accepted + spec["accepted"]
-    return {"tokens": n, "wall": wall, "decode": decode, "prompt": prompt, "drafted": drafted, "accepted": accepted}
+    rows = {asks: {"tokens": 0, "wall": 0.0, "decode": 0.0, "prompt": 0.0, "drafted": 0, "accepted": 0}
+            for asks in (False, True)}
+    for i, text in enumerate(texts):
+        for asks in ((False,) if logprobs is None else (i % 2 == 1, i % 2 == 0)):
+            r = rows[asks]
+            t0 = time.perf_counter()
+            usage = None
+            for chunk in client.completions.create(model=model, prompt=text, max_tokens=tokens, temperature=0,
+                                                   stream=True, logprobs=logprobs if asks else None):
+                usage = chunk.usage or usage
+            r["wall"] += time.perf_counter() - t0
+            spec = usage.model_extra["speculative"]
+            r["tokens"] += usage.completion_tokens
+            r["decode"] += spec["decode_seconds"]
+            r["prompt"] += spec["prompt_seconds"]
+            r["drafted"], r["accepted"] = r["drafted"] + spec["drafted"], r["accepted"] + spec["accepted"]
+    return rows if logprobs is not None else rows[False]
 
 
 def main() -> None:
@@ -73,13 +79,18 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--logprobs", type=int, default=None, help="also measure lookup with logprobs: N")
     args = ap.parse_args()
     model, texts = models()["F16"], P.humaneval_prompts(args.prompts)
     rows = {}
     for spec in ("none", "lookup"):
         proc, url = start(model, spec, args.threads)
         try:
-            rows[spec] = measure(url, texts, args.tokens)
+            if spec == "lookup" and args.logprobs is not None:
+                pair = measure(url, texts, args.tokens, args.logprobs)
+                rows[spec], rows[f"lookup` + `logprobs: {args.logprobs}"] = pair[False], pair[True]
+            else:
+                rows[spec] = measure(url, texts, args.tokens)
         finally:
             proc.terminate()
             proc.wait(timeout=60)

@@ -17,9 +17,10 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
-from spectool import serve_infill, serve_messages, serve_openai, serve_responses, serve_tokens
+from spectool import serve_infill, serve_logprobs, serve_messages, serve_openai, serve_responses, serve_tokens
 from spectool.options import Options, UserError
 from spectool.serve_openai import Reply
 from spectool.serve_requests import ApiError, parse
@@ -104,11 +105,12 @@ class Server:
             return self.next_ticket - 1
 
     def run(self, ticket: int, gen, tokens, stop, push, cancelled: threading.Event):
-        """Generate in this (worker) thread once `ticket` is served, handing (text, None) pieces and finally
-        (None, Stats) to `push`."""
+        """Generate in this (worker) thread once `ticket` is served, handing (text, the log-probability records of
+        its tokens or None) pieces and finally (None, Stats) to `push`."""
         from spectool.core.speculative import generate_text
         from spectool.core.stats import Stats
 
+        tracker = serve_logprobs.Tracker(gen.target) if gen.logprobs is not None else None
         stats = Stats(mode=self.session.mode)
         with self.turn:
             self.turn.wait_for(lambda: self.serving == ticket)
@@ -120,10 +122,11 @@ class Server:
                 stats.n_prompt_tokens, stats.n_prefilled = len(tokens), gen.target.sync(tokens[:-1], logits="none")
                 stats.prompt_seconds, stats.finish_reason = time.perf_counter() - t0, "length"
             elif not cancelled.is_set():  # a client that left while waiting costs nothing
-                for text, _ in generate_text(gen, tokens, stop, stats, lambda: cancelled.is_set() or
-                                             self.stopping.is_set()):
-                    if text:
-                        push((text, None))
+                for text, step in generate_text(gen, tokens, stop, stats, lambda: cancelled.is_set() or
+                                                self.stopping.is_set()):
+                    records = tracker.feed(text, step) if tracker is not None else None
+                    if text or records:
+                        push((text, records))
         except KeyboardInterrupt:  # the prefill stopped between batches: the client left (speculative._prefill)
             pass
         except Exception as e:  # noqa: BLE001 - reported to the client as a 500, never a traceback
@@ -170,13 +173,17 @@ class Server:
                 threading.Thread(target=self.run, daemon=True, args=(
                     self.ticket(), gen, tokens, stop,
                     lambda item, q=queue: loop.call_soon_threadsafe(q.put_nowait, item), cancelled)).start()
+        logprobs = None
+        if gens[0].logprobs is not None:  # OpenAI's shape of a choice's records (serve_logprobs.py)
+            logprobs = partial(serve_logprobs.chat if chat else serve_logprobs.completion, model=gens[0].target)
         return Reply(f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", int(time.time()), chat, stream,
-                     len(tokens), self._pieces(request, queues, cancelled), tools, n=len(gens), fields=fields)
+                     len(tokens), self._pieces(request, queues, cancelled), tools, n=len(gens), fields=fields,
+                     logprobs=logprobs)
 
     async def whole(self, reply: Reply) -> dict:
         """The reply's answer in one object: a chat.completion or a text_completion."""
-        texts, ends = await serve_openai.choices(reply)
-        return serve_openai.answer(reply, texts, ends, self.model_id, self.session.mode)
+        texts, ends, records = await serve_openai.choices(reply)
+        return serve_openai.answer(reply, texts, ends, records, self.model_id, self.session.mode)
 
     def chunks(self, reply: Reply):
         """The reply's answer as the objects OpenAI streams (serve_openai.chunks)."""
@@ -280,7 +287,7 @@ class Server:
 
     @staticmethod
     async def _pieces(request, queues, cancelled):
-        """The workers' (text, None) pieces and each one's last (None, Stats or Exception) as they come, one
+        """The workers' (text, records) pieces and each one's last (None, Stats or Exception) as they come, one
         worker (a choice) after another. A client that goes away (looked for every 0.25 s, streamed or not) sets
         `cancelled`, which stops its generation at the next step (the worker then hands over its last item, and
         the choices after it generate nothing); so does a stream closed early."""

@@ -24,6 +24,7 @@ class Reply:
     stats: Any = None
     n: int = 1  # choices
     fields: Any = None  # /infill: the response_fields asked for (serve_infill)
+    logprobs: Any = None  # where asked: a choice's log-probability records in OpenAI's shape (serve_logprobs)
 
 
 def finish(stats) -> str:
@@ -47,32 +48,39 @@ def usage(ends: list, n_prompt: int, mode: str) -> dict:
                             "decode_seconds": round(stats.decode_seconds, 6)}}
 
 
-async def choices(reply: Reply) -> tuple[list[str], list]:
-    """Each choice's whole text and its Stats; a 500 where generation failed."""
-    texts, ends = [[]], []
+async def choices(reply: Reply) -> tuple[list[str], list, list[list]]:
+    """Each choice's whole text, its Stats and its tokens' log-probability records (empty unless asked); a 500
+    where generation failed."""
+    texts, ends, records = [[]], [], [[]]
     async for piece, end in reply.pieces:  # (a failure ends them)
         if piece is not None:
             texts[-1].append(piece)
+            records[-1].extend(end or ())
         else:
             ends.append(end)
             texts.append([])
+            records.append([])
     if isinstance(ends[-1], Exception):
         raise ApiError(500, f"generation failed: {ends[-1]}", "server_error")
     reply.stats = ends[-1]
-    return ["".join(t) for t in texts[:-1]], ends
+    return ["".join(t) for t in texts[:-1]], ends, records[:-1]
 
 
-def answer(reply: Reply, texts: list[str], ends: list, model_id: str, mode: str) -> dict:
+def logprobs(reply: Reply, records: list) -> dict | None:
+    return reply.logprobs(records) if reply.logprobs is not None else None
+
+
+def answer(reply: Reply, texts: list[str], ends: list, records: list[list], model_id: str, mode: str) -> dict:
     """The chat.completion or text_completion object of the choices' texts."""
     out: list[dict[str, Any]] = []
     for i, (text, stats) in enumerate(zip(texts, ends)):
-        choice: dict[str, Any] = {"index": i, "finish_reason": finish(stats)}
+        choice: dict[str, Any] = {"index": i, "finish_reason": finish(stats), "logprobs": logprobs(reply, records[i])}
         if reply.chat:
             tools = reply.tools
             choice["message"], called = tools.message(text) if tools else ({"role": "assistant", "content": text}, 0)
             choice["finish_reason"] = "tool_calls" if called else choice["finish_reason"]
         else:
-            choice |= {"text": text, "logprobs": None}
+            choice["text"] = text
         out.append(choice)
     return {"id": reply.rid, "object": "chat.completion" if reply.chat else "text_completion",
             "created": reply.created, "model": model_id, "choices": out, "usage": usage(ends, reply.n_prompt, mode)}
@@ -81,10 +89,12 @@ def answer(reply: Reply, texts: list[str], ends: list, model_id: str, mode: str)
 async def chunks(reply: Reply, model_id: str, mode: str):
     """The reply's answer as the objects OpenAI streams (chat.completion.chunk or text_completion), each naming
     its choice's index, the last choice's finish chunk with the usage of all; or, where generation failed, an
-    error object."""
+    error object. Where log-probabilities are asked for, a chunk carries those of the tokens its text completes
+    (those that only a tool call's text held back go with the next chunk out)."""
     chat, pieces, tools = reply.chat, reply.pieces, reply.tools
     kind = "chat.completion.chunk" if chat else "text_completion"
     ends: list = []  # the Stats of the choices done
+    held: list = []  # log-probability records not sent yet
 
     def chunk(text: str | None, finish_reason: str | None = None, usage_: dict | None = None,
               delta: dict | None = None) -> dict:
@@ -93,6 +103,9 @@ async def chunks(reply: Reply, model_id: str, mode: str):
             choice = {"index": len(ends), "delta": delta, "finish_reason": finish_reason}
         else:
             choice = {"index": len(ends), "text": text or "", "finish_reason": finish_reason}
+        if held:
+            choice["logprobs"] = logprobs(reply, held[:])
+            held.clear()
         obj = {"id": reply.rid, "object": kind, "created": reply.created, "model": model_id, "choices": [choice]}
         if usage_ is not None:
             obj["usage"] = usage_
@@ -103,6 +116,8 @@ async def chunks(reply: Reply, model_id: str, mode: str):
         if chat:
             yield chunk(None, delta={"role": "assistant", "content": ""})
         async for piece, end in pieces:
+            if piece is not None:
+                held.extend(end or ())
             if piece is not None and shaped:
                 for delta in shaped.feed(piece):
                     yield chunk(None, delta=delta)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from dataclasses import replace
 
 from spectool.options import Options, UserError, in_request, request_options
+from spectool.serve_logprobs import requested as requested_logprobs
 from spectool.session import Session, generation
 
 if TYPE_CHECKING:
@@ -23,10 +24,9 @@ if TYPE_CHECKING:
     from spectool.tools import Tools
 
 # request fields this server does not honour, and the values that ask nothing of it: anything else is a 400 that
-# names the field (a client that asked for three samples, log-probabilities or JSON is told, not sent free text)
+# names the field (a client that asked for best_of or logit_bias is told, not sent something else)
 UNHONOURED = {
-    "best_of": (None, 1), "logprobs": (None, False, 0), "top_logprobs": (None, 0),
-    "echo": (None, False), "logit_bias": (None, {}),
+    "best_of": (None, 1), "echo": (None, False), "logit_bias": (None, {}),
     "functions": (None, []), "function_call": (None, "none", "auto"),
     "audio": (None,), "modalities": (None, ["text"]),
 }
@@ -136,7 +136,8 @@ def parse(raw: bytes | dict, chat: bool, session: Session, options: Options,
         name, message = in_request(e)
         raise ApiError(400, message, code=f"invalid_{name}", param=name) from None
     seeds = [o.seed if o.seed is None else o.seed + i for i in range(n)]
-    gens = [generation(session, replace(o, seed=seed), grammar) for seed in seeds]
+    logprobs = requested_logprobs(body, chat, target.n_vocab)  # serve_logprobs.py
+    gens = [replace(generation(session, replace(o, seed=seed), grammar), logprobs=logprobs) for seed in seeds]
     return [replace(g, max_tokens=0) for g in gens] if warm else gens, tokens, stop + more, stream, tools
 
 

@@ -25,7 +25,8 @@ from spectool.llama.outputs import ROWS, Output
 from spectool.core.grammar import Constraint, Grammar, NothingAllowed, dist_under, token_under
 from spectool.core.keys import Key, Source
 from spectool.core.stats import Stats
-from spectool.core.verify import Sampling, accept_greedy, accept_sampled, backend_chain, dist_at, greedy_rows
+from spectool.core.verify import (Sampling, TokenLogprob, accept_greedy, accept_sampled, backend_chain, dist_at,
+                                  greedy_rows, token_logprob)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -43,6 +44,7 @@ class Step:
     forced: int = 0  # of the drafted tokens, how many a grammar forced (Source.grammar; the rest are `source`'s)
     finish_reason: str | None = None  # on the last step: "stop" | "length" | "context" | "interrupted"
     notice: str | None = None  # a one-line message for the user (e.g. the draft model failed)
+    logprobs: list[TokenLogprob] | None = None  # one per token of `tokens`, when Generation.logprobs asks
 
 
 @dataclass
@@ -59,6 +61,8 @@ class Generation:
     on_prefill: Callable[[int, int], None] | None = None  # hears (done, total) while the prompt is processed
     grammar: Grammar | None = None  # every token follows it (core/grammar.py) ...
     forced_drafts: bool = True  # ... and the tokens it forces are drafted, with or without a drafter
+    logprobs: int | None = None  # each token's log-probability and this many alternatives (Step.logprobs); None:
+    # none, and llama.cpp's graph may sample the rows where they are (backend_chain)
 
     def random(self) -> np.random.Generator:
         if self.rng is None:
@@ -81,8 +85,8 @@ def speculative_generate(g: Generation, prompt: Sequence[int], stats: Stats | No
     x = list(prompt)
     constraint = g.grammar.matcher(g.target) if g.grammar is not None else None  # before the prefill: it may fail
     n_prefilled = _prefill(g, x, interrupted)
-    # what llama.cpp samples inside its graph (ids, top-k or rows); a grammar's mask needs whole rows
-    on_graph = backend_chain(g.sampling) if constraint is None else ROWS
+    # what llama.cpp samples inside its graph (ids, top-k or rows); a grammar's mask and logprobs need whole rows
+    on_graph = backend_chain(g.sampling) if constraint is None and g.logprobs is None else ROWS
     drafter = g.drafter
     if constraint is not None and (drafter is not None or g.forced_drafts):
         drafter = Constrained(drafter, constraint, g.forced_drafts)
@@ -106,6 +110,8 @@ class _Loop:
         self.temp = temp = 0.0 if g.sampling.greedy else g.sampling.temp  # acceptance is learnt per temperature
         self.worth = lambda key: self.ctl.worth(key, temp)  # what the controller makes of a drafter's greedy key
         self.n_new = 0
+        self.step_logprobs: list[TokenLogprob] | None = None  # the last verification's, when Generation.logprobs
+        self.logprob_seconds = 0.0  # asks, and what reading them cost
 
     def steps(self, interrupted: Callable[[], bool]) -> Iterator[Step]:
         x, target = self.x, self.target
@@ -120,8 +126,8 @@ class _Loop:
                     yield self.last("stop")
                     return
                 t2 = time.perf_counter()
-                self.observe(keys, d, n_acc, t1 - t0, t2 - t1)
-                step = self.emit([*d.tokens[:n_acc], t], d, n_acc, t1 - t0, t2 - t1)
+                self.observe(keys, d, n_acc, t1 - t0, t2 - t1 - self.logprob_seconds)  # a batch's cost, by size
+                step = self.emit([*d.tokens[:n_acc], t], d, n_acc, t1 - t0, t2 - t1, self.step_logprobs)
                 yield step
                 if step.finish_reason:
                     return
@@ -162,6 +168,10 @@ class _Loop:
             n_acc, t = accept_greedy(greedy_rows(target, s, recent, tokens), tokens)
         else:
             n_acc, t = accept_sampled(lambda i: dist_at(target, i, s, recent + tokens[:i]), d.q, tokens, self.rng)
+        if self.g.logprobs is not None:  # read before the roll-back, which drops the decode's outputs
+            t0 = time.perf_counter()
+            self.step_logprobs = self.logprobs([*tokens[:n_acc], t])
+            self.logprob_seconds = time.perf_counter() - t0
         if n_acc < len(tokens):
             target.rollback(len(x) + n_acc)  # keep x and the accepted drafts; t is fed next step
         return n_acc, t
@@ -185,6 +195,12 @@ class _Loop:
             raise NothingAllowed("the grammar admits no token here")
         return n_acc, t
 
+    def logprobs(self, new: list[int]) -> list[TokenLogprob]:
+        """Each new token's TokenLogprob from the verification's own rows: token i of the step was chosen on row i
+        (the target after x + d_1..d_i), accepted drafts and the target's token alike."""
+        n = self.g.logprobs
+        return [token_logprob(self.target.logits(i), token, n) for i, token in enumerate(new)]
+
     def observe(self, keys: list[Key], d: Draft, n_acc: int, draft_seconds: float, verify_seconds: float) -> None:
         """What the controller learns from a step: the batch's cost, the draft's cost and how far it was accepted.
         Plain decoding (no drafter) has nothing to decide, so nothing to learn."""
@@ -195,7 +211,8 @@ class _Loop:
             self.ctl.observe_draft(keys[: len(d.tokens)], draft_seconds - d.catch_up_seconds)  # catching up is
             self.ctl.observe_accept(keys, len(d.tokens), n_acc)  # not per token
 
-    def emit(self, new: list[int], d: Draft, n_acc: int, draft_seconds: float, verify_seconds: float) -> Step:
+    def emit(self, new: list[int], d: Draft, n_acc: int, draft_seconds: float, verify_seconds: float,
+             logprobs: list[TokenLogprob] | None = None) -> Step:
         """The step, its tokens cut at end-of-generation, the token budget or a stop string, then recorded."""
         new, finish = self.cut(new)
         text, draft_chars = "", 0
@@ -212,7 +229,7 @@ class _Loop:
         self.n_new += len(new)
         step = Step(tokens=new, drafted=len(d.tokens), accepted=n_acc, source=d.source, draft_seconds=draft_seconds,
                     verify_seconds=verify_seconds, text=text, draft_chars=draft_chars, finish_reason=finish,
-                    notice=self.notice, forced=d.forced)
+                    notice=self.notice, forced=d.forced, logprobs=None if logprobs is None else logprobs[: len(new)])
         self.notice = None
         if self.stats is not None:
             self.stats.add_step(step)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 from spectool.llama import native  # noqa: F401, I001 - llama.cpp's libraries before numpy (native.py)
 import numpy as np  # noqa: E402
@@ -280,6 +280,27 @@ def accept_sampled(p: Callable[[int], Dist], q: Sequence[Dist | None] | None, dr
             continue
         return i, residual(p_i, q_i).sample(rng)
     return len(draft), p(len(draft)).sample(rng)
+
+
+class TokenLogprob(NamedTuple):
+    """A final token's log-probability under the target's raw distribution (the log-softmax of its logits row,
+    before any sampler stage or grammar mask), and the `n` most likely tokens' (id, log-probability), best first."""
+
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+def token_logprob(row: np.ndarray, token: int, n: int) -> TokenLogprob:
+    """`token`'s TokenLogprob in a logits row, with its n best alternatives (ties by id). The normaliser is numpy's
+    pairwise float32 sum (relative error ~1e-7 over 262k terms, and a third faster than a float64 one)."""
+    m = row.max()
+    lse = float(m) + float(np.log(np.exp(row - m).sum()))
+    top: list[tuple[int, float]] = []
+    if n > 0:
+        c = _top(row, n)
+        c = c[np.lexsort((c, -row[c]))][:n]
+        top = [(int(i), float(row[i]) - lse) for i in c]
+    return TokenLogprob(float(row[token]) - lse, top)
 
 
 def top_probability(logits: np.ndarray) -> float:
