@@ -298,3 +298,24 @@ def test_logprobs_counts(servers):
     lp = r.choices[0].logprobs
     assert [list(d) for d in lp.top_logprobs] == [[t] for t in lp.tokens]
     assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_each_of_n_choices_carries_its_own_tokens_logprobs(servers, stream):
+    """`n` seeded choices (choice i with seed + i): each choice's records are what a request of n 1 with its seed
+    reports, whole or streamed chunk by chunk under its own index, so no choice's tokens land in another's."""
+    alone = [ask(servers["lookup"], True, False, temperature=0.7, seed=5 + i, extra_body={"top_k": 20})
+             for i in range(2)]
+    assert alone[0][0] != alone[1][0]
+    c = servers["lookup"].client()
+    r = c.chat.completions.create(model="tiny", n=2, stream=stream, temperature=0.7, seed=5, max_tokens=60,
+                                  extra_body={"top_k": 20}, **{k: v for k, v in CHAT.items()})
+    got = [[], []]
+    for chunk in (r if stream else [r]):
+        for choice in chunk.choices:
+            if choice.logprobs is not None:
+                got[choice.index] += [(e.model_extra["id"], e.logprob) for e in choice.logprobs.content]
+    for i in range(2):
+        want = [(rec[0], rec[1]) for rec in alone[i][1]]
+        assert [t for t, _ in got[i]] == [t for t, _ in want]
+        assert all(abs(a - b) < TOL_FLASH for (_, a), (_, b) in zip(got[i], want))
