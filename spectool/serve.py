@@ -23,7 +23,8 @@ from typing import Callable
 from spectool import serve_infill, serve_logprobs, serve_messages, serve_openai, serve_responses, serve_tokens
 from spectool.options import Options, UserError
 from spectool.serve_openai import Reply
-from spectool.serve_requests import ApiError, parse
+from spectool.serve_errors import ApiError
+from spectool.serve_requests import parse
 from spectool.session import Session
 
 # --max-body-bytes 0: a token is about 4 bytes of text, and JSON may spell one character in 12 bytes (two \uXXXX
@@ -70,11 +71,11 @@ class Server:
         self.stopping = threading.Event()
 
     # -- requests ------------------------------------------------------------------------------------------------
-    def generation(self, raw: bytes | dict, chat: bool):
+    def generation(self, raw: bytes | dict, chat: bool, infill: bool = False):
         """(a Generation per choice, prompt tokens, stop strings, stream, tools) of a request's body
         (serve_requests.parse). Runs in a thread: parsing and tokenizing a large body never holds up the event
         loop."""
-        return parse(raw, chat, self.session, self.options)
+        return parse(raw, chat, self.session, self.options, infill)
 
     async def body(self, request) -> bytes:
         """The request's body, at most `max_body` bytes (413) and sent within --body-timeout seconds (408); both
@@ -151,12 +152,8 @@ class Server:
         serve_responses, serve_messages) parsed in a thread, its choices' places in the queue taken, one after
         another (503 when full)."""
         # one model is served: any `model` names it, as with llama-server (responses name the real one)
-        if infill:
-            gens, tokens, stop, stream, fields = await asyncio.to_thread(serve_infill.request, raw, self.session,
-                                                                         self.options)
-            tools = None
-        else:
-            (gens, tokens, stop, stream, tools), fields = await asyncio.to_thread(self.generation, raw, chat), None
+        gens, tokens, stop, stream, tools = await asyncio.to_thread(self.generation, raw, chat, infill)
+        fields = serve_infill.response_fields(raw) if infill else None
         with self.counting:
             if self.waiting >= self.options.queue:
                 self.totals.rejected += 1

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from spectool.serve_requests import ApiError, invalid
+from spectool.serve_errors import ApiError, invalid
 
 if TYPE_CHECKING:
     from spectool.llama.engine import Model
@@ -153,14 +153,11 @@ def partial(text: str) -> str:
     return "data: " + json.dumps({"index": 0, "content": text, "tokens": [], "stop": False, "id_slot": 0}) + "\n\n"
 
 
-def request(raw: bytes, session, options) -> tuple:
-    """An /infill request's (Generations, prompt tokens, stop strings, stream, response_fields), by
-    serve_requests.parse; runs in a thread, as parse does."""
-    from spectool.serve_requests import parse
-
-    gens, tokens, stop, stream, _ = parse(raw, False, session, options, infill=True)
+def response_fields(raw: bytes) -> list | None:
+    """The answer's fields an /infill request keeps (`response_fields`), None for all (its body was parsed
+    already: serve_requests.parse)."""
     fields = json.loads(raw).get("response_fields")
-    return gens, tokens, stop, stream, fields if isinstance(fields, list) else None
+    return fields if isinstance(fields, list) else None
 
 
 async def events(pieces, n_prompt: int, model_id: str, fields: list | None):

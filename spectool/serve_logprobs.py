@@ -14,6 +14,8 @@ import codecs
 import json
 from typing import TYPE_CHECKING, Any
 
+from spectool.serve_errors import invalid
+
 if TYPE_CHECKING:
     from spectool.core.speculative import Step
     from spectool.llama.engine import Model
@@ -26,8 +28,6 @@ def requested(body: dict, chat: bool, n_vocab: int) -> int | None:
     chat's `logprobs: true` with `top_logprobs` 0..20 (0 when left out; without `logprobs: true`, a 400, as OpenAI
     and llama-server answer), completions' `logprobs: N`, N >= 0 with no bound of its own as llama-server's (at
     most the vocabulary's size come back). Anything else a 400 naming the field."""
-    from spectool.serve_requests import invalid
-
     logprobs, top = body.get("logprobs"), body.get("top_logprobs")
     if not chat:
         if top is not None:

@@ -13,7 +13,8 @@ import uuid
 from contextlib import aclosing
 
 from spectool.options import Options
-from spectool.serve_requests import ApiError, load
+from spectool.serve_errors import ApiError
+from spectool.serve_requests import load
 
 # fields that change nothing here: bookkeeping, cache hints (the KV cache keeps the longest common prefix by
 # itself), and `thinking` (Claude Code sends it with every request; the chat path renders and returns no thinking)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from spectool.serve_requests import ApiError
+from spectool.serve_errors import ApiError
 
 
 @dataclass

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from dataclasses import replace
 
 from spectool.options import Options, UserError, in_request, request_options
+from spectool.serve_errors import ApiError, invalid
 from spectool.serve_logprobs import requested as requested_logprobs
 from spectool.session import Session, generation
 
@@ -30,22 +31,6 @@ UNHONOURED = {
     "functions": (None, []), "function_call": (None, "none", "auto"),
     "audio": (None,), "modalities": (None, ["text"]),
 }
-
-
-class ApiError(Exception):
-    """An answer other than 200, in OpenAI's error shape."""
-
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", code: str | None = None,
-                 param: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.type, self.code, self.param = status, message, type_, code, param
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "code": self.code, "param": self.param}}
-
-
-def invalid(name: str, message: str) -> ApiError:
-    return ApiError(400, f"'{name}' {message}", code=f"invalid_{name}", param=name)
 
 
 def unhonoured(body: dict, fields: dict = UNHONOURED) -> None:

@@ -15,7 +15,8 @@ import uuid
 from contextlib import aclosing
 
 from spectool.options import Options
-from spectool.serve_requests import ApiError, load
+from spectool.serve_errors import ApiError
+from spectool.serve_requests import load
 
 # fields that change nothing here: bookkeeping, and `reasoning` (an effort hint to reasoning models; the chat path
 # renders and returns no reasoning), which agents such as Codex send with every request

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from spectool.serve_requests import ApiError, invalid
+from spectool.serve_errors import ApiError, invalid
 
 if TYPE_CHECKING:
     from spectool.llama.engine import Model

@@ -103,10 +103,10 @@ def test_a_500_answers_and_the_connection_stays_usable(tiny, capsys):
     from spectool.session import open_session
 
     class Failing(App):
-        def generation(self, raw, chat):
+        def generation(self, raw, chat, infill=False):
             if "boom" in str(raw):
                 raise RuntimeError("injected")
-            return super().generation(raw, chat)
+            return super().generation(raw, chat, infill)
 
     o = Options(model=str(tiny["target"]), ctx_size=1024, threads=2, spec=Mode.none)
     with open_session(o) as s:
