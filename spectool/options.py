@@ -49,7 +49,7 @@ MODELS, DRAFTING, GENERATION, SAMPLING, GRAMMAR, HARDWARE, COMMON = (
 SERVE = "serve"  # `spectool serve`'s limits on what clients send
 LOOKUP_CACHE = "lookup cache"  # `spectool run`'s corpus file
 
-CORPUS_TOKENS = 100_000  # --lookup-corpus-size's default (drafters/corpus.py; docs/serve.md: its memory)
+CORPUS_TOKENS = 100_000  # --lookup-corpus-size's default: at most about 90 MB (docs/serve.md)
 
 
 @dataclass(frozen=True)

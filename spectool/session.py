@@ -254,6 +254,8 @@ def open_corpus(o: Options, target: Model, drafter: Drafter | None,
     from spectool.drafters.lookup import lookup_of
 
     if not o.lookup_corpus or lookup_of(drafter) is None:
+        if o.lookup_cache is not None:
+            notices.append(f"--lookup-cache {o.lookup_cache}: this mode does not draft by prompt lookup; not used")
         return None, None
     if o.lookup_cache is None:
         return Corpus(o.lookup_corpus_size), None

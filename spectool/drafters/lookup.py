@@ -23,8 +23,10 @@ class NGramIndex:
         self.n_min, self.n_max = n_min, n_max
         self.tokens: list[int] = []  # the sequence indexed
         # An n-gram is a string of n characters, chr(token) each (token ids are far below 0x110000): sliced,
-        # hashed and compared in one piece, and not tracked by the garbage collector as a tuple would be.
-        self._follow: dict[str, dict[int, int]] = {}
+        # hashed and compared in one piece, and not tracked by the garbage collector as a tuple would be. Its
+        # followers are {token: count}, or the token alone where one was seen once (most n-grams of a text: an int
+        # costs a fraction of a dict's memory and making)
+        self._follow: dict[str, int | dict[int, int]] = {}
         self._n_first = n_max  # the first match of the last prediction: the next one's first guess
 
     def extend(self, history: Sequence[int], end: int | None = None) -> None:
@@ -51,13 +53,16 @@ class NGramIndex:
             for n in range(n_min, m + 1):
                 gram = tail[m - n :]
                 f = follow[gram]
+                if f.__class__ is int:
+                    del follow[gram]
+                    continue
                 c = f[t] - 1
                 if c:
                     f[t] = c
                 else:
                     del f[t]
-                    if not f:
-                        del follow[gram]
+                if len(f) == 1 and 1 in f.values():  # seen once now: the token alone, as `_count` makes it
+                    follow[gram] = next(iter(f))
             tail = tail[1 - n_max :] + chr(t) if n_max > 1 else chr(t)
 
     def _count(self, tail: str, new: Sequence[int]) -> None:
@@ -69,7 +74,9 @@ class NGramIndex:
                 gram = tail[m - n :]
                 f = follow.get(gram)
                 if f is None:
-                    follow[gram] = {t: 1}
+                    follow[gram] = t
+                elif f.__class__ is int:
+                    follow[gram] = {t: 2} if f == t else {f: 1, t: 1}
                 else:  # counted, and moved last: a follower's order is that of its last occurrence
                     f[t] = f.pop(t, 0) + 1
             tail = tail[1 - n_max :] + chr(t) if n_max > 1 else chr(t)
@@ -100,18 +107,18 @@ class NGramIndex:
             seq += chr(t)
             guess = n + 1
 
-    def longest(self, seq: str, guess: int) -> tuple[int, dict[int, int] | None]:
+    def longest(self, seq: str, guess: int) -> tuple[int, int | dict[int, int] | None]:
         """(n, the followers) of the longest n-gram ending `seq` seen before, searched from `guess` (see
         `predict`); (0, None) where none was."""
         follow, n_min = self._follow, self.n_min
         top = min(self.n_max, len(seq))
         n = max(n_min, min(guess, top))
         f = follow.get(seq[-n:])
-        if f:
-            while n < top and (longer := follow.get(seq[-n - 1 :])):
+        if f is not None:
+            while n < top and (longer := follow.get(seq[-n - 1 :])) is not None:
                 n, f = n + 1, longer
             return n, f
-        while not f:
+        while f is None:
             n -= 1
             if n < n_min:
                 return 0, None
@@ -119,9 +126,11 @@ class NGramIndex:
         return n, f
 
 
-def vote(f: dict[int, int]) -> tuple[int, int, int]:
+def vote(f: int | dict[int, int]) -> tuple[int, int, int]:
     """(token, its count, the count of every follower) of the most frequent follower; of those, the last seen."""
-    if len(f) == 1:  # the usual case: one follower
+    if f.__class__ is int:  # the usual case: one follower, seen once
+        return f, 1, 1
+    if len(f) == 1:
         ((t, c),) = f.items()
         return t, c, c
     t = max(reversed(f), key=f.__getitem__)
