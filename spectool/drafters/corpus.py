@@ -23,7 +23,7 @@ from collections import deque
 from pathlib import Path
 from typing import Sequence
 
-from spectool.drafters.lookup import NGramIndex
+from spectool.drafters.lookup import NGramIndex, vote
 
 CORPUS_N_MAX = 8  # the longest n-gram the corpus keeps: lookup's longest match bucket (keys.BUCKETS)
 FORMAT, VERSION = "spectool-lookup-cache", 1
@@ -32,10 +32,11 @@ FORMAT, VERSION = "spectool-lookup-cache", 1
 class Corpus:
     """Documents (token lists) in one NGramIndex, at most `max_tokens` tokens of them, oldest out first."""
 
-    def __init__(self, max_tokens: int, n_min: int = 1, n_max: int = CORPUS_N_MAX):
+    def __init__(self, max_tokens: int, n_min: int = 1, n_max: int = CORPUS_N_MAX, pick=vote):
         if max_tokens < 1:
             raise ValueError("a corpus holds at least one token")
         self.max_tokens = max_tokens
+        self.vote = pick  # which follower of a match it drafts: lookup.vote (the most frequent) or lookup.latest
         self.index = NGramIndex(n_min, n_max)
         self.docs: deque[list[int]] = deque()
         self.n_tokens = 0

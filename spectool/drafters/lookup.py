@@ -126,6 +126,14 @@ class NGramIndex:
         return n, f
 
 
+def latest(f: int | dict[int, int]) -> tuple[int, int, int]:
+    """`vote`'s answer by recency alone: the follower seen last (benchmarks/corpus_replay.py measures both)."""
+    if f.__class__ is int:
+        return f, 1, 1
+    t = next(reversed(f))
+    return t, f[t], sum(f.values())
+
+
 def vote(f: int | dict[int, int]) -> tuple[int, int, int]:
     """(token, its count, the count of every follower) of the most frequent follower; of those, the last seen."""
     if f.__class__ is int:  # the usual case: one follower, seen once
@@ -201,7 +209,7 @@ class PromptLookup:
         """`_keys` on the index as it is."""
         corpus = self.corpus
         both = corpus is not None and len(corpus.index) > 0
-        predicted = self._predict_both(history, corpus.index) if both else self.index.predict(history)
+        predicted = self._predict_both(history, corpus) if both else self.index.predict(history)
         key, prev_n, prev_source, n_max, source = None, 0, Source.lookup, self.index.n_max, Source.lookup
         for p in islice(predicted, k):
             if both:
@@ -220,17 +228,18 @@ class PromptLookup:
             prev_n, prev_source = n, source
             yield key
 
-    def _predict_both(self, context: Sequence[int], other: NGramIndex) -> Iterator[tuple[int, int, int, int, Source]]:
-        """NGramIndex.predict over the request's own index and the corpus's (`other`): each token from the longer
-        match, the request's own unless the corpus's is longer by more than `corpus_margin`; with its Source."""
-        own, margin = self.index, self.corpus_margin
+    def _predict_both(self, context: Sequence[int], corpus) -> Iterator[tuple[int, int, int, int, Source]]:
+        """NGramIndex.predict over the request's own index and the corpus's: each token from the longer match, the
+        request's own unless the corpus's is longer by more than `corpus_margin`; with its Source. The corpus's
+        followers are voted on by its own rule (Corpus.vote: the most frequent, by default)."""
+        own, other, pick, margin = self.index, corpus.index, corpus.vote, self.corpus_margin
         seq = "".join(map(chr, context[-max(own.n_max, other.n_max) :]))
         g_own, g_other, first = own._n_first, other._n_first, True
         while True:
             n1, f1 = own.longest(seq, g_own)
             n2, f2 = other.longest(seq, g_other)
             if f2 is not None and (f1 is None or n2 > n1 + margin):
-                t, c, total = vote(f2)
+                t, c, total = pick(f2)
                 out = t, n2, c, total, Source.corpus
             elif f1 is not None:
                 t, c, total = vote(f1)
