@@ -336,8 +336,8 @@ def open_session(o: Options, hooks: Hooks = Hooks()) -> Iterator[Session]:
         if warning:
             notices.append(warning)
         controller = Controller(k_max=k_max, k_min=o.draft_min, adaptive=o.draft_min != k_max, costs=costs)
-        # a grammar's forced tokens are drafts too: only where rejected ones can be dropped
         corpus, vocab = open_corpus(o, target, drafter, notices)
+        # a grammar's forced tokens are drafts too: only where rejected ones can be dropped
         gen = Generation(target, drafter, controller=controller, forced_drafts=target.can_rollback)
         s = Session(gen, mode, str(m.target_ref), str(m.draft_ref) if draft_model is not None else None, notices,
                     draft_model if mode in (Mode.draft, Mode.hybrid) else None, controller, k_max, o.draft_min,
