@@ -8,8 +8,8 @@ drafts them in that order with one controller and one corpus across the requests
 charged the measured cost of each verification:
 - no corpus (today's lookup);
 - the corpus voting for a match's most frequent follower (`vote`, the default) or for the last seen (`latest`);
-- the corpus where its match is longer than the request's own by more than 0 (the default), 2 or 4 tokens, and
-  only where the request's own text has no match at all.
+- the corpus where its match is longer than the request's own by more than 0 (the default), 2 or 4 tokens, as
+  long (it wins ties: margin -1), and only where the request's own text has no match at all.
 Replayed costs leave out Python time and machine noise: compare the ratios, not the tokens/s.
 """
 
@@ -36,7 +36,8 @@ from spectool.drafters.lookup import PromptLookup, latest, vote  # noqa: E402
 from spectool.options import CORPUS_TOKENS, CTX_SIZE  # noqa: E402
 
 RULES = {"no corpus (today's lookup)": None, "corpus, most frequent (default)": (vote, 0),
-         "corpus, last seen": (latest, 0), "corpus, margin 2": (vote, 2), "corpus, margin 4": (vote, 4),
+         "corpus, last seen": (latest, 0), "corpus, wins ties too (margin -1)": (vote, -1),
+         "corpus, margin 2": (vote, 2), "corpus, margin 4": (vote, 4),
          "corpus only where own text has no match": (vote, 10_000)}
 
 
