@@ -9,7 +9,8 @@ charged the measured cost of each verification:
 - no corpus (today's lookup);
 - the corpus voting for a match's most frequent follower (`vote`, the default) or for the last seen (`latest`);
 - the corpus where its match is longer than the request's own by more than 0 (the default), 2 or 4 tokens, as
-  long (it wins ties: margin -1), and only where the request's own text has no match at all.
+  long (it wins ties: margin -1), and only where the request's own text has no match at all;
+- the corpus keeping n-grams up to 12 tokens (the request's own index's longest) instead of 8.
 Replayed costs leave out Python time and machine noise: compare the ratios, not the tokens/s.
 """
 
@@ -38,14 +39,14 @@ from spectool.options import CORPUS_TOKENS, CTX_SIZE  # noqa: E402
 RULES = {"no corpus (today's lookup)": None, "corpus, most frequent (default)": (vote, 0),
          "corpus, last seen": (latest, 0), "corpus, wins ties too (margin -1)": (vote, -1),
          "corpus, margin 2": (vote, 2), "corpus, margin 4": (vote, 4),
-         "corpus only where own text has no match": (vote, 10_000)}
+         "corpus only where own text has no match": (vote, 10_000), "corpus of n-grams up to 12": (vote, 0, 12)}
 
 
 def replay(data, rule, cost, k_max: int) -> float:
     """Seconds the rule's steps would cost over the requests of `data` in order."""
     ctl, corpus = Controller(k_max=k_max, costs=Costs()), None
     if rule is not None:
-        corpus = Corpus(CORPUS_TOKENS, pick=rule[0])
+        corpus = Corpus(CORPUS_TOKENS, pick=rule[0], **({"n_max": rule[2]} if len(rule) > 2 else {}))
     total = 0.0
     for p, y in data:
         lookup = PromptLookup(corpus_margin=rule[1] if rule else 0)
