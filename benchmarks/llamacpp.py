@@ -101,15 +101,17 @@ def _prompt_file(directory: str, prompt: str) -> Path:
 
 
 def lookup(binary: Path, model: Path, prompt: str, tokens: int, n_draft: int = 8, threads: int = 2,
-           ctx: int = CTX_SIZE, repack: bool = True, first_decode: float = 0.0, gpu: bool = False) -> Run:
+           ctx: int = CTX_SIZE, repack: bool = True, first_decode: float = 0.0, gpu: bool = False,
+           dynamic: Path | None = None) -> Run:
     """`llama-lookup`, greedy, drafting at most `n_draft` tokens from its n-gram caches, asked for `tokens` new
     tokens and timed as spectool is (see parse_lookup; `first_decode`: the seconds of one single-token decode at
     this prompt, such as llama-completion's eval time per token). Its `-n` counts the first token and it stops after
-    the step that takes that count past `-n`: `-n tokens-1` ends with the step that brings token `tokens`."""
+    the step that takes that count past `-n`: `-n tokens-1` ends with the step that brings token `tokens`.
+    `dynamic`: its dynamic n-gram cache file (-lcd), read and written back, kept across runs (agentic.py)."""
     with tempfile.TemporaryDirectory() as tmp:
-        # the dynamic cache file (-lcd) stays empty per run: only the prompt and the output are drafted from
+        # by default the dynamic cache file (-lcd) stays empty per run: only the prompt and the output are drafted from
         args = [str(binary), *_common(model, _prompt_file(tmp, prompt), tokens - 1, threads, ctx, repack, gpu),
-                "--spec-draft-n-max", str(n_draft), "-lcd", str(Path(tmp) / "dynamic.bin")]
+                "--spec-draft-n-max", str(n_draft), "-lcd", str(dynamic or Path(tmp) / "dynamic.bin")]
         p = subprocess.run(args, capture_output=True, text=True)
     if p.returncode:
         raise RuntimeError(f"llama-lookup failed ({p.returncode}): {p.stderr[-500:]}")

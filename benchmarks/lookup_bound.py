@@ -71,8 +71,10 @@ def theirs(p, y, cost) -> float:
     return total
 
 
-def ours(p, y, cost, k_max: int, costs: Costs) -> float:
-    lookup, ctl, total, j = PromptLookup(), Controller(k_max=k_max, costs=costs), 0.0, 0
+def ours(p, y, cost, k_max: int, costs: Costs, lookup: PromptLookup | None = None,
+         ctl: Controller | None = None) -> float:
+    """spectool's lookup (`lookup`, a fresh one by default) under its controller (`ctl`: one of its own)."""
+    lookup, ctl, total, j = lookup or PromptLookup(), ctl or Controller(k_max=k_max, costs=costs), 0.0, 0
     while j < len(y):
         h, draft = p + y[:j], []
         keys = ctl.pick(lookup.peek(h, min(k_max, len(y) - j - 1)))

@@ -31,12 +31,13 @@ import prompts as P  # noqa: E402
 from run import models  # noqa: E402
 
 
-def start(model: Path, spec: str, threads: int) -> tuple[subprocess.Popen, str]:
+def start(model: Path, spec: str, threads: int, *extra: str) -> tuple[subprocess.Popen, str]:
+    """A `spectool serve` process on a free local port (`extra`: more flags), once /health answers."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen([sys.executable, "-m", "spectool", "serve", "-m", str(model), "--spec", spec,
-                             "-t", str(threads), "--port", str(port)], stderr=subprocess.DEVNULL)
+                             "-t", str(threads), "--port", str(port), *extra], stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):
         try:
@@ -47,14 +48,16 @@ def start(model: Path, spec: str, threads: int) -> tuple[subprocess.Popen, str]:
     raise RuntimeError("the server did not start")
 
 
-def measure(url: str, texts: list[str], tokens: int, logprobs: int | None = None) -> dict:
+def measure(url: str, texts: list[str], tokens: int, logprobs: int | None = None, warm: bool = True) -> dict:
     """The totals of the prompts sent one after another; with `logprobs`, each prompt is sent twice, with and
-    without asking for them, and {False: totals without, True: totals with} comes back."""
+    without asking for them, and {False: totals without, True: totals with} comes back. `warm`: a short request
+    first."""
     import openai
 
     client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=600)
     model = client.models.list().data[0].id
-    client.completions.create(model=model, prompt="warm up", max_tokens=4)
+    if warm:
+        client.completions.create(model=model, prompt="warm up", max_tokens=4)
     rows = {asks: {"tokens": 0, "wall": 0.0, "decode": 0.0, "prompt": 0.0, "drafted": 0, "accepted": 0}
             for asks in (False, True)}
     for i, text in enumerate(texts):

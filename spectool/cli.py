@@ -19,8 +19,8 @@ import typer
 
 from spectool import __version__
 from spectool.cli_errors import cli_errors
-from spectool.options import COMMON, DRAFTING, GENERATION, GRAMMAR, HARDWARE, LLAMA_CPP_TEMP, MODELS, SAMPLING, \
-    SERVE, Options, UserError, takes
+from spectool.options import COMMON, DRAFTING, GENERATION, GRAMMAR, HARDWARE, LLAMA_CPP_TEMP, LOOKUP_CACHE, MODELS, \
+    SAMPLING, SERVE, Options, UserError, is_loopback, takes, with_corpus_default
 from spectool.signals import SigintFlag, on_sigterm
 
 app = typer.Typer(
@@ -37,8 +37,8 @@ AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of a ta
 Host = Annotated[str, typer.Option("--host", help="Address to listen on (127.0.0.1: this machine only).")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No summary on stderr.")]
 ColorDrafts = Annotated[bool, typer.Option(
-    "--color-drafts", help="Colour text from accepted drafts (green: lookup, cyan: draft model, yellow: MTP head, "
-    "magenta: a hybrid step's drafts, blue: tokens a grammar forced).")]
+    "--color-drafts", help="Colour text from accepted drafts (green: lookup, bright green: lookup in the corpus, cyan: "
+    "draft model, yellow: MTP head, magenta: a hybrid step's drafts, blue: tokens a grammar forced).")]
 
 
 def _version(value: bool) -> None:
@@ -138,7 +138,7 @@ def session(o: Options):
              "  spectool run -m model.gguf \"Write a haiku about autumn\"\n\n"
              "  cat notes.md | spectool run -m model.gguf \"Summarize:\"\n\n"
              "  spectool run -m big.gguf -md small.gguf --spec draft -n 200 \"Tell me a story\"")
-@takes(MODELS, DRAFTING, GENERATION, SAMPLING, GRAMMAR, HARDWARE, COMMON)
+@takes(MODELS, DRAFTING, GENERATION, SAMPLING, GRAMMAR, HARDWARE, LOOKUP_CACHE, COMMON)
 def run(
     o: Options,
     prompt: Annotated[Optional[str], typer.Argument(help="The prompt; piped stdin is read and joined with it.")] = None,
@@ -164,7 +164,7 @@ def run(
         text = read_prompt(prompt or prompt_option)
         if stats_json:
             writable(stats_json, "--stats-json")
-        with session(o) as s, SigintFlag() as interrupted:
+        with session(with_corpus_default(o, False)) as s, SigintFlag() as interrupted:
             stats, pieces = complete(s, text, stop, truncate, interrupted, say)
             display = Display(stats, quiet=quiet, color_drafts=color_drafts)
             s.gen.on_prefill = display.prefill
@@ -202,7 +202,7 @@ def chat(
     """Chat in the terminal (the help is the decorator's: it names llama.cpp's temperature from options.py)."""
     from spectool.chat import repl
 
-    with cli_errors(o.debug), session(o) as s:
+    with cli_errors(o.debug), session(with_corpus_default(o, True)) as s:  # the corpus: every conversation's
         code = repl(s, system, color_drafts, quiet, say)
     if code:
         raise typer.Exit(code)
@@ -233,7 +233,7 @@ def serve(
         except ImportError as e:
             raise UserError(f"spectool serve needs uvicorn and starlette ({e.name or e} is missing): "
                             "pip install uvicorn starlette") from None
-        with session(o) as s:
+        with session(with_corpus_default(o, is_loopback(host))) as s:  # off where others reach it (serve.md)
             model_id = o.pair or Path(str(s.gen.target.path)).stem
             run_server(s, o, model_id, host, port, api_key, say=say)
 

@@ -47,6 +47,9 @@ class UserError(Exception):
 MODELS, DRAFTING, GENERATION, SAMPLING, GRAMMAR, HARDWARE, COMMON = (
     "models", "drafting", "generation", "sampling", "grammar", "hardware", "common")
 SERVE = "serve"  # `spectool serve`'s limits on what clients send
+LOOKUP_CACHE = "lookup cache"  # `spectool run`'s corpus file
+
+CORPUS_TOKENS = 100_000  # --lookup-corpus-size's default: at most about 90 MB (docs/serve.md)
 
 
 @dataclass(frozen=True)
@@ -135,6 +138,16 @@ class Options:
     draft_vocab: int = opt(0, "--draft-vocab", group=DRAFTING, min=0,
                            help="Prune the draft to this many tokens, its most likely ones (made once, cached): a "
                            "faster draft when its vocabulary is large. 0 = off.")
+    lookup_corpus: Optional[bool] = opt(None, "--lookup-corpus/--no-lookup-corpus", group=DRAFTING,
+                                        help="Prompt lookup drafts from the text of earlier requests too (one corpus "
+                                        "per process, bounded). Default: on for chat and for serve on a loopback "
+                                        "--host, off for serve beyond it (a response's speed tells whether its text "
+                                        "was seen before: docs/serve.md); run: on with --lookup-cache.")
+    lookup_corpus_size: int = opt(CORPUS_TOKENS, "--lookup-corpus-size", group=DRAFTING, min=1, metavar="TOKENS",
+                                  help="Most tokens the corpus of earlier requests keeps; the oldest go first.")
+    lookup_cache: Optional[str] = opt(None, "--lookup-cache", group=LOOKUP_CACHE, metavar="FILE",
+                                      help="Read the lookup corpus from FILE and write it back, updated, when "
+                                      "generation ends (as llama-lookup's -lcd); written whole, never half.")
     # -- generation
     max_tokens: int = opt(256, "--max-tokens", "-n", "--n-predict", group=GENERATION, min=1, request="max_tokens",
                           help="Most tokens to generate.")
@@ -237,6 +250,28 @@ class Options:
 
 
 GRAMMAR_OPTIONS = ("grammar", "grammar_file", "json_schema", "json_schema_file")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether an address to listen on reaches only this machine (127.0.0.0/8, ::1, localhost)."""
+    import ipaddress
+
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def with_corpus_default(o: Options, on: bool) -> Options:
+    """`o` with --lookup-corpus decided: as given, else `on` (a command's default: chat's, serve's by its --host),
+    and on wherever --lookup-cache names a file. --no-lookup-corpus with --lookup-cache is a contradiction."""
+    if o.lookup_cache is not None:
+        if o.lookup_corpus is False:
+            raise UserError("--lookup-cache needs the corpus: leave out --no-lookup-corpus", code=2)
+        return replace(o, lookup_corpus=True)
+    return o if o.lookup_corpus is not None else replace(o, lookup_corpus=on)
 
 
 def read_text(path: Path, flag: str, option: str) -> str:

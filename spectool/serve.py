@@ -244,7 +244,10 @@ class Server:
             return JSONResponse({"status": "ok"})
 
         async def metrics(request: Request):  # open too, as llama-server's: counters only, no text of anyone's
-            return PlainTextResponse(self.totals.prometheus(), media_type="text/plain; version=0.0.4")
+            corpus = self.session.corpus  # its size, where there is one (--lookup-corpus)
+            text = self.totals.prometheus() + ("" if corpus is None else "# TYPE spectool_lookup_corpus_tokens gauge"
+                                               f"\nspectool_lookup_corpus_tokens {len(corpus)}\n")
+            return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
         async def chat_completions(request: Request):
             return await complete(request, True)

@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # importing them would load llama.cpp before it is needed
     from spectool.core.grammar import Grammar
     from spectool.core.speculative import Generation
     from spectool.drafters.base import Drafter
+    from spectool.drafters.corpus import Corpus
     from spectool.drafters.mtp import MtpContext
     from spectool.llama.engine import Model
     from spectool.models.registry import ModelRef
@@ -81,6 +82,7 @@ class Session:
     controller: Controller | None = None  # the timed one that learns this machine's costs
     k_max: int = DRAFT_MAX
     k_min: int = 0
+    corpus: Corpus | None = None  # prompt lookup's corpus of earlier requests (--lookup-corpus), if on
 
     @property
     def offload(self) -> dict:
@@ -129,11 +131,11 @@ def generation(s: Session, o: Options, grammar: Grammar | None = None):
     from spectool.core.controller import Controller
 
     sampling = o.sampling()
-    ctl = s.controller
-    if o.seed is not None and not sampling.greedy:
-        ctl = Controller(k_max=s.k_max, k_min=s.k_min, adaptive=s.k_min != s.k_max, timed=False)
+    ctl, corpus = s.controller, s.corpus
+    if o.seed is not None and not sampling.greedy:  # nor drafts from the corpus, which earlier requests made
+        ctl, corpus = Controller(k_max=s.k_max, k_min=s.k_min, adaptive=s.k_min != s.k_max, timed=False), None
     return replace(s.gen, sampling=sampling, controller=ctl, max_tokens=o.max_tokens, seed=o.seed, rng=None,
-                   on_prefill=None, grammar=grammar if grammar is not None else o.grammar_spec())
+                   on_prefill=None, grammar=grammar if grammar is not None else o.grammar_spec(), corpus=corpus)
 
 
 def resolve_models(o: Options) -> Refs:
@@ -243,6 +245,28 @@ def build_drafter(spec: Mode, draft_model: Model | None, p_min: float = 0.0, not
     return (dm, mode) if mode is Mode.draft else (Hybrid(PromptLookup(), dm), mode)
 
 
+def open_corpus(o: Options, target: Model, drafter: Drafter | None,
+                notices: list[str]) -> tuple[Corpus | None, str | None]:
+    """(the corpus of earlier requests, the vocabulary tag of its --lookup-cache file) where --lookup-corpus is on
+    and the drafter drafts by prompt lookup (else None, None; the tag is None without a file). The file's
+    problems are notices: a broken or foreign file never stops a run."""
+    from spectool.drafters.corpus import Corpus, vocab_tag
+    from spectool.drafters.lookup import lookup_of
+
+    if not o.lookup_corpus or lookup_of(drafter) is None:
+        if o.lookup_cache is not None:
+            notices.append(f"--lookup-cache {o.lookup_cache}: this mode does not draft by prompt lookup; not used")
+        return None, None
+    if o.lookup_cache is None:
+        return Corpus(o.lookup_corpus_size), None
+    info = target.vocab_info()
+    vocab = vocab_tag(info.texts, info.type)
+    corpus, warning = Corpus.load(o.lookup_cache, vocab, o.lookup_corpus_size)
+    if warning:
+        notices.append(warning)
+    return corpus, vocab
+
+
 def pruned_draft(stack: contextlib.ExitStack, draft_model: Model, vocab: int, o: Options, hooks: Hooks = Hooks(),
                  keep_original: bool = False) -> tuple[Model, np.ndarray | None, str]:
     """The loaded draft's copy pruned to `vocab` tokens (made on first use and cached), in its place unless
@@ -312,14 +336,18 @@ def open_session(o: Options, hooks: Hooks = Hooks()) -> Iterator[Session]:
         if warning:
             notices.append(warning)
         controller = Controller(k_max=k_max, k_min=o.draft_min, adaptive=o.draft_min != k_max, costs=costs)
+        corpus, vocab = open_corpus(o, target, drafter, notices)
         # a grammar's forced tokens are drafts too: only where rejected ones can be dropped
         gen = Generation(target, drafter, controller=controller, forced_drafts=target.can_rollback)
         s = Session(gen, mode, str(m.target_ref), str(m.draft_ref) if draft_model is not None else None, notices,
-                    draft_model if mode in (Mode.draft, Mode.hybrid) else None, controller, k_max, o.draft_min)
+                    draft_model if mode in (Mode.draft, Mode.hybrid) else None, controller, k_max, o.draft_min,
+                    corpus)
         s.gen = generation(s, o, grammar)
         try:
             yield s
         finally:
+            if vocab is not None and (warning := corpus.save(o.lookup_cache, vocab)):
+                hooks.say(warning)
             if costs_file is not None and controller.costs.verify:
                 costtables.save(costs_file, controller.costs, {
                     "target": str(Path(target.path).resolve()), "threads": o.threads, "ctx": o.ctx_size,

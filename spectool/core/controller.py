@@ -41,8 +41,14 @@ LOOKUP_PRIORS = {AGREED: (0.4, 0.7, 0.8, 0.9, 0.97), MOSTLY: (0.6, 0.4, 0.5, 0.7
                  SPLIT: (0.15, 0.25, 0.25, 0.3, 0.2)}
 
 
+# The corpus of earlier requests (drafters/corpus.py) starts from lookup's priors with this weight: a corpus that
+# does not fit the requests is learnt within a few short drafts under its own keys
+CORPUS_PRIOR_WEIGHT = 4.0
+
+
 def _default_priors() -> dict[Key, tuple[float, float]]:
-    lookup = {Key.lookup(b, agreement): (a, 8.0)
+    lookup = {Key.lookup(b, agreement, source=source): (a, 8.0 if source is Source.lookup else CORPUS_PRIOR_WEIGHT)
+              for source in (Source.lookup, Source.corpus)
               for agreement, row in LOOKUP_PRIORS.items() for b, a in zip(BUCKETS, row, strict=True)}
     # a draft model's and an MTP head's: a guess that their first observations replace. A grammar's forced tokens
     # are the text's own unless the model spells them with other tokens than the grammar's canonical ones

@@ -13,11 +13,13 @@ from typing import ClassVar
 
 
 class Source(StrEnum):
-    """Where a step's drafts came from: nothing drafted, prompt lookup, a draft model, the target's own MTP
-    heads, lookup's tokens then the draft model's or the MTP head's, or the tokens a grammar forces."""
+    """Where a step's drafts came from: nothing drafted, prompt lookup, prompt lookup in the corpus of earlier
+    requests (drafters/corpus.py), a draft model, the target's own MTP heads, lookup's tokens then the draft model's
+    or the MTP head's, or the tokens a grammar forces."""
 
     none = "none"
     lookup = "lookup"
+    corpus = "corpus"
     draft = "draft"
     mtp = "mtp"
     hybrid = "hybrid"
@@ -41,7 +43,7 @@ class Key:
     """The evidence behind one drafted token. Made by `Key.of` (or `Key.lookup`), which interns keys: one object
     per distinct key, so keys compare and hash by identity, cheaply, in the controller's tables."""
 
-    source: Source  # Source.lookup, Source.draft or Source.mtp
+    source: Source  # Source.lookup, Source.corpus, Source.draft or Source.mtp
     match: int = 0  # lookup: the n-gram length bucket (BUCKETS); 0 otherwise
     agreement: str = AGREED  # lookup: AGREED, MOSTLY or SPLIT
     pos: int = 0  # lookup: tokens after the start of its stretch (0: the start itself)
@@ -66,9 +68,10 @@ class Key:
         return key
 
     @classmethod
-    def lookup(cls, match: int, agreement: str = AGREED, pos: int = 0) -> Key:
-        """A greedy prompt-lookup key; `match` is one of BUCKETS (see `bucket`)."""
-        return cls.of(Source.lookup, match, agreement, pos)
+    def lookup(cls, match: int, agreement: str = AGREED, pos: int = 0, source: Source = Source.lookup) -> Key:
+        """A greedy prompt-lookup key (`source`: Source.lookup, or Source.corpus for a match in the corpus);
+        `match` is one of BUCKETS (see `bucket`)."""
+        return cls.of(source, match, agreement, pos)
 
     def __post_init__(self):
         source, match, agreement, pos, temp = self.source, self.match, self.agreement, self.pos, self.temp
@@ -95,7 +98,7 @@ class Key:
 
     def __str__(self) -> str:  # "lookup:2~+3@T0.8": for people (debug output, tests' messages)
         text = self.source.value
-        if self.source is Source.lookup:
+        if self.source in (Source.lookup, Source.corpus):
             text += f":{self.match}{self.agreement}" + (f"+{self.pos}" if self.pos else "")
         return text + (f"@T{self.temp:g}" if self.temp else "")
 

@@ -19,7 +19,8 @@ import numpy as np  # noqa: E402
 from spectool.core.controller import Controller
 from spectool.drafters.base import EMPTY, Draft, Drafter
 from spectool.drafters.grammar import Constrained
-from spectool.drafters.lookup import PromptLookup
+from spectool.drafters.corpus import Corpus
+from spectool.drafters.lookup import PromptLookup, lookup_of
 from spectool.llama.engine import EngineError, Model
 from spectool.llama.outputs import ROWS, Output
 from spectool.core.grammar import Constraint, Grammar, NothingAllowed, dist_under, token_under
@@ -63,6 +64,8 @@ class Generation:
     forced_drafts: bool = True  # ... and the tokens it forces are drafted, with or without a drafter
     logprobs: int | None = None  # each token's log-probability and this many alternatives (Step.logprobs); None:
     # none, and llama.cpp's graph may sample the rows where they are (backend_chain)
+    corpus: Corpus | None = None  # earlier generations' text, which prompt lookup drafts from too; this one's
+    # prompt and output join it when it ends (drafters/corpus.py)
 
     def random(self) -> np.random.Generator:
         if self.rng is None:
@@ -88,6 +91,8 @@ def speculative_generate(g: Generation, prompt: Sequence[int], stats: Stats | No
     # what llama.cpp samples inside its graph (ids, top-k or rows); a grammar's mask and logprobs need whole rows
     on_graph = backend_chain(g.sampling) if constraint is None and g.logprobs is None else ROWS
     drafter = g.drafter
+    if (lookup := lookup_of(drafter)) is not None:
+        lookup.corpus = g.corpus
     if constraint is not None and (drafter is not None or g.forced_drafts):
         drafter = Constrained(drafter, constraint, g.forced_drafts)
     drafter, notice = _start_drafter(g, drafter, x, on_graph, constraint)
@@ -141,6 +146,8 @@ class _Loop:
             yield self.last("context")
         finally:
             target.rollback(len(x) - 1)  # whatever happened, the cache holds x[:-1] and nothing drafted
+            if self.g.corpus is not None:
+                self.g.corpus.add(x)
 
     def draft(self, k_max: int) -> tuple[list[Key], Draft]:
         """The keys the controller picked among the drafter's offer, and the draft of that many tokens."""

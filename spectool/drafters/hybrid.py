@@ -49,7 +49,7 @@ class Hybrid:
         if constraint is not None and head.tokens:  # cut at the first token the grammar rejects
             n = constraint.valid(head.tokens)
             if n < len(head.tokens):
-                return Draft(head.tokens[:n], None, Source.lookup) if n else EMPTY
+                return Draft(head.tokens[:n], None, head.source) if n else EMPTY
         if k <= len(head.tokens):
             return head
         if constraint is not None:

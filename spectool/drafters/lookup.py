@@ -23,8 +23,10 @@ class NGramIndex:
         self.n_min, self.n_max = n_min, n_max
         self.tokens: list[int] = []  # the sequence indexed
         # An n-gram is a string of n characters, chr(token) each (token ids are far below 0x110000): sliced,
-        # hashed and compared in one piece, and not tracked by the garbage collector as a tuple would be.
-        self._follow: dict[str, dict[int, int]] = {}
+        # hashed and compared in one piece, and not tracked by the garbage collector as a tuple would be. Its
+        # followers are {token: count}, or the token alone where one was seen once (most n-grams of a text: an int
+        # costs a fraction of a dict's memory and making)
+        self._follow: dict[str, int | dict[int, int]] = {}
         self._n_first = n_max  # the first match of the last prediction: the next one's first guess
 
     def extend(self, history: Sequence[int], end: int | None = None) -> None:
@@ -33,19 +35,55 @@ class NGramIndex:
         n_old, end = len(self.tokens), len(history) if end is None else end
         if n_old > end or (n_old and history[n_old - 1] != self.tokens[-1]):
             self.tokens, self._follow, n_old = [], {}, 0
-        toks, follow, n_min, n_max = self.tokens, self._follow, self.n_min, self.n_max
-        tail = "".join(map(chr, toks[-n_max:]))  # the n-grams before the next token are the ends of this
-        for t in history[n_old:end]:
+        tail = "".join(map(chr, self.tokens[-self.n_max:]))  # the n-grams before the next token are its ends
+        self._count(tail, history[n_old:end])
+        self.tokens += history[n_old:end]
+
+    def add(self, doc: Sequence[int], start: int = 0) -> None:
+        """Index a document of a corpus (Corpus): the n-grams ending before each of its tokens from `start` on, none
+        reaching back before it. The document's tokens are not kept (`tokens` stays the sequence's)."""
+        self._count("".join(map(chr, doc[max(0, start - self.n_max) : start])), doc[start:])
+
+    def remove(self, doc: Sequence[int]) -> None:
+        """Forget a document `add` indexed whole: each of its n-grams counted once less, dropped at zero."""
+        follow, n_min, n_max = self._follow, self.n_min, self.n_max
+        tail = ""
+        for t in doc:
+            m = len(tail)
+            for n in range(n_min, m + 1):
+                gram = tail[m - n :]
+                f = follow[gram]
+                if f.__class__ is int:
+                    del follow[gram]
+                    continue
+                c = f[t] - 1
+                if c:
+                    f[t] = c
+                else:
+                    del f[t]
+                if len(f) == 1 and 1 in f.values():  # seen once now: the token alone, as `_count` makes it
+                    follow[gram] = next(iter(f))
+            tail = tail[1 - n_max :] + chr(t) if n_max > 1 else chr(t)
+
+    def _count(self, tail: str, new: Sequence[int]) -> None:
+        """Count the n-grams before each token of `new`, `tail` (chr per token) the text before the first."""
+        follow, n_min, n_max = self._follow, self.n_min, self.n_max
+        for t in new:
             m = len(tail)
             for n in range(n_min, m + 1):
                 gram = tail[m - n :]
                 f = follow.get(gram)
                 if f is None:
-                    follow[gram] = {t: 1}
+                    follow[gram] = t
+                elif f.__class__ is int:
+                    follow[gram] = {t: 2} if f == t else {f: 1, t: 1}
                 else:  # counted, and moved last: a follower's order is that of its last occurrence
                     f[t] = f.pop(t, 0) + 1
-            toks.append(t)
             tail = tail[1 - n_max :] + chr(t) if n_max > 1 else chr(t)
+
+    def __len__(self) -> int:
+        """How many n-grams are indexed."""
+        return len(self._follow)
 
     def predict(self, context: Sequence[int]) -> Iterator[tuple[int, int, int, int]]:
         """What follows `context`, token after token, each predicted token taken as the next one's context:
@@ -56,32 +94,55 @@ class NGramIndex:
         The longest match is searched from a guess, up or down: an n-gram seen (followed by something) means each
         of its suffixes was seen, and one not seen means no longer one was. The guess is one more than the last
         match (right at the first look-up along a copied stretch), first the last prediction's first match."""
-        follow, n_min, n_max = self._follow, self.n_min, self.n_max
-        seq = "".join(map(chr, context[-n_max:]))
+        seq = "".join(map(chr, context[-self.n_max :]))
         guess, first = self._n_first, True
         while True:
-            top = min(n_max, len(seq))
-            n = max(n_min, min(guess, top))
-            f = follow.get(seq[-n:])
-            if f:
-                while n < top and (longer := follow.get(seq[-n - 1 :])):
-                    n, f = n + 1, longer
-            else:
-                while not f:
-                    n -= 1
-                    if n < n_min:
-                        return
-                    f = follow.get(seq[-n:])
+            n, f = self.longest(seq, guess)
+            if f is None:
+                return
             if first:
                 self._n_first, first = n, False
-            if len(f) == 1:  # the usual case: one follower
-                ((t, c),) = f.items()
-                yield t, n, c, c
-            else:
-                t = max(reversed(f), key=f.__getitem__)  # the most frequent; of those, the last seen
-                yield t, n, f[t], sum(f.values())
+            t, c, total = vote(f)
+            yield t, n, c, total
             seq += chr(t)
             guess = n + 1
+
+    def longest(self, seq: str, guess: int) -> tuple[int, int | dict[int, int] | None]:
+        """(n, the followers) of the longest n-gram ending `seq` seen before, searched from `guess` (see
+        `predict`); (0, None) where none was."""
+        follow, n_min = self._follow, self.n_min
+        top = min(self.n_max, len(seq))
+        n = max(n_min, min(guess, top))
+        f = follow.get(seq[-n:])
+        if f is not None:
+            while n < top and (longer := follow.get(seq[-n - 1 :])) is not None:
+                n, f = n + 1, longer
+            return n, f
+        while f is None:
+            n -= 1
+            if n < n_min:
+                return 0, None
+            f = follow.get(seq[-n:])
+        return n, f
+
+
+def latest(f: int | dict[int, int]) -> tuple[int, int, int]:
+    """`vote`'s answer by recency alone: the follower seen last (benchmarks/corpus_replay.py measures both)."""
+    if f.__class__ is int:
+        return f, 1, 1
+    t = next(reversed(f))
+    return t, f[t], sum(f.values())
+
+
+def vote(f: int | dict[int, int]) -> tuple[int, int, int]:
+    """(token, its count, the count of every follower) of the most frequent follower; of those, the last seen."""
+    if f.__class__ is int:  # the usual case: one follower, seen once
+        return f, 1, 1
+    if len(f) == 1:
+        ((t, c),) = f.items()
+        return t, c, c
+    t = max(reversed(f), key=f.__getitem__)
+    return t, f[t], sum(f.values())
 
 
 class LookupOffer:
@@ -89,12 +150,13 @@ class LookupOffer:
     controller draws only while a longer draft could pay); `take(k)` the first k tokens, however many keys were
     drawn before."""
 
-    __slots__ = ("history", "n_history", "tokens", "_keys")
+    __slots__ = ("history", "n_history", "tokens", "sources", "_keys")
 
     def __init__(self, lookup: PromptLookup, history: Sequence[int], k_max: int, final: int | None = None):
         self.history, self.n_history = history, len(history)
-        self.tokens: list[int] = []  # the tokens behind the keys drawn so far
-        self._keys = lookup._keys(history, k_max, self.tokens, final)
+        self.tokens: list[int] = []  # the tokens behind the keys drawn so far ...
+        self.sources: list[Source] = []  # ... and where each came from: the request's own text or the corpus
+        self._keys = lookup._keys(history, k_max, self.tokens, final, self.sources)
 
     def __iter__(self) -> Iterator[Key]:
         return self._keys
@@ -112,43 +174,83 @@ class LookupOffer:
 
 class PromptLookup:
     """N-gram drafting from the prompt and the text so far (NGramIndex): a draft extends the current suffix one
-    token at a time by the followers of its longest n-gram seen before."""
+    token at a time by the followers of its longest n-gram seen before. With a `corpus` (drafters/corpus.py: the
+    text of earlier requests), a token comes from the corpus where its match there is longer than the request's
+    own by more than `corpus_margin` tokens (the request's own text outranks the corpus), under keys of its own
+    (Source.corpus): the controller learns how far the corpus is right apart from the request's own text."""
 
     STRETCH_MAX = 16  # continuations further along a stretch share one key
 
-    def __init__(self, n_min: int = 1, n_max: int = 12):
+    def __init__(self, n_min: int = 1, n_max: int = 12, corpus=None, corpus_margin: int = 0):
         if not 1 <= n_min <= n_max:
             raise ValueError("lookup n-gram sizes need 1 <= n_min <= n_max")
         self.index = NGramIndex(n_min, n_max)
+        self.corpus = corpus  # a Corpus, consulted while it holds something (the loop sets it per generation)
+        self.corpus_margin = corpus_margin
         self._offer: LookupOffer | None = None  # the last peek's, until propose drafts from it
 
-    def _keys(self, history: Sequence[int], k: int, tokens: list[int], final: int | None = None) -> Iterator[Key]:
+    def _keys(self, history: Sequence[int], k: int, tokens: list[int], final: int | None = None,
+              sources: list[Source] | None = None) -> Iterator[Key]:
         """For LookupOffer: the controller keys of up to k tokens predicted after `history`, lazily, each key's
-        token appended to the offer's `tokens` as the key is yielded.
+        token appended to the offer's `tokens` as the key is yielded (and its source to `sources`).
 
         A draft copies a stretch of the history: its first token comes from an n-gram match, and each next one
         usually from the same match one token longer, which by then includes drafted tokens and so proves nothing
         new. Such a continuation is keyed by where its stretch began and how far along it is ("lookup:2+3": the
         third token after a 2-gram start), so the controller learns how stretches wear out. A token whose own
         evidence breaks the stretch (a shorter match: the copied text went another way before; or followers that
-        disagreed) starts a new one under its own key (`key`). Only the first `final` tokens of the history are
-        indexed (the rest, a grammar's forced tokens, may yet be rejected)."""
+        disagreed; or the other source) starts a new one under its own key (`key`). Only the first `final` tokens
+        of the history are indexed (the rest, a grammar's forced tokens, may yet be rejected)."""
         self.index.extend(history, final)
-        yield from self._predicted(history, k, tokens)
+        yield from self._predicted(history, k, tokens, sources)
 
-    def _predicted(self, history: Sequence[int], k: int, tokens: list[int]) -> Iterator[Key]:
+    def _predicted(self, history: Sequence[int], k: int, tokens: list[int],
+                   sources: list[Source] | None = None) -> Iterator[Key]:
         """`_keys` on the index as it is."""
-        n_max = self.index.n_max
-        key, prev_n = None, 0
-        for t, n, count, total in islice(self.index.predict(history), k):
-            if key is not None and count == total and n == min(prev_n + 1, n_max):
+        corpus = self.corpus
+        both = corpus is not None and len(corpus.index) > 0
+        predicted = self._predict_both(history, corpus) if both else self.index.predict(history)
+        key, prev_n, prev_source, n_max, source = None, 0, Source.lookup, self.index.n_max, Source.lookup
+        for p in islice(predicted, k):
+            if both:
+                t, n, count, total, source = p
+                n_max = self.index.n_max if source is Source.lookup else corpus.index.n_max
+            else:
+                t, n, count, total = p
+            if key is not None and count == total and n == min(prev_n + 1, n_max) and source is prev_source:
                 if key.pos < self.STRETCH_MAX:
                     key = key.next
             else:
-                key = self.key(n, count, total)
+                key = self.key(n, count, total, source)
             tokens.append(t)
-            prev_n = n
+            if sources is not None:
+                sources.append(source)
+            prev_n, prev_source = n, source
             yield key
+
+    def _predict_both(self, context: Sequence[int], corpus) -> Iterator[tuple[int, int, int, int, Source]]:
+        """NGramIndex.predict over the request's own index and the corpus's: each token from the longer match, the
+        request's own unless the corpus's is longer by more than `corpus_margin`; with its Source. The corpus's
+        followers are voted on by its own rule (Corpus.vote: the most frequent, by default)."""
+        own, other, pick, margin = self.index, corpus.index, corpus.vote, self.corpus_margin
+        seq = "".join(map(chr, context[-max(own.n_max, other.n_max) :]))
+        g_own, g_other, first = own._n_first, other._n_first, True
+        while True:
+            n1, f1 = own.longest(seq, g_own)
+            n2, f2 = other.longest(seq, g_other)
+            if f2 is not None and (f1 is None or n2 > n1 + margin):
+                t, c, total = pick(f2)
+                out = t, n2, c, total, Source.corpus
+            elif f1 is not None:
+                t, c, total = vote(f1)
+                out = t, n1, c, total, Source.lookup
+            else:
+                return
+            if first:
+                own._n_first, other._n_first, first = n1 or own._n_first, n2 or other._n_first, False
+            yield out
+            seq += chr(t)
+            g_own, g_other = n1 + 1, n2 + 1
 
     def lookup_instead(self, history: Sequence[int], last: int, k: int) -> tuple[list[int], list[Key]]:
         """Up to k tokens predicted after `history` (indexed already) with its last token taken as `last` instead,
@@ -164,12 +266,13 @@ class PromptLookup:
         return offer.tokens, keys
 
     @staticmethod
-    def key(n: int, count: int, total: int) -> Key:
+    def key(n: int, count: int, total: int, source: Source = Source.lookup) -> Key:
         """The evidence class of a predicted token: an n-gram match (its length bucketed) that was always followed
         by this token (AGREED, "lookup:N"), followed by others too but mostly by this one (MOSTLY, "lookup:N~"),
-        or not mostly (SPLIT, "lookup:N?"). See Controller.priors for how often each is accepted."""
+        or not mostly (SPLIT, "lookup:N?"); in the request's own text or in the corpus ("corpus:N"). See
+        Controller.priors for how often each is accepted."""
         agreement = AGREED if count == total else MOSTLY if 2 * count > total else SPLIT
-        return Key.lookup(bucket(n), agreement)
+        return Key.lookup(bucket(n), agreement, source=source)
 
     def prefill(self, history: Sequence[int]) -> None:
         self.index.extend(history)
@@ -182,9 +285,20 @@ class PromptLookup:
     def propose(self, history: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator,
                 constraint=None) -> Draft:
         """The first k tokens of the last peek's offer, where it was for this history; else predicted afresh. A
-        grammar (`constraint`) cuts them afterwards (drafters/grammar.py): predicting them asks nothing of it."""
+        grammar (`constraint`) cuts them afterwards (drafters/grammar.py): predicting them asks nothing of it. A
+        draft that drew on the corpus is the corpus's (Source.corpus)."""
         offer, self._offer = self._offer, None
         if offer is None or not offer.is_for(history):
             offer = LookupOffer(self, history, k)
         tokens = offer.take(k)
-        return Draft(tokens, None, Source.lookup) if tokens else EMPTY
+        if not tokens:
+            return EMPTY
+        return Draft(tokens, None, Source.corpus if Source.corpus in offer.sources[:k] else Source.lookup)
+
+
+def lookup_of(drafter) -> PromptLookup | None:
+    """The prompt lookup a drafter drafts with: itself, or a hybrid's."""
+    if isinstance(drafter, PromptLookup):
+        return drafter
+    inner = getattr(drafter, "lookup", None)
+    return inner if isinstance(inner, PromptLookup) else None

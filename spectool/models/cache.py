@@ -21,13 +21,17 @@ def file_tag(path: str | os.PathLike, *extra: object) -> str:
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
-def write_json_atomic(path: str | os.PathLike, obj) -> None:
-    """Write JSON to a temporary file beside `path`, then rename: readers see the old file or the new one."""
+def write_json_atomic(path: str | os.PathLike, obj, indent: int | None = 2) -> None:
+    """Write JSON to a temporary file beside `path`, flushed to the disk, then rename: readers see the old file or
+    the new one, after a crash too."""
     path = Path(path)
-    text = json.dumps(obj, indent=2) + "\n"
+    text = json.dumps(obj, indent=indent, separators=None if indent else (",", ":")) + "\n"
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(text)
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

@@ -1,0 +1,120 @@
+"""The lookup corpus: one n-gram index over earlier requests' prompts and outputs, beside each request's own
+(SuffixDecoding's global index, arXiv 2411.04975, kept as n-grams), and its file for `run --lookup-cache`.
+
+Each finished generation is one document (its prompt and output): n-grams never span two documents. The corpus is
+bounded in tokens; the oldest documents go first, each n-gram they added counted once less. A document that extends
+the last one (a chat's next turn, an agent that resends its conversation with one more message) replaces it, and
+only its new tokens are indexed. Followers keep their counts across documents, so where the corpus has seen a
+context continue several ways it drafts the most frequent continuation, and the keys say how far the followers
+agreed (PromptLookup.key).
+
+The file is JSON, versioned and tagged with the vocabulary it was made with; it is written whole and renamed
+(models/cache.py), so a crash leaves the old file or the new one. Reading it never fails: a file that is not a
+lookup cache, is broken, or was made with another vocabulary is a one-line warning and an empty corpus (a file that
+is not one of ours is then never overwritten).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections import deque
+from pathlib import Path
+from typing import Sequence
+
+from spectool.drafters.lookup import NGramIndex, vote
+
+CORPUS_N_MAX = 8  # the longest n-gram the corpus keeps: lookup's longest match bucket (keys.BUCKETS)
+FORMAT, VERSION = "spectool-lookup-cache", 1
+
+
+class Corpus:
+    """Documents (token lists) in one NGramIndex, at most `max_tokens` tokens of them, oldest out first."""
+
+    def __init__(self, max_tokens: int, n_min: int = 1, n_max: int = CORPUS_N_MAX, pick=vote):
+        if max_tokens < 1:
+            raise ValueError("a corpus holds at least one token")
+        self.max_tokens = max_tokens
+        self.vote = pick  # which follower of a match it drafts: lookup.vote (the most frequent) or lookup.latest
+        self.index = NGramIndex(n_min, n_max)
+        self.docs: deque[list[int]] = deque()
+        self.n_tokens = 0
+        self.writable = True  # False: the file it came from is not a lookup cache, and is left as it is
+
+    def add(self, tokens: Sequence[int]) -> None:
+        """One more document: a finished generation's prompt and output (its last `max_tokens` tokens)."""
+        doc = list(tokens[-self.max_tokens :])
+        if not doc:
+            return
+        last = self.docs[-1] if self.docs else None
+        if last is not None and len(doc) > len(last) and doc[: len(last)] == last:
+            self.index.add(doc, start=len(last))  # it extends the last document: only its new n-grams
+            self.n_tokens += len(doc) - len(last)
+            self.docs[-1] = doc
+        else:
+            self.index.add(doc)
+            self.docs.append(doc)
+            self.n_tokens += len(doc)
+        while self.n_tokens > self.max_tokens:
+            old = self.docs.popleft()
+            self.index.remove(old)
+            self.n_tokens -= len(old)
+
+    def __len__(self) -> int:
+        return self.n_tokens
+
+    # -- the file (run --lookup-cache) --------------------------------------------------------------------------
+    @classmethod
+    def load(cls, path: str | os.PathLike, vocab: str, max_tokens: int) -> tuple[Corpus, str | None]:
+        """The corpus in `path` for the vocabulary `vocab` (vocab_tag), and a one-line warning where the file could
+        not be used (an empty corpus then). A missing file is a first run: an empty corpus, no warning."""
+        corpus, where = cls(max_tokens), f"--lookup-cache {path}"
+        try:
+            raw = Path(path).read_bytes()
+        except FileNotFoundError:
+            return corpus, None
+        except OSError as e:
+            corpus.writable = False
+            return corpus, f"{where}: cannot read it ({e.strerror}); not using or writing a lookup cache"
+        try:
+            obj = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+            obj = None
+        if not isinstance(obj, dict) or obj.get("format") != FORMAT:
+            corpus.writable = False
+            return corpus, f"{where}: not a spectool lookup cache; left as it is (delete it, or name another file)"
+        if obj.get("version") != VERSION:
+            return corpus, f"{where}: a lookup cache of another version ({obj.get('version')!r}); starting anew"
+        if obj.get("vocab") != vocab:
+            return corpus, f"{where}: made with another model's vocabulary; starting anew"
+        docs = obj.get("documents")
+        if not isinstance(docs, list) or not all(
+                isinstance(d, list) and all(type(t) is int and 0 <= t < 0x110000 for t in d) for d in docs):
+            return corpus, f"{where}: its documents are broken; starting anew"
+        for doc in docs:
+            corpus.add(doc)
+        return corpus, None
+
+    def save(self, path: str | os.PathLike, vocab: str) -> str | None:
+        """Write the corpus to `path` atomically; a one-line warning where it could not be written."""
+        from spectool.models.cache import write_json_atomic
+
+        if not self.writable:  # the file was not ours
+            return None
+        try:
+            write_json_atomic(path, {"format": FORMAT, "version": VERSION, "vocab": vocab,
+                                     "documents": list(self.docs)}, indent=None)
+        except OSError as e:
+            return f"--lookup-cache {path}: could not write it ({e.strerror})"
+        return None
+
+
+def vocab_tag(texts: Sequence[bytes], kind: int = 0) -> str:
+    """A short fingerprint of a vocabulary (VocabInfo's type and token texts): a cache's ids mean the same text
+    only under the vocabulary it was made with."""
+    h = hashlib.sha256(f"{kind}:{len(texts)}:".encode())
+    for t in texts:
+        h.update(len(t).to_bytes(4, "little"))
+        h.update(t)
+    return h.hexdigest()[:32]

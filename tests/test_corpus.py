@@ -1,0 +1,217 @@
+"""The lookup corpus (drafters/corpus.py): its index against one built afresh from the documents it kept, its bound
+over a thousand requests, how it ranks beside the request's own text, its file, and where it is on by default."""
+
+import json
+import random
+import tracemalloc
+
+import pytest
+from helpers import Server, spectool, tokens_of
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from spectool.core.controller import Controller
+from spectool.core.keys import Source
+from spectool.core.speculative import Generation
+from spectool.core.stats import Stats
+from spectool.drafters.corpus import Corpus, vocab_tag
+from spectool.drafters.lookup import NGramIndex, PromptLookup
+from spectool.options import Options, UserError, is_loopback, with_corpus_default
+
+
+def fresh(corpus: Corpus) -> dict:
+    """The follower table of an index built from nothing but the documents `corpus` kept."""
+    index = NGramIndex(corpus.index.n_min, corpus.index.n_max)
+    for doc in corpus.docs:
+        index.add(doc)
+    return index._follow
+
+
+docs = st.lists(st.lists(st.integers(0, 6), min_size=0, max_size=30), max_size=25)
+
+
+@settings(max_examples=200, deadline=None)
+@given(docs, st.integers(1, 60), st.booleans())
+def test_the_index_is_that_of_the_documents_it_kept(documents, bound, extend):
+    """After every document, what the corpus indexes is exactly the n-grams of the documents it kept (counts and
+    all: the oldest documents' n-grams were counted out), within its bound. With `extend`, each document is the
+    last one grown (a chat's turns), which replaces it."""
+    corpus, last = Corpus(bound, 1, 3), []
+    for doc in documents:
+        doc = last + doc if extend else doc
+        corpus.add(doc)
+        last = doc
+        assert corpus.n_tokens == sum(map(len, corpus.docs)) <= bound
+        assert corpus.index._follow == fresh(corpus)
+        if doc:
+            assert corpus.docs[-1] == doc[-bound:]
+
+
+def test_memory_stays_within_its_bound_over_a_thousand_requests():
+    """A thousand requests through a corpus of 6000 tokens: it never holds more, its n-grams never outnumber what
+    its tokens can make, the memory it holds after the thousandth is what it held after the 200th (within a tenth:
+    forgetting the oldest documents gives their memory back), and that is under 1.5 kB a token."""
+    rng = random.Random(35)
+    corpus = Corpus(6000)
+    grams = corpus.index.n_max - corpus.index.n_min + 1
+    tracemalloc.start()
+    try:
+        for i in range(1000):
+            shape = rng.randrange(20)  # related requests: one of 20 shapes, a few words of its own
+            doc = [shape * 50 + j for j in range(40)] + [rng.randrange(2000) for _ in range(rng.randrange(10, 80))]
+            corpus.add(doc)
+            assert corpus.n_tokens <= 6000 and len(corpus.index) <= grams * corpus.n_tokens
+            if i == 199:  # long since full (the first document went at about the 70th)
+                settled = tracemalloc.get_traced_memory()[0]
+        held = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert len(corpus.docs) < 100 and corpus.index._follow == fresh(corpus)
+    assert held < 1.1 * settled and held < 1500 * 6000, (held, settled)
+
+
+def corpus_of(*documents, bound=10_000):
+    corpus = Corpus(bound)
+    for doc in documents:
+        corpus.add(doc)
+    return corpus
+
+
+def test_the_requests_own_text_outranks_the_corpus():
+    """Where both match as long, the request's own follower wins; where the corpus matches longer, the corpus's
+    does, under a key of its own, and the draft is the corpus's."""
+    lk = PromptLookup()
+    lk.corpus = corpus_of([1, 2, 3, 4, 5, 6, 7, 8])
+    tokens, keys = lk.lookup([0, 3, 4, 20, 9, 3, 4], 1)  # own "3 4" -> 20; the corpus's "3 4" -> 5
+    assert tokens == [20] and keys[0].source is Source.lookup
+    tokens, keys = lk.lookup([9, 2, 3, 4, 20, 7, 1, 2, 3, 4], 4)  # the corpus's "1 2 3 4" is longer than own "2 3 4"
+    assert tokens[:2] == [5, 6] and keys[0].source is Source.corpus and str(keys[0]) == "corpus:4"
+    assert keys[1] is keys[0].next  # the same stretch
+    offer = lk.peek([9, 2, 3, 4, 20, 7, 1, 2, 3, 4], 4)
+    assert lk.propose(offer.history, 3, None, None).source is Source.corpus
+    lk.corpus = None
+    assert lk.lookup([9, 2, 3, 4, 20, 7, 1, 2, 3, 4], 1)[0] == [20]
+
+
+def test_the_corpus_drafts_the_most_frequent_continuation():
+    lk = PromptLookup()
+    lk.corpus = corpus_of([5, 6, 7, 1], [5, 6, 7, 2], [5, 6, 7, 2])
+    tokens, keys = lk.lookup([0, 5, 6, 7], 1)
+    assert tokens == [2] and str(keys[0]) == "corpus:3~"
+
+
+PROMPT = "def add(a, b):\n    return a + b\n\ndef greet(name):"
+
+
+def test_greedy_output_with_the_corpus_is_plain_decodings(target):
+    """Greedy output is the target's, token for token, with a corpus that fits (the same prompt answered before)
+    and one that misleads (another text's tokens, shuffled): the first drafts from the corpus, and both were
+    verified."""
+    prompt = target.tokenize(PROMPT)
+    plain = tokens_of(Generation(target, None, max_tokens=80), prompt)
+    rng = random.Random(1)
+    noise = list(prompt + plain)
+    rng.shuffle(noise)
+    for corpus in (corpus_of(prompt + plain), corpus_of(noise, noise[::-1])):
+        g = Generation(target, PromptLookup(), max_tokens=80, corpus=corpus,
+                       controller=Controller(k_max=5, timed=False))
+        assert tokens_of(g, prompt) == plain
+        assert len(corpus.docs[-1]) == len(prompt) + len(plain)  # this generation joined the corpus
+    g = Generation(target, PromptLookup(), max_tokens=80, corpus=corpus_of(prompt + plain),
+                   controller=Controller(k_max=5, timed=False))
+    stats = Stats()
+    assert tokens_of(g, prompt, stats) == plain and stats.by_source.get("corpus", 0) > 0
+
+
+def test_the_default_follows_the_host_and_the_flags_choose():
+    for host in ("127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost"):
+        assert is_loopback(host), host
+    for host in ("0.0.0.0", "::", "192.168.1.20", "example.org", ""):
+        assert not is_loopback(host), host
+    o = Options()
+    assert with_corpus_default(o, True).lookup_corpus and not with_corpus_default(o, False).lookup_corpus
+    assert not with_corpus_default(Options(lookup_corpus=False), True).lookup_corpus
+    assert with_corpus_default(Options(lookup_corpus=True), False).lookup_corpus
+    assert with_corpus_default(Options(lookup_cache="c.json"), False).lookup_corpus
+    with pytest.raises(UserError, match="--lookup-cache"):
+        with_corpus_default(Options(lookup_cache="c.json", lookup_corpus=False), True)
+
+
+def test_serve_keeps_a_corpus_on_loopback_only_unless_told(tiny):
+    """/metrics shows the corpus's size where there is one: on 127.0.0.1 it grows with each request; on 0.0.0.0
+    there is none, unless --lookup-corpus asks; --no-lookup-corpus turns it off on loopback."""
+    def corpus_tokens(s):
+        _, text = s.request("GET", "/metrics")
+        return next((float(ln.split()[1]) for ln in text.splitlines()
+                     if ln.startswith("spectool_lookup_corpus_tokens ")), None)
+
+    for args, on in (((), True), (("--host", "0.0.0.0"), False), (("--host", "0.0.0.0", "--lookup-corpus"), True),
+                     (("--no-lookup-corpus",), False)):
+        s = Server(tiny["target"], *args)
+        try:
+            before = corpus_tokens(s)
+            s.client().completions.create(model="m", prompt="The quick brown fox", max_tokens=8)
+            after = corpus_tokens(s)
+        finally:
+            s.stop()
+        assert (before, after is not None and after > 0) == ((0.0, True) if on else (None, False)), args
+
+
+def test_a_cache_file_is_read_and_written_back_and_a_broken_one_is_one_warning(tiny, tmp_path):
+    """`run --lookup-cache FILE`: a first run writes it (the run's prompt and output), a second reads and extends
+    it; a broken file, a foreign one and one of another vocabulary are one warning line each, never a crash, and a
+    file that is not a lookup cache is left as it was."""
+    cache = tmp_path / "lookup.json"
+    args = ("run", "-m", tiny["target"], "-c", "1024", "-t", "2", "-n", "12", "-q", "--lookup-cache", cache)
+    first = spectool(*args, "the dog the fox the dog")
+    assert first.returncode == 0 and "lookup" not in first.stderr, first.stderr
+    saved = json.loads(cache.read_text())
+    assert saved["format"] == "spectool-lookup-cache" and len(saved["documents"]) == 1
+    second = spectool(*args, "a cat and a bird")
+    assert second.returncode == 0 and "lookup" not in second.stderr
+    assert len(json.loads(cache.read_text())["documents"]) == 2
+    plain = spectool("run", "-m", tiny["target"], "-c", "1024", "-t", "2", "-n", "12", "-q", "--spec", "none",
+                     "a cat and a bird")
+    assert second.stdout == plain.stdout  # greedy: the corpus changes drafts, never the text
+
+    for content, kept in ((b'{"format": "spectool-lookup-cache", "version": 1, "vo', True),
+                          (b"\x00\xff not json at all", True), (b'{"some": "other tool"}', True),
+                          (json.dumps({**saved, "vocab": "another"}).encode(), False),
+                          (json.dumps({**saved, "documents": [[1, "x"]]}).encode(), False)):
+        cache.write_bytes(content)
+        out = spectool(*args, "the dog the fox")
+        lines = out.stderr.splitlines()
+        assert out.returncode == 0 and len(lines) == 1 and "--lookup-cache" in lines[0], out.stderr
+        assert "Traceback" not in out.stderr and out.stdout
+        assert (cache.read_bytes() == content) == kept  # a file of ours is replaced, anyone else's left alone
+    bad = spectool(*args, "--no-lookup-corpus", "x")
+    assert bad.returncode == 2 and len(bad.stderr.splitlines()) == 1
+
+
+def test_the_cache_round_trips_and_knows_its_vocabulary(tmp_path):
+    path = tmp_path / "c.json"
+    corpus = corpus_of([1, 2, 3], [4, 5, 6, 7])
+    tag = vocab_tag([b"a", b"b"], 1)
+    assert corpus.save(path, tag) is None
+    back, warning = Corpus.load(path, tag, 10_000)
+    assert warning is None and list(back.docs) == list(corpus.docs) and back.index._follow == corpus.index._follow
+    assert vocab_tag([b"a", b"c"], 1) != tag and vocab_tag([b"ab"], 1) != vocab_tag([b"a", b"b"], 1)
+    small, warning = Corpus.load(path, tag, 5)  # a smaller bound keeps the newest
+    assert warning is None and list(small.docs) == [[4, 5, 6, 7]]
+    assert Corpus.load(tmp_path / "none.json", tag, 10)[1] is None  # a first run
+
+
+def test_chat_drafts_from_the_conversations_before_a_reset(target):
+    """chat keeps the corpus across its conversations: the same question after /reset gets the same greedy
+    answer, drafted from the first conversation's (the corpus)."""
+    from spectool.chat import Chat
+
+    target.reset()
+    corpus = Corpus(10_000)
+    chat = Chat(Generation(target, PromptLookup(), max_tokens=40, corpus=corpus,
+                           controller=Controller(k_max=8, timed=False)))
+    first = "".join(t for t, _ in chat.send("Tell me about the quick brown fox and the lazy dog."))
+    "".join(t for t, _ in chat.send("And then?"))
+    chat.reset()
+    again = "".join(t for t, _ in chat.send("Tell me about the quick brown fox and the lazy dog."))
+    assert again == first and chat.turns[-1].by_source.get("corpus", 0) > 0
