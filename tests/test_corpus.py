@@ -123,6 +123,20 @@ def test_greedy_output_with_the_corpus_is_plain_decodings(target):
     assert tokens_of(g, prompt, stats) == plain and stats.by_source.get("corpus", 0) > 0
 
 
+def test_under_a_grammar_the_corpus_drafts_and_counts_as_its_own_source(target):
+    """Under a grammar, lookup's turn may come from the corpus: the output is constrained plain decoding's, and the
+    drafts that drew on the corpus are counted as `corpus`, not as the request's own lookup."""
+    from spectool.core.grammar import Grammar
+
+    grammar = Grammar.gbnf('root ::= "{\\"name\\": \\"" [a-z ]{1,10} "\\", \\"n\\": " [0-9]{1,3} "}"')
+    prompt = target.tokenize("Write a record:")
+    plain = tokens_of(Generation(target, None, max_tokens=40, grammar=grammar), prompt)
+    g = Generation(target, PromptLookup(), max_tokens=40, grammar=grammar, corpus=corpus_of(prompt + plain),
+                   controller=Controller(k_max=5, timed=False))
+    stats = Stats()
+    assert tokens_of(g, prompt, stats) == plain and stats.by_source.get("corpus", 0) > 0
+
+
 def test_the_default_follows_the_host_and_the_flags_choose():
     for host in ("127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost"):
         assert is_loopback(host), host

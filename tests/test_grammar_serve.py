@@ -16,7 +16,9 @@ ENDPOINTS = {"/v1/chat/completions": {"messages": [{"role": "user", "content": "
 
 @pytest.fixture(scope="module")
 def server(tiny):
-    s = Server(tiny["target"])
+    # no corpus: these tests look at one request's drafting, which earlier requests' text would change (a request
+    # asked before is drafted whole from the corpus: one step, one piece, nothing left for the grammar to force)
+    s = Server(tiny["target"], "--no-lookup-corpus")
     yield s
     s.stop()
 
@@ -92,7 +94,7 @@ def test_forced_tokens_are_counted_as_the_grammar_source_and_length_cuts_them(ti
     """A grammar of one sentence forces every token after the first; a fixed draft length drafts whatever is
     offered (an adaptive one may, on a busy machine, find no draft worth its batch), so they are drafted and
     counted as the grammar's. Cut by max_tokens, the text is a part of the sentence, finish "length"."""
-    s = Server(tiny["target"], "--draft-min", "8", "--draft-max", "8")
+    s = Server(tiny["target"], "--draft-min", "8", "--draft-max", "8", "--no-lookup-corpus")  # (as the fixture's)
     try:
         for stream in (False, True):
             path = "/v1/completions"

@@ -28,6 +28,7 @@ class Constrained:
     def __init__(self, inner: Drafter | None, constraint: Constraint, forced: bool = True):
         self.inner, self.constraint, self.force = inner, constraint, forced
         self._taken: list[tuple[int, bool]] = []  # the tokens offered ahead of the inner drafter's: (token, forced)
+        self._keys: list[Key] = []  # lookup's and the grammar's keys of them, in turn (their sources)
         self._ahead: list[int] | None = None  # the history the inner drafter peeked at: the real one + forced
 
     def prefill(self, history: Sequence[int]) -> None:
@@ -76,6 +77,7 @@ class Constrained:
                 keys += new_keys
         finally:
             c.pop(len(taken))
+        self._keys = keys
         return keys
 
     def propose(self, history: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator) -> Draft:
@@ -83,7 +85,8 @@ class Constrained:
         forced = sum(f for _, f in taken)
         if k <= len(taken) or self._ahead is None:
             tokens = [t for t, _ in taken]
-            source = Source.grammar if forced == len(tokens) else Source.lookup
+            corpus = any(key.source is Source.corpus for key in self._keys[:k])  # lookup in earlier requests' text
+            source = Source.grammar if forced == len(tokens) else Source.corpus if corpus else Source.lookup
             return Draft(tokens, None, source, forced=forced) if tokens else EMPTY
         ff = [t for t, _ in taken]
         c = self.constraint
