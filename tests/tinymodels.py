@@ -124,8 +124,10 @@ def _weights(rng: np.random.Generator, n_vocab: int, n_layer: int, last_scale: f
     return w
 
 
-def _write(path: Path, weights: dict[str, np.ndarray], n_layer: int, vocab, name: str, split: int = 0) -> Path:
-    """Write a model; split > 0 writes shards of that many tensors (NAME-00001-of-0000N.gguf, ...)."""
+def _write(path: Path, weights: dict[str, np.ndarray], n_layer: int, vocab, name: str, split: int = 0,
+           template: str | None = CHAT_TEMPLATE, ids: dict[str, int] | None = None) -> Path:
+    """Write a model; split > 0 writes shards of that many tensors (NAME-00001-of-0000N.gguf, ...). `template`:
+    its chat template (None: none); `ids`: more token ids by their GGUF keys (the end of turn, the FIM tokens)."""
     import gguf
 
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -139,7 +141,10 @@ def _write(path: Path, weights: dict[str, np.ndarray], n_layer: int, vocab, name
     w.add_head_count_kv(N_HEAD_KV)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_dimension_count(N_EMBD // N_HEAD)
-    w.add_chat_template(CHAT_TEMPLATE)
+    if template is not None:
+        w.add_chat_template(template)
+    for key, token in (ids or {}).items():
+        w.add_uint32(key, token)
     _finish(w, vocab, weights)
     return path
 
@@ -326,29 +331,16 @@ TOOL_TEMPLATES = {  # name: (template, its special tokens, the end-of-turn token
 def write_tool_models(folder: Path) -> dict[str, Path]:
     """hermes.gguf and llama3.gguf: the target's architecture and vocabulary, plus the template's special tokens
     (control tokens, its end of turn the end-of-turn token), with the real family's chat template."""
-    import gguf
-
     out = {}
     for name, (template, specials, eot) in TOOL_TEMPLATES.items():
         tokens, scores, types = vocabulary()
         vocab = (tokens + specials, scores + [0.0] * len(specials), types + [3] * len(specials))
-        path = Path(folder) / f"{name}.gguf"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        w = gguf.GGUFWriter(str(path), "llama")
-        w.add_name(f"tiny-{name}")
-        w.add_context_length(N_CTX)
-        w.add_embedding_length(N_EMBD)
-        w.add_block_count(3)
-        w.add_feed_forward_length(N_FF)
-        w.add_head_count(N_HEAD)
-        w.add_head_count_kv(N_HEAD_KV)
-        w.add_layer_norm_rms_eps(1e-5)
-        w.add_rope_dimension_count(N_EMBD // N_HEAD)
-        w.add_chat_template(template)
-        w.add_eot_token_id(vocab[0].index(eot))
-        _finish(w, vocab, _weights(np.random.default_rng(1234), len(vocab[0]), 3, last_scale=0.4))
-        out[name] = path
+        weights = _weights(np.random.default_rng(1234), len(vocab[0]), 3, last_scale=0.4)
+        out[name] = _write(Path(folder) / f"{name}.gguf", weights, 3, vocab, f"tiny-{name}", template=template,
+                           ids={"tokenizer.ggml.eot_token_id": vocab[0].index(eot)})
     return out
+
+
 # -- fill-in-the-middle (serve's /infill and `suffix`): a model whose vocabulary has FIM tokens ------------------
 
 FIM_SPECIALS = {"pre": "<|fim_prefix|>", "suf": "<|fim_suffix|>", "mid": "<|fim_middle|>", "pad": "<|fim_pad|>",
@@ -359,28 +351,12 @@ def write_fim_model(folder: Path) -> Path:
     """fim.gguf: the target's architecture and vocabulary with Qwen2.5-Coder's six FIM tokens appended (control
     tokens), named by the GGUF keys llama.cpp reads (tokenizer.ggml.fim_pre_token_id, ...); its attention is
     almost silent (below)."""
-    import gguf
-
     tokens, scores, types = vocabulary()
     ids = {name: len(tokens) + i for i, name in enumerate(FIM_SPECIALS)}
     vocab = (tokens + list(FIM_SPECIALS.values()), scores + [0.0] * len(ids), types + [3] * len(ids))
-    path = Path(folder) / "fim.gguf"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_name("tiny-fim")
-    w.add_context_length(N_CTX)
-    w.add_embedding_length(N_EMBD)
-    w.add_block_count(3)
-    w.add_feed_forward_length(N_FF)
-    w.add_head_count(N_HEAD)
-    w.add_head_count_kv(N_HEAD_KV)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_rope_dimension_count(N_EMBD // N_HEAD)
-    for name, token in ids.items():
-        w.add_uint32(f"tokenizer.ggml.fim_{name}_token_id", token)
     weights = _weights(np.random.default_rng(1234), len(vocab[0]), 3, last_scale=0.4)
     for k in weights:  # attention that writes almost nothing: each token's successor is mostly a function of the
         if k.endswith("attn_output.weight"):  # token alone, so text the model wrote once it writes again, and
             weights[k] *= 0.02  # prompt lookup's drafts of it from the suffix are accepted
-    _finish(w, vocab, weights)
-    return path
+    return _write(Path(folder) / "fim.gguf", weights, 3, vocab, "tiny-fim", template=None,
+                  ids={f"tokenizer.ggml.fim_{name}_token_id": token for name, token in ids.items()})
