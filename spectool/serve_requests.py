@@ -33,10 +33,15 @@ UNHONOURED = {
 }
 
 
+def asks_nothing(value, fine: tuple) -> bool:
+    """Whether a field's value is one of those that ask nothing of the server (by value and type: 0 is not False)."""
+    return any(value == ok and type(value) is type(ok) for ok in fine)
+
+
 def unhonoured(body: dict, fields: dict = UNHONOURED) -> None:
     for name, fine in fields.items():
         value = body.get(name)
-        if not any(value == ok and type(value) is type(ok) for ok in fine):
+        if not asks_nothing(value, fine):
             raise ApiError(400, f"'{name}' is not supported by this server (it was sent as {json.dumps(value)[:60]}); "
                                 "leave it out", code="unsupported_field", param=name)
 

@@ -16,7 +16,7 @@ from contextlib import aclosing
 
 from spectool.options import Options
 from spectool.serve_errors import ApiError
-from spectool.serve_requests import load
+from spectool.serve_requests import asks_nothing, load
 
 # fields that change nothing here: bookkeeping, and `reasoning` (an effort hint to reasoning models; the chat path
 # renders and returns no reasoning), which agents such as Codex send with every request
@@ -43,7 +43,7 @@ def to_chat(body: dict) -> dict:
     field in the Responses API's terms."""
     passed = {o.request for o, _, _ in Options.declared().values() if o.request} - {"max_tokens"}
     for name, value in body.items():
-        if name in NOT_HONOURED and not any(value == ok and type(value) is type(ok) for ok in NOT_HONOURED[name]):
+        if name in NOT_HONOURED and not asks_nothing(value, NOT_HONOURED[name]):
             raise bad(name, f"is not supported by this server (it was sent as {json.dumps(value)[:60]}); leave it "
                             "out (it keeps no responses, runs no tools of its own)", "unsupported_field")
         if name not in IGNORED | MAPPED | passed | set(NOT_HONOURED):
