@@ -10,7 +10,13 @@ charged the measured cost of each verification:
 - the corpus voting for a match's most frequent follower (`vote`, the default) or for the last seen (`latest`);
 - the corpus where its match is longer than the request's own by more than 0 (the default), 2 or 4 tokens, as
   long (it wins ties: margin -1), and only where the request's own text has no match at all;
-- the corpus keeping n-grams up to 12 tokens (the request's own index's longest) instead of 8.
+- the corpus keeping n-grams up to 12 tokens (the request's own index's longest) instead of 8;
+- SuffixDecoding's draft lengths (arXiv 2411.04975, section 4) where a draft starts in the corpus: at most alpha
+  times the length of the context's longest match in the corpus (up to 64 tokens), alpha 1, 2 or 4, cut where the
+  product of the followers' frequencies falls below 0.1; the controller's choice elsewhere.
+And three bounds that no rule for draft lengths can beat (lookup_bound.cheapest: an oracle that knows how many
+tokens of each draft the target accepts): over today's lookup's drafts, over the default corpus rule's drafts, and
+over the better of the request's own draft and the corpus's own at every token (a perfect choice of source too).
 Replayed costs leave out Python time and machine noise: compare the ratios, not the tokens/s.
 """
 
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from itertools import chain, islice
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -25,13 +32,14 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 from agentic import WORKLOADS  # noqa: E402
-from lookup_bound import batch_costs, ours  # noqa: E402
+from lookup_bound import accepted, batch_costs, cheapest, ours, verified  # noqa: E402
 from run import models  # noqa: E402
 
 from spectool.llama import engine  # noqa: E402 (llama.cpp's libraries before numpy)
 from spectool.core.controller import Controller  # noqa: E402
 from spectool.core.costs import Costs  # noqa: E402
 from spectool.core.speculative import Generation, speculative_generate  # noqa: E402
+from spectool.core.keys import Source  # noqa: E402
 from spectool.drafters.corpus import Corpus  # noqa: E402
 from spectool.drafters.lookup import PromptLookup, latest, vote  # noqa: E402
 from spectool.options import CORPUS_TOKENS, CTX_SIZE  # noqa: E402
@@ -40,6 +48,9 @@ RULES = {"no corpus (today's lookup)": None, "corpus, most frequent (default)": 
          "corpus, last seen": (latest, 0), "corpus, wins ties too (margin -1)": (vote, -1),
          "corpus, margin 2": (vote, 2), "corpus, margin 4": (vote, 4),
          "corpus only where own text has no match": (vote, 10_000), "corpus of n-grams up to 12": (vote, 0, 12)}
+SUFFIX_ALPHAS, SUFFIX_FLOOR, SUFFIX_DEPTH = (1, 2, 4), 0.1, 64
+BOUNDS = ("bound: oracle over today's lookup's drafts", "bound: oracle over the corpus's drafts (default rule)",
+          "bound: oracle over the better of own and corpus drafts")
 
 
 def replay(data, rule, cost, k_max: int) -> float:
@@ -55,6 +66,67 @@ def replay(data, rule, cost, k_max: int) -> float:
         if corpus is not None:
             corpus.add(p + y)
     return total
+
+
+def match_length(context, docs, cap: int = SUFFIX_DEPTH) -> int:
+    """The length of the longest suffix of `context` that some document of `docs` holds followed by a token (what
+    SuffixDecoding's suffix tree finds), up to `cap`: by brute force, for a replay."""
+    best = 0
+    for d in docs:
+        for i in range(1, len(d)):  # d[i] follows the match ending at d[i - 1]
+            n = 0
+            while n < cap and n < i and n < len(context) and d[i - 1 - n] == context[-1 - n]:
+                n += 1
+            best = max(best, n)
+    return best
+
+
+def suffix_rule(data, alpha: float, cost, k_max: int) -> float:
+    """Seconds over `data` in order with the default corpus, SuffixDecoding's draft length where a draft's first
+    token comes from the corpus, the controller's elsewhere."""
+    ctl, corpus, total = Controller(k_max=k_max, costs=Costs()), Corpus(CORPUS_TOKENS), 0.0
+    for p, y in data:
+        lookup, j = PromptLookup(), 0
+        lookup.corpus = corpus
+        while j < len(y):
+            h, room = p + y[:j], min(k_max, len(y) - j - 1)
+            offer, keys = lookup.peek(h, room), None
+            first = next(iter(offer), None)
+            if first is not None and first.source is Source.corpus:
+                cap, score, draft = min(room, int(alpha * match_length(h, corpus.docs))), 1.0, []
+                for t, _, count, seen, _ in islice(lookup._predict_both(h, corpus), cap):  # counts, for a replay
+                    score *= count / seen
+                    if score < SUFFIX_FLOOR:
+                        break
+                    draft.append(t)
+            else:
+                keys = ctl.pick(chain([first], offer)) if first is not None else []
+                draft = lookup.propose(h, len(keys), None, None).tokens if keys else []
+            m, seconds = verified(ctl, keys, draft, y, j, cost)
+            total += seconds
+            j += m + 1
+        corpus.add(p + y)
+    return total
+
+
+def bounds(data, cost, k_max: int) -> list[float]:
+    """Seconds of the oracle (lookup_bound.cheapest) over BOUNDS' drafts, the requests of `data` in order."""
+    corpus, totals = Corpus(CORPUS_TOKENS), [0.0, 0.0, 0.0]
+    for p, y in data:
+        own, both = PromptLookup(), PromptLookup()
+        both.corpus = corpus
+        reach = [[], [], []]
+        for j in range(len(y)):
+            h = p + y[:j]
+            a = accepted(own.lookup(h, k_max)[0], y, j)
+            m = accepted(both.lookup(h, k_max)[0], y, j)
+            c = accepted([t for t, *_ in islice(corpus.index.predict(h), k_max)], y, j) if len(corpus) else 0
+            for r, v in zip(reach, (a, m, max(a, m, c))):
+                r.append(v)
+        for i, r in enumerate(reach):
+            totals[i] += cheapest(r, cost)
+        corpus.add(p + y)
+    return totals
 
 
 def main() -> None:
@@ -80,6 +152,9 @@ def main() -> None:
             cost = cost or batch_costs(target, data[0][0], args.k_max + 1)
             n = sum(len(y) for _, y in data)
             seconds = {rule: replay(data, r, cost, args.k_max) for rule, r in RULES.items()}
+            seconds |= {f"SuffixDecoding's lengths, alpha {a}": suffix_rule(data, a, cost, args.k_max)
+                        for a in SUFFIX_ALPHAS}
+            seconds |= dict(zip(BOUNDS, bounds(data, cost, args.k_max)))
             base = seconds["no corpus (today's lookup)"]
             for rule, s in seconds.items():
                 lines.append(f"| {name} | {rule} | {n / s:.1f} | {base / s:.2f}x |")

@@ -76,22 +76,35 @@ def ours(p, y, cost, k_max: int, costs: Costs, lookup: PromptLookup | None = Non
     """spectool's lookup (`lookup`, a fresh one by default) under its controller (`ctl`: one of its own)."""
     lookup, ctl, total, j = lookup or PromptLookup(), ctl or Controller(k_max=k_max, costs=costs), 0.0, 0
     while j < len(y):
-        h, draft = p + y[:j], []
+        h = p + y[:j]
         keys = ctl.pick(lookup.peek(h, min(k_max, len(y) - j - 1)))
-        k = len(keys)
-        draft = lookup.propose(h, k, None, None).tokens if k else []
-        m = accepted(draft, y, j)
-        total += cost[len(draft) + 1]
-        ctl.observe_verify(len(draft) + 1, cost[len(draft) + 1])
-        if draft:
-            ctl.observe_accept(keys, len(draft), m)
+        draft = lookup.propose(h, len(keys), None, None).tokens if keys else []
+        m, seconds = verified(ctl, keys, draft, y, j, cost)
+        total += seconds
         j += m + 1
     return total
 
 
+def verified(ctl: Controller, keys, draft: list[int], y, j: int, cost) -> tuple[int, float]:
+    """One replayed step that drafted `draft` (under `keys`; None: not the controller's choice) at token j of the
+    output y: how many of it the target accepts, and what verifying it costs, both told to the controller."""
+    m, seconds = accepted(draft, y, j), cost[len(draft) + 1]
+    ctl.observe_verify(len(draft) + 1, seconds)
+    if draft and keys:
+        ctl.observe_accept(keys, len(draft), m)
+    return m, seconds
+
+
 def oracle(p, y, cost, k_max: int) -> float:
-    lookup, n = PromptLookup(), len(y)
-    reach = [accepted(lookup.lookup(p + y[:j], k_max)[0], y, j) for j in range(n)]
+    lookup = PromptLookup()
+    return cheapest([accepted(lookup.lookup(p + y[:j], k_max)[0], y, j) for j in range(len(y))], cost)
+
+
+def cheapest(reach: list[int], cost) -> float:
+    """Seconds of the cheapest way through an output whose draft at token j would have its first reach[j] tokens
+    accepted: at each step the oracle drafts k <= reach[j] of them, knowing which k pays best over the whole rest
+    (a shortest path). No policy drafting those drafts, however it picks k, can be cheaper."""
+    n = len(reach)
     best = [0.0] * (n + 1)  # best[j]: the cheapest way to produce y[j:]
     for j in range(n - 1, -1, -1):
         best[j] = min(cost[k + 1] + best[min(n, j + k + 1)] for k in range(reach[j] + 1))

@@ -133,6 +133,27 @@ def test_lookup_bound_replays_policies_and_the_oracle_bounds_them():
     assert L.oracle(p, novel, cost, 32) == len(novel) * cost[1] == L.ours(p, novel, cost, 32, Costs())
 
 
+def test_corpus_replay_bounds_hold_its_rules():
+    """benchmarks/corpus_replay.py on replayed costs, no model: an oracle over a rule's drafts is never dearer than
+    the rule, the better source at every token never dearer than the default merge, and SuffixDecoding's lengths
+    draft from the same merged predictions. The requests repeat earlier outputs that their prompts do not hold."""
+    import random
+
+    import corpus_replay as R
+    from spectool.drafters.lookup import vote
+
+    cost = [0.0, 1.0] + [1.6 + 0.15 * (b - 2) for b in range(2, 40)]
+    rng = random.Random(5)
+    answers = [[rng.randrange(40) for _ in range(60)] for _ in range(3)]
+    data = [([200 + i, 300 + i % 3], answers[i % 3] + [rng.randrange(40) for _ in range(8)]) for i in range(6)]
+    alone, merged, best = R.bounds(data, cost, 32)
+    today, default = R.replay(data, None, cost, 32), R.replay(data, (vote, 0), cost, 32)
+    assert alone <= today and merged <= default and best <= merged
+    assert merged < alone  # the later requests repeat the earlier ones: the corpus's drafts are worth something
+    assert default < today and merged <= R.suffix_rule(data, 2, cost, 32) < today
+    assert R.match_length([1, 2, 3], [[0, 2, 3, 9], [3, 4]]) == 2 and R.match_length([5], [[1, 2]]) == 0
+
+
 def test_llama_cpp_tools_reports_and_prompt_files(tmp_path):
     """benchmarks/llamacpp.py reads llama.cpp's own reports, in the printf formats of the vendored sources
     (examples/lookup/lookup.cpp, src/llama-context.cpp), and writes prompt files that `-f` reads back as is

@@ -65,3 +65,28 @@ def test_a_table_counts_the_valid_outputs_and_says_why_the_others_are_not():
     assert "| spectool constrained plain | 50.0 |" in table and "| 2.00x | " in table
     assert "| 2/2 |" in table and "| 1/2 |" in table
     assert "- llama-server on HumanEval f: not JSON" in table
+
+
+def test_structured_bound_oracles_bound_the_controller(target):
+    """benchmarks/structured_bound.py on replayed costs (the tiny model's vocabulary and the grammar, no decoding):
+    a record copied from the prompt under a grammar whose keys are forced. Each oracle is never dearer than the
+    controller over the same drafts, lookup with the forced tokens never dearer than lookup alone, and the forced
+    tokens alone already save steps."""
+    import structured_bound as B
+    from spectool.core.controller import Controller
+    from spectool.core.costs import Costs
+    from spectool.core.grammar import Grammar
+
+    grammar = Grammar.gbnf('root ::= "{\\"name\\": \\"" [a-z ]{1,10} "\\", \\"n\\": " [0-9]{1,3} "}"')
+    record = '{"name": "ab cd", "n": 42}'
+    p = target.tokenize(f"a record: {record}\nthe same record: ", add_special=True)
+    y = target.tokenize(record, add_special=False)
+    cost = [0.0, 1.0] + [1.6 + 0.15 * (b - 2) for b in range(2, 40)]
+    best = {}
+    for name, (lookup, forced) in B.DRAFTS.items():
+        ctl = Controller(k_max=16, costs=Costs(), timed=False)
+        mine = B.controlled(B.drafter(target, grammar, lookup, forced), p, y, cost, ctl)
+        best[name] = B.oracle(B.drafter(target, grammar, lookup, forced), p, y, cost, 16)
+        assert best[name] <= mine <= len(y) * cost[1], name
+    assert best["lookup + forced tokens"] <= best["lookup only"] < len(y) * cost[1]
+    assert best["forced tokens only"] < len(y) * cost[1]
