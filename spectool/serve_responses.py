@@ -26,12 +26,14 @@ IGNORED = {"model", "metadata", "user", "safety_identifier", "prompt_cache_key",
 # that ask nothing: anything else is a 400 naming the field
 NOT_HONOURED = {"store": (None, False), "previous_response_id": (None, ""), "background": (None, False),
                 "conversation": (None,), "prompt": (None,), "truncation": (None, "disabled"),
-                "max_tool_calls": (None,), "top_logprobs": (None, 0),
-                "include": (None, [], ["reasoning.encrypted_content"])}  # (no reasoning items to include)
+                "max_tool_calls": (None,)}
+# what `include` may name: the output text's log-probabilities, and reasoning's (there are no reasoning items)
+LOGPROBS = "message.output_text.logprobs"
+INCLUDABLE = (LOGPROBS, "reasoning.encrypted_content")
 # the chat request's names for the fields mapped onto it, by the Responses names (errors name the latter)
 RENAMED = {"max_output_tokens": "max_tokens", "input": "messages", "text.format": "response_format"}
 MAPPED = {"input", "instructions", "max_output_tokens", "temperature", "top_p", "stream", "tools", "tool_choice",
-          "text", "parallel_tool_calls"}
+          "text", "parallel_tool_calls", "include", "top_logprobs"}
 
 
 def bad(param: str, message: str, code: str = "invalid_request") -> ApiError:
@@ -58,7 +60,20 @@ def to_chat(body: dict) -> dict:
         chat["tool_choice"] = tool_choice(body["tool_choice"])
     if body.get("text") is not None:
         chat |= text_format(body["text"])
-    return chat
+    return chat | logprobs(body)
+
+
+def logprobs(body: dict) -> dict:
+    """`include: ["message.output_text.logprobs"]` and `top_logprobs` (0..20 alternatives) as the chat request's
+    `logprobs` and `top_logprobs`: the output text's log-probabilities come back where `include` names them or
+    `top_logprobs` asks for alternatives (a request that names a number wants them)."""
+    include, top = body.get("include"), body.get("top_logprobs")
+    if include is not None and (not isinstance(include, list) or not all(i in INCLUDABLE for i in include)):
+        raise bad("include", f"may name {' and '.join(INCLUDABLE)} (it was sent as "
+                             f"{json.dumps(include)[:60]})", "unsupported_field")
+    if top is None and LOGPROBS not in (include or ()):
+        return {}
+    return {"logprobs": True, **({"top_logprobs": top} if top is not None else {})}
 
 
 def messages(body: dict) -> list[dict]:
@@ -176,10 +191,16 @@ def usage(chat_usage: dict) -> dict:
             "speculative": chat_usage.get("speculative")}  # spectool's own, as on chat: drafted, accepted, ...
 
 
-def message_item(mid: str, text: str, status: str = "completed") -> dict:
+def message_item(mid: str, text: str, status: str = "completed", logprobs: list | None = None) -> dict:
     return {"type": "message", "id": mid, "status": status, "role": "assistant",
-            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if status ==
-            "completed" else []}
+            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}]
+            if status == "completed" else []}
+
+
+def token_logprobs(choice: dict) -> list:
+    """A chat choice's (or chunk's) token log-probabilities, as the Responses API lists them: each token's
+    {token, logprob, bytes, top_logprobs} (and llama-server's id), none where none were asked for."""
+    return (choice.get("logprobs") or {}).get("content") or []
 
 
 def call_item(call: dict, status: str = "completed") -> dict:
@@ -209,7 +230,8 @@ def whole(server, body: dict, rid: str, created: int, chat: dict) -> dict:
     message, calls = choice["message"], choice["message"].get("tool_calls") or []
     output = [call_item(c) for c in calls]
     if message.get("content") or not calls:
-        output.insert(0, message_item(f"msg_{uuid.uuid4().hex[:24]}", message.get("content") or ""))
+        output.insert(0, message_item(f"msg_{uuid.uuid4().hex[:24]}", message.get("content") or "",
+                                      logprobs=token_logprobs(choice)))
     return response(server, body, rid, created, output, choice["finish_reason"], chat["usage"])
 
 
@@ -219,6 +241,7 @@ async def events(server, body: dict, rid: str, created: int, chunks):
     response completed or incomplete; or an error event where generation failed."""
     seq, output = 0, []
     text: list[str] = []
+    text_logprobs: list[dict] = []  # the message's tokens' log-probabilities, where asked for
     calls: dict[int, dict] = {}  # a tool call's index in the chat deltas: its item and its place in output
 
     def event(kind: str, **fields) -> str:
@@ -228,10 +251,10 @@ async def events(server, body: dict, rid: str, created: int, chunks):
 
     def close_message():  # the message item open at the end of output, done
         item = output[-1]
-        part = {"type": "output_text", "text": "".join(text), "annotations": [], "logprobs": []}
+        part = {"type": "output_text", "text": "".join(text), "annotations": [], "logprobs": text_logprobs[:]}
         at = {"item_id": item["id"], "output_index": len(output) - 1, "content_index": 0}
-        item.update(message_item(item["id"], part["text"]))
-        return [event("response.output_text.done", **at, text=part["text"], logprobs=[]),
+        item.update(message_item(item["id"], part["text"], logprobs=part["logprobs"]))
+        return [event("response.output_text.done", **at, text=part["text"], logprobs=part["logprobs"]),
                 event("response.content_part.done", **at, part=part),
                 event("response.output_item.done", output_index=len(output) - 1, item=item)]
 
@@ -259,14 +282,17 @@ async def events(server, body: dict, rid: str, created: int, chunks):
                 yield event("error", code=err.get("code") or err.get("type"), message=err["message"], param=None)
                 return
             choice = chunk["choices"][0]
-            delta = choice.get("delta") or {}
+            delta, lp = choice.get("delta") or {}, token_logprobs(choice)
             if delta.get("content"):
                 if not output or output[-1]["type"] != "message":
                     for e in open_message():
                         yield e
                 text.append(delta["content"])
                 yield event("response.output_text.delta", item_id=output[-1]["id"], output_index=len(output) - 1,
-                            content_index=0, delta=delta["content"], logprobs=[])
+                            content_index=0, delta=delta["content"], logprobs=lp)
+            if lp and (delta.get("content") or output and output[-1]["status"] == "in_progress" and
+                       output[-1]["type"] == "message"):  # (a chunk without text: tokens a stop string held)
+                text_logprobs.extend(lp)
             for call in delta.get("tool_calls") or []:
                 c = calls.get(call.get("index", 0))
                 if c is None:

@@ -71,6 +71,37 @@ def test_a_response_equals_the_chat_completion_whole_and_streamed(server):
     assert last.output_text == r.output_text and last.usage.output_tokens == r.usage.output_tokens
 
 
+def test_a_responses_logprobs_are_the_chat_completions_whole_and_streamed(server):
+    """`include: ["message.output_text.logprobs"]` with `top_logprobs` gives the output text's tokens with their
+    log-probabilities and alternatives: the chat completion's, token for token, whole and streamed (each delta
+    with the tokens its text completes); `top_logprobs` alone asks for them too, and neither means none."""
+    want = chat(server, logprobs=True, top_logprobs=3).choices[0].logprobs.content
+    c = server.client()
+    ask = {"model": "any", "instructions": SYSTEM, "input": USER, "max_output_tokens": 16}
+
+    def same(got):
+        assert [(t.token, t.bytes, t.logprob) for t in got] == [(t.token, t.bytes, t.logprob) for t in want]
+        assert [[(a.token, a.logprob) for a in t.top_logprobs] for t in got] == \
+            [[(a.token, a.logprob) for a in t.top_logprobs] for t in want]
+        assert all(len(t.top_logprobs) == 3 for t in got)
+
+    r = c.responses.create(**ask, include=["message.output_text.logprobs"], top_logprobs=3)
+    same(r.output[0].content[0].logprobs)
+    events = list(c.responses.create(**ask, include=["message.output_text.logprobs"], top_logprobs=3, stream=True))
+    deltas = [e for e in events if e.type == "response.output_text.delta"]
+    streamed_tokens = [t for e in deltas for t in e.logprobs]
+    assert [t.token for t in streamed_tokens] == [t.token for t in want] and len(deltas) > 1
+    assert sum(bool(e.logprobs) for e in deltas) > 1  # each delta carries the tokens its text completes
+    text = bytes(b for t in streamed_tokens for b in t.bytes).decode(errors="replace")
+    assert text == "".join(e.delta for e in deltas)
+    done = next(e for e in events if e.type == "response.output_text.done")
+    same(done.logprobs)
+    same(events[-1].response.output[0].content[0].logprobs)
+    alone = c.responses.create(**ask, top_logprobs=3)
+    same(alone.output[0].content[0].logprobs)
+    assert c.responses.create(**ask).output[0].content[0].logprobs == []
+
+
 def test_input_items_and_a_json_schema_through_the_stream_helper(server):
     """`input` as a list of items (developer, user with input_text parts, an assistant's output_text) reads as
     the same chat messages; `text.format` constrains the answer as response_format does, and the answer that
@@ -112,6 +143,10 @@ RESPONSES_BAD = [  # (fields, the param the 400 names)
     ({"text": {"format": {"type": "json_schema", "name": "c", "schema": {"type": "strin"}}}}, "text.format"),
     ({"tool_choice": {"type": "file_search"}}, "tool_choice"),
     ({"made_up_field": 1}, "made_up_field"),
+    ({"include": ["file_search_call.results"]}, "include"),
+    ({"include": [{}]}, "include"),
+    ({"top_logprobs": 21}, "top_logprobs"),
+    ({"top_logprobs": "all"}, "top_logprobs"),
 ]
 
 
