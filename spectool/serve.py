@@ -105,9 +105,11 @@ class Server:
             self.next_ticket += 1
             return self.next_ticket - 1
 
-    def run(self, ticket: int, gen, tokens, stop, push, cancelled: threading.Event):
+    def run(self, ticket: int, gen, tokens, stop, push, cancelled: threading.Event,
+            limits: serve_infill.Limits | None = None):
         """Generate in this (worker) thread once `ticket` is served, handing (text, the log-probability records of
-        its tokens or None) pieces and finally (None, Stats) to `push`."""
+        its tokens or None) pieces and finally (None, Stats) to `push`; /infill's `limits` end it early, as the
+        token budget does."""
         from spectool.core.speculative import generate_text
         from spectool.core.stats import Stats
 
@@ -124,10 +126,13 @@ class Server:
                 stats.prompt_seconds, stats.finish_reason = time.perf_counter() - t0, "length"
             elif not cancelled.is_set():  # a client that left while waiting costs nothing
                 for text, step in generate_text(gen, tokens, stop, stats, lambda: cancelled.is_set() or
-                                                self.stopping.is_set()):
+                                                self.stopping.is_set() or (limits is not None and limits.reached)):
+                    text = limits.cut(text) if limits is not None else text
                     records = tracker.feed(text, step) if tracker is not None else None
                     if text or records:
                         push((text, records))
+                if limits is not None and limits.reached and stats.finish_reason in (None, "interrupted"):
+                    stats.finish_reason = "length"
         except KeyboardInterrupt:  # the prefill stopped between batches: the client left (speculative._prefill)
             pass
         except Exception as e:  # noqa: BLE001 - reported to the client as a 500, never a traceback
@@ -153,7 +158,9 @@ class Server:
         another (503 when full)."""
         # one model is served: any `model` names it, as with llama-server (responses name the real one)
         gens, tokens, stop, stream, tools = await asyncio.to_thread(self.generation, raw, chat, infill)
-        fields = serve_infill.response_fields(raw) if infill else None
+        body = json.loads(raw) if infill else None  # (parsed and checked already, by serve_requests.parse)
+        fields = serve_infill.response_fields(body) if infill else None
+        limits = serve_infill.limits(body) if infill else None
         with self.counting:
             if self.waiting >= self.options.queue:
                 self.totals.rejected += 1
@@ -169,7 +176,7 @@ class Server:
                 queues.append(queue := asyncio.Queue())
                 threading.Thread(target=self.run, daemon=True, args=(
                     self.ticket(), gen, tokens, stop,
-                    lambda item, q=queue: loop.call_soon_threadsafe(q.put_nowait, item), cancelled)).start()
+                    lambda item, q=queue: loop.call_soon_threadsafe(q.put_nowait, item), cancelled, limits)).start()
         logprobs = None
         if gens[0].logprobs is not None:  # OpenAI's shape of a choice's records (serve_logprobs.py)
             logprobs = partial(serve_logprobs.chat if chat else serve_logprobs.completion, model=gens[0].target)

@@ -9,6 +9,7 @@ completion mostly echoes the file around the cursor.
 from __future__ import annotations
 
 import json
+import time
 from typing import TYPE_CHECKING
 
 from spectool.serve_errors import ApiError, invalid
@@ -153,11 +154,66 @@ def partial(text: str) -> str:
     return "data: " + json.dumps({"index": 0, "content": text, "tokens": [], "stop": False, "id_slot": 0}) + "\n\n"
 
 
-def response_fields(raw: bytes) -> list | None:
-    """The answer's fields an /infill request keeps (`response_fields`), None for all (its body was parsed
+def response_fields(body: dict) -> list | None:
+    """The answer's fields an /infill request keeps (`response_fields`), None for all (its body was checked
     already: serve_requests.parse)."""
-    fields = json.loads(raw).get("response_fields")
+    fields = body.get("response_fields")
     return fields if isinstance(fields, list) else None
+
+
+class Limits:
+    """The limits editors send to /infill (llama.vim, llama.vscode), as llama-server applies them
+    (server-context.cpp, process_token): with `n_indent` > 0 every line after the first must start with at least
+    that many spaces or tabs, and the first that does not ends the answer before its first other character (its
+    indentation kept; an empty line ends it too, as there); with `t_max_predict_ms` > 0 the answer ends after the
+    first newline written once that many milliseconds of generation have passed. Either ends it as the token
+    budget does (stop_type "limit"). `cut` is fed each piece of text in turn."""
+
+    def __init__(self, n_indent: int = 0, t_max_predict_ms: float = 0):
+        self.n_indent = n_indent
+        self.t_max = t_max_predict_ms / 1e3 if t_max_predict_ms > 0 else None
+        self.reached = False
+        self._line: int | None = None  # how far the line begun by the last newline is indented, until it shows
+        self._t0: float | None = None  # when the first piece came
+
+    @property
+    def any(self) -> bool:
+        return self.n_indent > 0 or self.t_max is not None
+
+    def cut(self, text: str) -> str:
+        """What of the next piece goes out: all of it, or its part before the limit (`reached` from then on)."""
+        if self.reached:
+            return ""
+        now = time.perf_counter()
+        self._t0 = now if self._t0 is None else self._t0
+        for i, c in enumerate(text):
+            if self.n_indent > 0 and self._line is not None:
+                if c in " \t":
+                    self._line += 1
+                    continue
+                short, self._line = self._line < self.n_indent, None
+                if short:
+                    self.reached = True
+                    return text[:i]
+            if c == "\n":
+                if self.t_max is not None and now - self._t0 > self.t_max:
+                    self.reached = True
+                    return text[: i + 1]
+                self._line = 0
+        return text
+
+
+def limits(body: dict) -> Limits | None:
+    """An /infill request's `n_indent` (an integer >= 0) and `t_max_predict_ms` (an integer, -1 or more; 0 or
+    less: none), else a 400 naming the field; None where neither limits anything."""
+    values = {}
+    for name, low in (("n_indent", 0), ("t_max_predict_ms", -1)):
+        value = body.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+            raise invalid(name, f"must be an integer, {low} or more (it was sent as {json.dumps(value)[:60]})")
+        values[name] = value or 0
+    found = Limits(**values)
+    return found if found.any else None
 
 
 async def events(pieces, n_prompt: int, model_id: str, fields: list | None):

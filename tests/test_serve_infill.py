@@ -238,3 +238,77 @@ def test_the_fim_tokens_are_read_from_the_gguf_and_their_end_tokens_end_generati
         assert [m.is_eog(fim[k]) for k in ("pre", "suf", "mid", "pad", "rep", "sep")] == [False] * 3 + [True] * 3
     with Model(tiny["target"], n_ctx=256, n_threads=2) as m:
         assert m.fim_tokens() == {}
+
+
+def llama_server_indent_cut(tokens: list[str], n_indent: int) -> str:
+    """The text llama-server keeps under `n_indent`: its process_token loop over these token texts, transcribed
+    (tools/server/server-context.cpp of the vendored llama.cpp: last_nl_pos advances one newline a token, the
+    line there checked first), with empty tokens after them so its checks catch up with the last lines."""
+    generated, last_nl, has_nl = "", 0, False
+    for tok in [*tokens, *[""] * (len(tokens) + 2)]:
+        generated += tok
+        if has_nl and n_indent > 0:
+            if last_nl > 0:
+                pos, n = last_nl, 0
+                while pos < len(generated) and generated[pos] in " \t":
+                    n, pos = n + 1, pos + 1
+                if pos < len(generated) and n < n_indent:
+                    return generated[:pos]
+            found = generated.find("\n", last_nl)
+            if found != -1:
+                last_nl = found + 1
+        has_nl = has_nl or "\n" in tok
+    return generated
+
+
+def test_n_indent_cuts_where_llama_servers_loop_cuts():
+    """serve_infill.Limits against the transcription of llama-server's loop, on random pieces of indented text
+    (each piece a token, or several tokens of one speculative step, which must not change where it cuts)."""
+    import random
+
+    from spectool.serve_infill import Limits
+
+    rng = random.Random(11)
+    parts = [" ", "  ", "\t", "\n", "\n    ", "\n  ", "a", "b(", "x\n", "    y", "\n\n"]
+    cut_somewhere = 0
+    for _ in range(400):
+        tokens = [rng.choice(parts) for _ in range(rng.randrange(1, 14))]
+        n_indent = rng.randrange(1, 5)
+        want = llama_server_indent_cut(tokens, n_indent)
+        steps, i = [], 0
+        while i < len(tokens):  # the tokens a step at a time, 1 to 3 a step
+            k = rng.randrange(1, 4)
+            steps.append("".join(tokens[i:i + k]))
+            i += k
+        limits = Limits(n_indent=n_indent)
+        got = "".join(limits.cut(piece) for piece in steps)
+        assert got == want, (tokens, n_indent)
+        assert limits.reached == (want != "".join(tokens))
+        cut_somewhere += limits.reached
+    assert cut_somewhere > 100  # the random texts exercise the cut, not only the pass-through
+
+
+def test_infill_n_indent_and_t_max_predict_ms_end_the_answer(fim):
+    """The editors' limits on /infill, through the server: a grammar writes indented lines (greedy: the same text
+    each time); n_indent 4 ends the answer before the first line indented less (its indentation kept), streamed
+    or not, with stop_type "limit"; t_max_predict_ms ends it after a newline once the time is up; neither set
+    (or 0) leaves it whole. A bad value is a 400 naming the field."""
+    grammar = 'root ::= "a" ("\\n    b" [0-9]){3} "\\n  c\\n" ("x\\n"){12}'
+    ask = vscode_request(prompt="", n_predict=64, grammar=grammar, n_indent=0, t_max_predict_ms=0)
+    status, whole = post(fim, "/infill", ask)
+    assert status == 200 and whole["content"].startswith("a\n    b") and whole["stop_type"] == "eos"
+    text = whole["content"]
+    status, r = post(fim, "/infill", {**ask, "n_indent": 4})
+    assert status == 200 and r["stop_type"] == "limit"
+    assert r["content"] == text[:text.index("\n  c") + 3] and r["content"].endswith("\n  ")
+    assert r["tokens_predicted"] < whole["tokens_predicted"]
+    *pieces, last = stream(fim, "/infill", {**ask, "n_indent": 4})
+    assert "".join(e["content"] for e in pieces) == r["content"] and last["stop_type"] == "limit"
+    status, r = post(fim, "/infill", {**ask, "n_indent": 2})  # every line indented 2 or more, until the x lines
+    assert r["content"] == text[:text.index("\nx") + 1] and r["stop_type"] == "limit"
+    status, r = post(fim, "/infill", {**ask, "t_max_predict_ms": 1})
+    assert r["stop_type"] == "limit" and r["content"].endswith("\n") and text.startswith(r["content"])
+    assert len(r["content"]) < len(text)
+    for name, value in (("n_indent", -1), ("n_indent", "4"), ("t_max_predict_ms", -2), ("t_max_predict_ms", 1.5)):
+        status, r = post(fim, "/infill", {**ask, name: value})
+        assert status == 400 and r["error"]["param"] == name, (name, value, r)
