@@ -72,9 +72,8 @@ class Server:
 
     # -- requests ------------------------------------------------------------------------------------------------
     def generation(self, raw: bytes | dict, chat: bool, infill: bool = False):
-        """(a Generation per choice, prompt tokens, stop strings, stream, tools) of a request's body
-        (serve_requests.parse). Runs in a thread: parsing and tokenizing a large body never holds up the event
-        loop."""
+        """What a request's body asks for (serve_requests.parse). Runs in a thread: parsing and tokenizing a
+        large body never holds up the event loop."""
         return parse(raw, chat, self.session, self.options, infill)
 
     async def body(self, request) -> bytes:
@@ -157,10 +156,8 @@ class Server:
         serve_responses, serve_messages) parsed in a thread, its choices' places in the queue taken, one after
         another (503 when full)."""
         # one model is served: any `model` names it, as with llama-server (responses name the real one)
-        gens, tokens, stop, stream, tools = await asyncio.to_thread(self.generation, raw, chat, infill)
-        body = json.loads(raw) if infill else None  # (parsed and checked already, by serve_requests.parse)
-        fields = serve_infill.response_fields(body) if infill else None
-        limits = serve_infill.limits(body) if infill else None
+        asked = await asyncio.to_thread(self.generation, raw, chat, infill)
+        gens, tokens, stop = asked.gens, asked.tokens, asked.stop
         with self.counting:
             if self.waiting >= self.options.queue:
                 self.totals.rejected += 1
@@ -176,13 +173,14 @@ class Server:
                 queues.append(queue := asyncio.Queue())
                 threading.Thread(target=self.run, daemon=True, args=(
                     self.ticket(), gen, tokens, stop,
-                    lambda item, q=queue: loop.call_soon_threadsafe(q.put_nowait, item), cancelled, limits)).start()
+                    lambda item, q=queue: loop.call_soon_threadsafe(q.put_nowait, item), cancelled,
+                    asked.limits)).start()
         logprobs = None
         if gens[0].logprobs is not None:  # OpenAI's shape of a choice's records (serve_logprobs.py)
             logprobs = partial(serve_logprobs.chat if chat else serve_logprobs.completion, model=gens[0].target)
-        return Reply(f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", int(time.time()), chat, stream,
-                     len(tokens), self._pieces(request, queues, cancelled), tools, n=len(gens), fields=fields,
-                     logprobs=logprobs)
+        return Reply(f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", int(time.time()), chat,
+                     asked.stream, len(tokens), self._pieces(request, queues, cancelled), asked.tools, n=len(gens),
+                     fields=asked.fields, logprobs=logprobs)
 
     async def whole(self, reply: Reply) -> dict:
         """The reply's answer in one object: a chat.completion or a text_completion."""

@@ -155,8 +155,7 @@ def partial(text: str) -> str:
 
 
 def response_fields(body: dict) -> list | None:
-    """The answer's fields an /infill request keeps (`response_fields`), None for all (its body was checked
-    already: serve_requests.parse)."""
+    """The answer's fields an /infill request keeps (`response_fields`), None for all."""
     fields = body.get("response_fields")
     return fields if isinstance(fields, list) else None
 
@@ -203,14 +202,15 @@ class Limits:
         return text
 
 
-def limits(body: dict) -> Limits | None:
-    """An /infill request's `n_indent` (an integer >= 0) and `t_max_predict_ms` (an integer, -1 or more; 0 or
-    less: none), else a 400 naming the field; None where neither limits anything."""
+def infill_limits(body: dict) -> Limits | None:
+    """An /infill request's `n_indent` (an integer from 0) and `t_max_predict_ms` (an integer from -1; 0 or less:
+    none), within llama-server's bounds (server-schema.cpp), else a 400 naming the field; None where neither
+    limits anything."""
     values = {}
-    for name, low in (("n_indent", 0), ("t_max_predict_ms", -1)):
+    for name, low, high in (("n_indent", 0, 2**31 - 1), ("t_max_predict_ms", -1, 2**63 - 1)):
         value = body.get(name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
-            raise invalid(name, f"must be an integer, {low} or more (it was sent as {json.dumps(value)[:60]})")
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high):
+            raise invalid(name, f"must be an integer from {low} to {high} (it was sent as {json.dumps(value)[:60]})")
         values[name] = value or 0
     found = Limits(**values)
     return found if found.any else None

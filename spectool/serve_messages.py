@@ -278,5 +278,5 @@ async def count_tokens(server, request):
     from starlette.responses import JSONResponse
 
     body = {k: v for k, v in load(await server.body(request)).items() if k != "stream"}
-    _, tokens, *_ = await asyncio.to_thread(server.generation, to_chat({"max_tokens": 1, **body}), True)
+    tokens = (await asyncio.to_thread(server.generation, to_chat({"max_tokens": 1, **body}), True)).tokens
     return JSONResponse({"input_tokens": len(tokens)})

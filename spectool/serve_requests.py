@@ -9,9 +9,8 @@ OpenAI's `response_format` or llama-server's `json_schema` and `grammar` fields 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
-
-from dataclasses import replace
 
 from spectool.options import Options, UserError, in_request, request_options
 from spectool.serve_errors import ApiError, invalid
@@ -22,6 +21,7 @@ if TYPE_CHECKING:
     from spectool.core.grammar import Grammar
     from spectool.core.speculative import Generation
     from spectool.llama.engine import Model
+    from spectool.serve_infill import Limits
     from spectool.tools import Tools
 
 # request fields this server does not honour, and the values that ask nothing of it: anything else is a 400 that
@@ -83,10 +83,21 @@ def load(raw: bytes) -> dict:
     return body
 
 
-def parse(raw: bytes | dict, chat: bool, session: Session, options: Options,
-          infill: bool = False) -> tuple[list[Generation], list[int], list[str], bool, Tools | None]:
-    """(a Generation for each of the request's `n` choices, prompt tokens, stop strings, stream, the tools it
-    offers) from its body (or the body already read, as another API's translation hands it over): a chat
+@dataclass
+class Request:
+    """What a request asks for, as `parse` reads it."""
+
+    gens: list[Generation]  # a Generation for each of its `n` choices
+    tokens: list[int]  # the prompt
+    stop: list[str]  # stop strings
+    stream: bool
+    tools: Tools | None  # the tools it offers (chat)
+    fields: list | None = None  # /infill: the answer's fields it keeps (None: all)
+    limits: Limits | None = None  # /infill: the editors' limits on the answer
+
+
+def parse(raw: bytes | dict, chat: bool, session: Session, options: Options, infill: bool = False) -> Request:
+    """The Request in a body (or the body already read, as another API's translation hands it over): a chat
     completion's messages, a completion's prompt (with `suffix`: fill-in-the-middle) or an /infill request's fields
     (serve_infill.py), the request's fields over the server's `options`. Choice i of a seeded request has
     seed + i."""
@@ -104,11 +115,12 @@ def parse(raw: bytes | dict, chat: bool, session: Session, options: Options,
     tools = request_tools(body, target) if chat else None
     if chat and body.get("max_completion_tokens") is not None:
         body = {**body, "max_tokens": body["max_completion_tokens"]}
-    warm = False  # an /infill with n_predict 0: the prompt into the cache, nothing generated
+    warm, fields, limits = False, None, None  # warm: an /infill with n_predict 0, the prompt into the cache only
     if infill:
-        from spectool.serve_infill import n_predict
+        from spectool.serve_infill import infill_limits, n_predict, response_fields
 
         body, warm = n_predict(body)
+        fields, limits = response_fields(body), infill_limits(body)
     tokens, stop = chat_prompt(body, target, tools) if chat else completion_prompt(body, target, infill, options)
     if len(tokens) >= target.n_ctx:
         raise ApiError(400, f"the prompt has {len(tokens)} tokens but the context holds {target.n_ctx}",
@@ -128,7 +140,8 @@ def parse(raw: bytes | dict, chat: bool, session: Session, options: Options,
     seeds = [o.seed if o.seed is None else o.seed + i for i in range(n)]
     logprobs = requested_logprobs(body, chat, target.n_vocab)  # serve_logprobs.py
     gens = [replace(generation(session, replace(o, seed=seed), grammar), logprobs=logprobs) for seed in seeds]
-    return [replace(g, max_tokens=0) for g in gens] if warm else gens, tokens, stop + more, stream, tools
+    return Request([replace(g, max_tokens=0) for g in gens] if warm else gens, tokens, stop + more, stream, tools,
+                   fields, limits)
 
 
 def request_tools(body: dict, target: Model) -> Tools | None:

@@ -66,12 +66,12 @@ def to_chat(body: dict) -> dict:
 def logprobs(body: dict) -> dict:
     """`include: ["message.output_text.logprobs"]` and `top_logprobs` (0..20 alternatives) as the chat request's
     `logprobs` and `top_logprobs`: the output text's log-probabilities come back where `include` names them or
-    `top_logprobs` asks for alternatives (a request that names a number wants them)."""
+    `top_logprobs` asks for alternatives (above 0: a request that asks for a number of them wants them)."""
     include, top = body.get("include"), body.get("top_logprobs")
     if include is not None and (not isinstance(include, list) or not all(i in INCLUDABLE for i in include)):
         raise bad("include", f"may name {' and '.join(INCLUDABLE)} (it was sent as "
                              f"{json.dumps(include)[:60]})", "unsupported_field")
-    if top is None and LOGPROBS not in (include or ()):
+    if LOGPROBS not in (include or ()) and asks_nothing(top, (None, 0)):
         return {}
     return {"logprobs": True, **({"top_logprobs": top} if top is not None else {})}
 
@@ -203,6 +203,26 @@ def token_logprobs(choice: dict) -> list:
     return (choice.get("logprobs") or {}).get("content") or []
 
 
+class TextTokens:
+    """Which tokens' log-probabilities go with a message's text: those that begin inside it, in order (a tool
+    call's tokens come after the text, and are not the text's). Fed every token's record as they come (`seen`)
+    and the text as it grows (`take`)."""
+
+    def __init__(self):
+        self.seen: list[dict] = []  # every record so far
+        self.taken = 0  # of them, those that went with the text ...
+        self.bytes = 0  # ... and how many bytes of text they spell
+
+    def take(self, text_bytes: int) -> list[dict]:
+        """The records not taken yet that begin within the text's first `text_bytes` bytes."""
+        out = []
+        while self.taken < len(self.seen) and self.bytes < text_bytes:
+            out.append(record := self.seen[self.taken])
+            self.taken += 1
+            self.bytes += len(record["bytes"])
+        return out
+
+
 def call_item(call: dict, status: str = "completed") -> dict:
     f = call.get("function", {})
     return {"type": "function_call", "id": f"fc_{uuid.uuid4().hex[:24]}", "call_id": call.get("id", ""),
@@ -220,6 +240,7 @@ def response(server, body: dict, rid: str, created: int, output: list, finish: s
             "instructions": body.get("instructions"), "max_output_tokens": body.get("max_output_tokens"),
             "model": server.model_id, "output": output, "parallel_tool_calls": body.get("parallel_tool_calls", True),
             "temperature": body.get("temperature"), "top_p": body.get("top_p"),
+            "top_logprobs": body.get("top_logprobs"),
             "tool_choice": body.get("tool_choice", "auto"), "tools": body.get("tools", []),
             "text": body.get("text") or {"format": {"type": "text"}}, "store": False, "metadata": {},
             "usage": usage(chat_usage) if chat_usage else None}
@@ -230,8 +251,10 @@ def whole(server, body: dict, rid: str, created: int, chat: dict) -> dict:
     message, calls = choice["message"], choice["message"].get("tool_calls") or []
     output = [call_item(c) for c in calls]
     if message.get("content") or not calls:
-        output.insert(0, message_item(f"msg_{uuid.uuid4().hex[:24]}", message.get("content") or "",
-                                      logprobs=token_logprobs(choice)))
+        content, tokens = message.get("content") or "", TextTokens()
+        tokens.seen = token_logprobs(choice)
+        output.insert(0, message_item(f"msg_{uuid.uuid4().hex[:24]}", content,
+                                      logprobs=tokens.take(len(content.encode()))))
     return response(server, body, rid, created, output, choice["finish_reason"], chat["usage"])
 
 
@@ -241,7 +264,8 @@ async def events(server, body: dict, rid: str, created: int, chunks):
     response completed or incomplete; or an error event where generation failed."""
     seq, output = 0, []
     text: list[str] = []
-    text_logprobs: list[dict] = []  # the message's tokens' log-probabilities, where asked for
+    n_text = 0  # the message's text so far, in bytes
+    tokens, text_logprobs = TextTokens(), []  # the message's tokens' log-probabilities, where asked for
     calls: dict[int, dict] = {}  # a tool call's index in the chat deltas: its item and its place in output
 
     def event(kind: str, **fields) -> str:
@@ -251,6 +275,7 @@ async def events(server, body: dict, rid: str, created: int, chunks):
 
     def close_message():  # the message item open at the end of output, done
         item = output[-1]
+        text_logprobs.extend(tokens.take(n_text))  # (a token a stop string cut comes with no text of its own)
         part = {"type": "output_text", "text": "".join(text), "annotations": [], "logprobs": text_logprobs[:]}
         at = {"item_id": item["id"], "output_index": len(output) - 1, "content_index": 0}
         item.update(message_item(item["id"], part["text"], logprobs=part["logprobs"]))
@@ -282,17 +307,18 @@ async def events(server, body: dict, rid: str, created: int, chunks):
                 yield event("error", code=err.get("code") or err.get("type"), message=err["message"], param=None)
                 return
             choice = chunk["choices"][0]
-            delta, lp = choice.get("delta") or {}, token_logprobs(choice)
+            delta = choice.get("delta") or {}
+            tokens.seen += token_logprobs(choice)
             if delta.get("content"):
                 if not output or output[-1]["type"] != "message":
                     for e in open_message():
                         yield e
                 text.append(delta["content"])
+                n_text += len(delta["content"].encode())
+                lp = tokens.take(n_text)
+                text_logprobs.extend(lp)
                 yield event("response.output_text.delta", item_id=output[-1]["id"], output_index=len(output) - 1,
                             content_index=0, delta=delta["content"], logprobs=lp)
-            if lp and (delta.get("content") or output and output[-1]["status"] == "in_progress" and
-                       output[-1]["type"] == "message"):  # (a chunk without text: tokens a stop string held)
-                text_logprobs.extend(lp)
             for call in delta.get("tool_calls") or []:
                 c = calls.get(call.get("index", 0))
                 if c is None:

@@ -16,6 +16,7 @@ import anthropic
 import openai
 import pytest
 from helpers import Server
+from test_logprobs import TOL_FLASH
 
 from spectool import serve_messages, serve_responses
 from spectool.serve_requests import UNHONOURED
@@ -79,11 +80,16 @@ def test_a_responses_logprobs_are_the_chat_completions_whole_and_streamed(server
     c = server.client()
     ask = {"model": "any", "instructions": SYSTEM, "input": USER, "max_output_tokens": 16}
 
-    def same(got):
-        assert [(t.token, t.bytes, t.logprob) for t in got] == [(t.token, t.bytes, t.logprob) for t in want]
-        assert [[(a.token, a.logprob) for a in t.top_logprobs] for t in got] == \
-            [[(a.token, a.logprob) for a in t.top_logprobs] for t in want]
-        assert all(len(t.top_logprobs) == 3 for t in got)
+    def same(got):  # the same tokens; the numbers within what batch shapes move them (test_logprobs.py)
+        assert [(t.token, t.bytes) for t in got] == [(t.token, t.bytes) for t in want]
+        for g, w in zip(got, want):
+            assert abs(g.logprob - w.logprob) < TOL_FLASH and len(g.top_logprobs) == 3
+            alternatives = {bytes(a.bytes): a.logprob for a in w.top_logprobs}
+            for a in g.top_logprobs:
+                if bytes(a.bytes) in alternatives:
+                    assert abs(a.logprob - alternatives[bytes(a.bytes)]) < TOL_FLASH
+                else:  # a near tie with the last of them
+                    assert a.logprob < min(alternatives.values()) + TOL_FLASH
 
     r = c.responses.create(**ask, include=["message.output_text.logprobs"], top_logprobs=3)
     same(r.output[0].content[0].logprobs)
@@ -99,7 +105,9 @@ def test_a_responses_logprobs_are_the_chat_completions_whole_and_streamed(server
     same(events[-1].response.output[0].content[0].logprobs)
     alone = c.responses.create(**ask, top_logprobs=3)
     same(alone.output[0].content[0].logprobs)
+    assert alone.top_logprobs == 3  # echoed, as OpenAI's response object does
     assert c.responses.create(**ask).output[0].content[0].logprobs == []
+    assert c.responses.create(**ask, top_logprobs=0).output[0].content[0].logprobs == []  # asks for nothing
 
 
 def test_input_items_and_a_json_schema_through_the_stream_helper(server):
@@ -359,6 +367,26 @@ def test_a_chat_tool_call_answer_becomes_a_function_call_output_item():
     assert [o["type"] for o in done] == ["message", "function_call"] and done[1]["arguments"] == '{"city": "Paris"}'
     assert done[0]["content"][0]["text"] == "Looking." and done[1]["call_id"] == "call_1"
     assert {e["output_index"] for k, e in events if k.startswith("response.function_call")} == {1}
+
+
+def test_a_messages_logprobs_are_its_texts_not_the_tool_calls():
+    """The records of a chat answer with text and a tool call: the message's output_text lists the tokens that
+    begin inside its text, whole and streamed (the records come with the chunk that releases them, the call's
+    tokens with the text's last piece here), never the call's."""
+    def record(text):
+        return {"id": 1, "token": text, "logprob": -0.5, "bytes": list(text.encode()), "top_logprobs": []}
+
+    chunks, usage = tool_chunks()
+    text, call = [record("Look"), record("ing.")], [record("<tool_call>"), record('{"city": "Paris"}')]
+    chunks[1]["choices"][0]["logprobs"] = {"content": text + call[:1]}  # the call's first token, held with it
+    chunks[3]["choices"][0]["logprobs"] = {"content": call[1:]}
+    whole = {"choices": [{"message": {"role": "assistant", "content": "Looking.", "tool_calls": [CALL]},
+                          "finish_reason": "tool_calls", "logprobs": {"content": text + call}}], "usage": usage}
+    assert serve_responses.whole(Served, {}, "resp_1", 0, whole)["output"][0]["content"][0]["logprobs"] == text
+    events = streamed(serve_responses.events(Served, {}, "resp_1", 0, aiter_of(chunks)))
+    assert [e["logprobs"] for k, e in events if k == "response.output_text.delta"] == [text]
+    assert next(e for k, e in events if k == "response.output_text.done")["logprobs"] == text
+    assert events[-1][1]["response"]["output"][0]["content"][0]["logprobs"] == text
 
 
 def test_a_chat_tool_call_answer_becomes_a_tool_use_block():

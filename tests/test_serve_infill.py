@@ -309,6 +309,7 @@ def test_infill_n_indent_and_t_max_predict_ms_end_the_answer(fim):
     status, r = post(fim, "/infill", {**ask, "t_max_predict_ms": 1})
     assert r["stop_type"] == "limit" and r["content"].endswith("\n") and text.startswith(r["content"])
     assert len(r["content"]) < len(text)
-    for name, value in (("n_indent", -1), ("n_indent", "4"), ("t_max_predict_ms", -2), ("t_max_predict_ms", 1.5)):
+    for name, value in (("n_indent", -1), ("n_indent", "4"), ("n_indent", 2**31), ("t_max_predict_ms", -2),
+                        ("t_max_predict_ms", 1.5), ("t_max_predict_ms", 10**309)):  # (past a float's range)
         status, r = post(fim, "/infill", {**ask, name: value})
         assert status == 400 and r["error"]["param"] == name, (name, value, r)
