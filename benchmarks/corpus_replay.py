@@ -32,13 +32,12 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 from agentic import WORKLOADS  # noqa: E402
-from lookup_bound import accepted, batch_costs, cheapest, ours, verified  # noqa: E402
+from lookup_bound import accepted, batch_costs, cheapest, cost_line, ours, plain_output, verified  # noqa: E402
 from run import models  # noqa: E402
 
 from spectool.llama import engine  # noqa: E402 (llama.cpp's libraries before numpy)
 from spectool.core.controller import Controller  # noqa: E402
 from spectool.core.costs import Costs  # noqa: E402
-from spectool.core.speculative import Generation, speculative_generate  # noqa: E402
 from spectool.core.keys import Source  # noqa: E402
 from spectool.drafters.corpus import Corpus  # noqa: E402
 from spectool.drafters.lookup import PromptLookup, latest, vote  # noqa: E402
@@ -147,8 +146,7 @@ def main() -> None:
             data = []
             for text in make(args.requests):
                 p = target.tokenize(text)
-                g = Generation(target, None, max_tokens=args.tokens)
-                data.append((p, [t for s in speculative_generate(g, p) for t in s.tokens]))
+                data.append((p, plain_output(target, p, args.tokens)))
             cost = cost or batch_costs(target, data[0][0], args.k_max + 1)
             n = sum(len(y) for _, y in data)
             seconds = {rule: replay(data, r, cost, args.k_max) for rule, r in RULES.items()}
@@ -159,7 +157,7 @@ def main() -> None:
             for rule, s in seconds.items():
                 lines.append(f"| {name} | {rule} | {n / s:.1f} | {base / s:.2f}x |")
             print("\n".join(lines), flush=True)
-    print("\nbatch cost (ms): " + " ".join(f"{b}:{1000 * c:.1f}" for b, c in enumerate(cost or []) if b))
+    print("\n" + cost_line(cost or []))
 
 
 if __name__ == "__main__":

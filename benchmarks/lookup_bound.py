@@ -100,6 +100,17 @@ def oracle(p, y, cost, k_max: int) -> float:
     return cheapest([accepted(lookup.lookup(p + y[:j], k_max)[0], y, j) for j in range(len(y))], cost)
 
 
+def plain_output(target, prompt: list[int], tokens: int, grammar=None) -> list[int]:
+    """The target's own greedy output after `prompt` (under `grammar`, without its forced drafts), decoded one
+    token a step: what every replayed policy must reproduce."""
+    g = Generation(target, None, max_tokens=tokens, grammar=grammar, forced_drafts=False)
+    return [t for s in speculative_generate(g, prompt) for t in s.tokens]
+
+
+def cost_line(cost: list[float]) -> str:
+    return "batch cost (ms): " + " ".join(f"{b}:{1000 * c:.1f}" for b, c in enumerate(cost) if b)
+
+
 def cheapest(reach: list[int], cost) -> float:
     """Seconds of the cheapest way through an output whose draft at token j would have its first reach[j] tokens
     accepted: at each step the oracle drafts k <= reach[j] of them, knowing which k pays best over the whole rest
@@ -123,10 +134,9 @@ def main() -> None:
         data = []
         for text in P.humaneval_prompts(args.prompts):
             p = target.tokenize(text)
-            y = [t for s in speculative_generate(Generation(target, None, max_tokens=args.tokens), p) for t in s.tokens]
-            data.append((p, y))
+            data.append((p, plain_output(target, p, args.tokens)))
         cost = batch_costs(target, data[0][0], args.k_max + 1)
-    print("batch cost (ms): " + " ".join(f"{b}:{1000 * c:.1f}" for b, c in enumerate(cost) if b))
+    print(cost_line(cost))
     n = sum(len(y) for _, y in data)
     shared = Costs()
     rows = [("plain", n * cost[1]), ("llama-cpp-python lookup", sum(theirs(p, y, cost) for p, y in data)),

@@ -25,7 +25,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from lookup_bound import accepted, batch_costs, cheapest, verified  # noqa: E402
+from lookup_bound import accepted, batch_costs, cheapest, cost_line, plain_output, verified  # noqa: E402
 from run import models  # noqa: E402
 from structured import extraction_prompts  # noqa: E402
 
@@ -34,7 +34,6 @@ from spectool.chat import prompt_tokens  # noqa: E402
 from spectool.core.controller import Controller  # noqa: E402
 from spectool.core.costs import Costs  # noqa: E402
 from spectool.core.grammar import Grammar  # noqa: E402
-from spectool.core.speculative import Generation, speculative_generate  # noqa: E402
 from spectool.drafters.grammar import Constrained  # noqa: E402
 from spectool.drafters.lookup import PromptLookup  # noqa: E402
 from spectool.options import CTX_SIZE  # noqa: E402
@@ -82,9 +81,9 @@ def main() -> None:
     with engine.Model(models()["F16"], n_ctx=CTX_SIZE, n_threads=args.threads) as target:
         data = []
         for ex in extraction_prompts(args.prompts):
-            p, grammar = prompt_tokens(target, [{"role": "user", "content": ex.message}]), Grammar.json_schema(ex.schema)
-            g = Generation(target, None, max_tokens=args.tokens, grammar=grammar, forced_drafts=False)
-            data.append((p, [t for s in speculative_generate(g, p) for t in s.tokens], grammar))
+            p = prompt_tokens(target, [{"role": "user", "content": ex.message}])
+            grammar = Grammar.json_schema(ex.schema)
+            data.append((p, plain_output(target, p, args.tokens, grammar), grammar))
         cost = batch_costs(target, data[0][0], args.k_max + 1)
         n = sum(len(y) for _, y, _ in data)
         rows = [("constrained plain", n * cost[1])]
@@ -98,7 +97,7 @@ def main() -> None:
         rows.append(("a drafter that knows the output", sum(cheapest([min(args.k_max, len(y) - j - 1)
                                                                       for j in range(len(y))], cost)
                                                              for _, y, _ in data)))
-    print("batch cost (ms): " + " ".join(f"{b}:{1000 * c:.1f}" for b, c in enumerate(cost) if b))
+    print(cost_line(cost))
     print(f"\n{len(data)} prompts, {n} tokens\n\n| policy, replayed | tok/s | vs constrained plain |\n|---|---:|---:|")
     for name, seconds in rows:
         print(f"| {name} | {n / seconds:.1f} | {rows[0][1] / seconds:.2f}x |")
