@@ -206,21 +206,22 @@ def token_logprobs(choice: dict) -> list:
 class TextTokens:
     """Which tokens' log-probabilities go with a message's text: those that begin inside it, in order (a tool
     call's tokens come after the text, and are not the text's). Fed every token's record as they come (`seen`)
-    and the text as it grows (`take`)."""
+    and the text as it grows (`take`); `taken` holds the text's records so far."""
 
-    def __init__(self):
-        self.seen: list[dict] = []  # every record so far
-        self.taken = 0  # of them, those that went with the text ...
-        self.bytes = 0  # ... and how many bytes of text they spell
+    def __init__(self, seen: list[dict] | None = None):
+        self.seen: list[dict] = seen or []  # every record so far
+        self.taken: list[dict] = []  # of them, those that went with the text ...
+        self.spelt = 0  # ... and how many bytes of text they spell
+        self.text = 0  # the text's bytes so far
 
-    def take(self, text_bytes: int) -> list[dict]:
-        """The records not taken yet that begin within the text's first `text_bytes` bytes."""
-        out = []
-        while self.taken < len(self.seen) and self.bytes < text_bytes:
-            out.append(record := self.seen[self.taken])
-            self.taken += 1
-            self.bytes += len(record["bytes"])
-        return out
+    def take(self, more: str = "") -> list[dict]:
+        """The records not taken yet that begin within the text, `more` its newest part."""
+        self.text += len(more.encode())
+        start = len(self.taken)
+        while len(self.taken) < len(self.seen) and self.spelt < self.text:
+            self.taken.append(record := self.seen[len(self.taken)])
+            self.spelt += len(record["bytes"])
+        return self.taken[start:]
 
 
 def call_item(call: dict, status: str = "completed") -> dict:
@@ -251,10 +252,9 @@ def whole(server, body: dict, rid: str, created: int, chat: dict) -> dict:
     message, calls = choice["message"], choice["message"].get("tool_calls") or []
     output = [call_item(c) for c in calls]
     if message.get("content") or not calls:
-        content, tokens = message.get("content") or "", TextTokens()
-        tokens.seen = token_logprobs(choice)
+        content = message.get("content") or ""
         output.insert(0, message_item(f"msg_{uuid.uuid4().hex[:24]}", content,
-                                      logprobs=tokens.take(len(content.encode()))))
+                                      logprobs=TextTokens(token_logprobs(choice)).take(content)))
     return response(server, body, rid, created, output, choice["finish_reason"], chat["usage"])
 
 
@@ -264,8 +264,7 @@ async def events(server, body: dict, rid: str, created: int, chunks):
     response completed or incomplete; or an error event where generation failed."""
     seq, output = 0, []
     text: list[str] = []
-    n_text = 0  # the message's text so far, in bytes
-    tokens, text_logprobs = TextTokens(), []  # the message's tokens' log-probabilities, where asked for
+    tokens = TextTokens()  # the message's tokens' log-probabilities, where asked for
     calls: dict[int, dict] = {}  # a tool call's index in the chat deltas: its item and its place in output
 
     def event(kind: str, **fields) -> str:
@@ -275,8 +274,8 @@ async def events(server, body: dict, rid: str, created: int, chunks):
 
     def close_message():  # the message item open at the end of output, done
         item = output[-1]
-        text_logprobs.extend(tokens.take(n_text))  # (a token a stop string cut comes with no text of its own)
-        part = {"type": "output_text", "text": "".join(text), "annotations": [], "logprobs": text_logprobs[:]}
+        tokens.take()  # (a token a stop string cut comes with no text of its own)
+        part = {"type": "output_text", "text": "".join(text), "annotations": [], "logprobs": tokens.taken[:]}
         at = {"item_id": item["id"], "output_index": len(output) - 1, "content_index": 0}
         item.update(message_item(item["id"], part["text"], logprobs=part["logprobs"]))
         return [event("response.output_text.done", **at, text=part["text"], logprobs=part["logprobs"]),
@@ -314,11 +313,8 @@ async def events(server, body: dict, rid: str, created: int, chunks):
                     for e in open_message():
                         yield e
                 text.append(delta["content"])
-                n_text += len(delta["content"].encode())
-                lp = tokens.take(n_text)
-                text_logprobs.extend(lp)
                 yield event("response.output_text.delta", item_id=output[-1]["id"], output_index=len(output) - 1,
-                            content_index=0, delta=delta["content"], logprobs=lp)
+                            content_index=0, delta=delta["content"], logprobs=tokens.take(delta["content"]))
             for call in delta.get("tool_calls") or []:
                 c = calls.get(call.get("index", 0))
                 if c is None:
