@@ -58,11 +58,14 @@ def batch_costs(target, prompt, sizes: int, reps: int = 5) -> list[float]:
     return [0.0] + [float(np.median(times[b])) for b in range(1, sizes + 1)]
 
 
+THEIR_DRAFT = 10  # llama-cpp-python's lookup drafts this many tokens a step, whatever --k-max says
+
+
 def theirs(p, y, cost) -> float:
     """llama-cpp-python's own drafting function, as Llama.generate calls it: one batch per step."""
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-    draft_of = LlamaPromptLookupDecoding(num_pred_tokens=10)
+    draft_of = LlamaPromptLookupDecoding(num_pred_tokens=THEIR_DRAFT)
     total, j = 0.0, 0
     while j < len(y):
         draft = draft_of(np.array(p + y[:j], dtype=np.intc)).tolist()
@@ -135,7 +138,7 @@ def main() -> None:
         for text in P.humaneval_prompts(args.prompts):
             p = target.tokenize(text)
             data.append((p, plain_output(target, p, args.tokens)))
-        cost = batch_costs(target, data[0][0], args.k_max + 1)
+        cost = batch_costs(target, data[0][0], max(args.k_max, THEIR_DRAFT) + 1)
     print(cost_line(cost))
     n = sum(len(y) for _, y in data)
     shared = Costs()

@@ -61,6 +61,18 @@ def models() -> dict[str, Path]:
     return out
 
 
+def open_drafts(stack: contextlib.ExitStack, draft_path: Path | None, contenders: list[Contender],
+                threads: int) -> dict:
+    """The draft models the contenders draft with, opened on `stack`: Contender.generation's `drafts`, a draft
+    vocabulary size (0: the whole draft) -> (Model, the kept ids or None), pruned once (prune.pruned_draft)."""
+    drafts = {}
+    for vocab in sorted({c.draft_vocab for c in contenders if c.mode in ("draft", "hybrid")}):
+        path = prune.pruned_draft(draft_path, vocab, n_threads=threads) if vocab else draft_path
+        m = stack.enter_context(engine.Model(path, n_ctx=CTX_SIZE, n_threads=threads, n_gpu_layers="auto"))
+        drafts[vocab] = (m, prune.read_ids(path) if vocab else None)
+    return drafts
+
+
 def run_set(name: str, model: Path, texts: list[str], contenders: list[Contender], args,
             draft_path: Path | None = None, external: bool = False, sampling: Sampling = Sampling()) -> list[Result]:
     """One prompt set. Greedy: speedups over plain decoding, with llama-cpp-python's prompt lookup as an
@@ -74,11 +86,7 @@ def run_set(name: str, model: Path, texts: list[str], contenders: list[Contender
     with engine.Model(model, n_ctx=CTX_SIZE, n_threads=args.threads, n_gpu_layers="auto") as target, \
             contextlib.ExitStack() as stack:
         print(f"   backend: {offload_text({'target': offload_table(target)})}", flush=True)
-        drafts = {}
-        for vocab in sorted({c.draft_vocab for c in contenders if c.mode in ("draft", "hybrid")}):
-            path = prune.pruned_draft(draft_path, vocab, n_threads=args.threads) if vocab else draft_path
-            m = stack.enter_context(engine.Model(path, n_ctx=CTX_SIZE, n_threads=args.threads, n_gpu_layers="auto"))
-            drafts[vocab] = (m, prune.read_ids(path) if vocab else None)
+        drafts = open_drafts(stack, draft_path, contenders, args.threads)
         prompts = [target.tokenize(t) for t in texts]
         results = bench.run(target, drafts, prompts, contenders, args.tokens, sampling=sampling, baseline=baseline,
                             on_done=lambda c, i: print(f"  {c:>12s} prompt {i + 1}", end="\r", flush=True))

@@ -4,6 +4,7 @@ the same prompts in the same run.
     pip install -e ".[test,bench]"
     python benchmarks/structured.py          # builds llama-server once (see llamacpp.py), then ~10 minutes
     python benchmarks/structured.py --quick  # 2 prompts: a smoke run
+    python benchmarks/structured.py --draft  # and a draft model under the grammar, alone and after lookup
 
 Prompts (extraction_prompts): HumanEval functions and ShareGPT requests that paste a text, in turn, each with a
 JSON schema of 5 fields to fill from it: a function's name, parameters, return annotation, the first sentence of
@@ -20,7 +21,9 @@ the contenders prompt by prompt, interleaved, so slow drift of the machine hits 
 - spectool constrained plain (`Generation(grammar=..., forced_drafts=False)`, no drafter: one token a step), the
   grammar's forced tokens as the only drafts (no drafter, `forced_drafts=True`), lookup without forced drafts,
   lookup with forced drafts (the default): the schema compiled by llguidance, decode time from the end of prompt
-  processing to the last token, one cost table per contender shared by the prompts;
+  processing to the last token, one cost table per contender shared by the prompts; with --draft, also the Q4_K_M
+  (the target's own weights at another precision) as a draft model under the grammar, alone and after lookup
+  (hybrid), whole and pruned to 64k tokens (prune.py), the forced tokens first in each draft;
 - llama-server (built from the vendored llama.cpp), the schema in its `json_schema` request field, plain and with
   each n-gram drafter it has (`--spec-type`, llamacpp.SERVER_NGRAM), one server each, started once: decode speed
   is its own `timings` (predicted_per_second: the tokens after the first over predicted_ms, prompt excluded).
@@ -28,7 +31,7 @@ Every output is parsed as JSON and validated against its schema (`jsonschema`); 
 and the note says why the others are not. "same text" counts the prompts whose output equals spectool's
 constrained plain output (for spectool's lookup contenders that is the exactness of speculation, for
 llama-server whether its grammar engine picked the same text; a difference is reported, never a failure).
-Writes benchmarks/results/structured.md.
+Writes benchmarks/results/structured.md (structured_draft.md with --draft).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 import llamacpp  # noqa: E402
+from run import open_drafts  # noqa: E402
 import prompts as P  # noqa: E402
 from run import models, on_gpu  # noqa: E402
 from vs_llamacpp import decode  # noqa: E402
@@ -56,6 +60,7 @@ from spectool.chat import prompt_tokens  # noqa: E402
 from spectool.core.costs import Costs  # noqa: E402
 from spectool.core.grammar import Grammar  # noqa: E402
 from spectool.core.stats import Stats  # noqa: E402
+from spectool.models.registry import PAIR_DRAFT_MAX  # noqa: E402
 from spectool.options import CTX_SIZE, DRAFT_MAX  # noqa: E402
 
 NAME = {"type": "string", "maxLength": 32}
@@ -166,13 +171,20 @@ SPECTOOL = [  # (contender, forced drafts); plain decoding under the grammar dra
     (Contender("spectool lookup, no forced drafts", "lookup", DRAFT_MAX), False),
     (Contender("spectool lookup + forced drafts", "lookup", DRAFT_MAX), True),
 ]
+DRAFTED = [  # with --draft: the Q4_K_M as a draft model under the grammar (drafters/grammar.Constrained)
+    (Contender("spectool draft model + forced drafts", "draft", PAIR_DRAFT_MAX), True),
+    (Contender("spectool hybrid + forced drafts", "hybrid", 2 * PAIR_DRAFT_MAX), True),
+    (Contender("spectool draft model, 64k vocab + forced drafts", "draft", PAIR_DRAFT_MAX, draft_vocab=65536), True),
+    (Contender("spectool hybrid, 64k vocab + forced drafts", "hybrid", 2 * PAIR_DRAFT_MAX, draft_vocab=65536), True),
+]
 SERVERS = {"llama-server": (), **{f"llama-server {kind}": ("--spec-type", kind, *sizes)
                                    for kind, sizes in llamacpp.SERVER_NGRAM.items()}}
 
 
-def run(extractions: list[Extraction], model: Path, server_bin: Path, args) -> list[Row]:
-    rows = {name: Row(name) for name in [*(c.name for c, _ in SPECTOOL), *SERVERS]}
-    costs = {c.name: Costs() for c, _ in SPECTOOL}
+def run(extractions: list[Extraction], model: Path, server_bin: Path, args, draft: Path | None = None) -> list[Row]:
+    spectool = SPECTOOL + (DRAFTED if draft else [])
+    rows = {name: Row(name) for name in [*(c.name for c, _ in spectool), *SERVERS]}
+    costs = {c.name: Costs() for c, _ in spectool}
     repack, gpu = not engine.avoid_amx(), on_gpu()  # the weights layout and device spectool runs with
     with contextlib.ExitStack() as stack:
         servers = {name: stack.enter_context(llamacpp.Server(server_bin, model, args.threads, repack=repack,
@@ -180,12 +192,13 @@ def run(extractions: list[Extraction], model: Path, server_bin: Path, args) -> l
                    for name, flags in SERVERS.items()}
         target = stack.enter_context(engine.Model(model, n_ctx=CTX_SIZE, n_threads=args.threads,
                                                   n_gpu_layers="auto"))
+        drafts = open_drafts(stack, draft, [c for c, _ in spectool], args.threads)
         for i, ex in enumerate(extractions):
             prompt = prompt_tokens(target, [{"role": "user", "content": ex.message}])
             grammar = Grammar.json_schema(ex.schema)
-            for c, forced in SPECTOOL:
+            for c, forced in spectool:
                 st, r = Stats(mode=c.mode), rows[c.name]
-                g = replace(c.generation(target, {}, args.tokens, costs[c.name]), grammar=grammar,
+                g = replace(c.generation(target, drafts, args.tokens, costs[c.name]), grammar=grammar,
                             forced_drafts=forced)
                 tokens, n, seconds = decode(g, prompt, st)
                 r.add(st, tokens, n, seconds)
@@ -240,6 +253,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=256, help="most new tokens per prompt")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="2 prompts: a smoke run")
+    ap.add_argument("--draft", action="store_true", help="also the Q4_K_M as a draft model under the grammar")
     ap.add_argument("--out", type=Path, default=HERE / "results")
     args = ap.parse_args()
     if args.quick:
@@ -247,14 +261,15 @@ def main() -> None:
     engine.set_verbose(False)
     server_bin = llamacpp.build(targets=llamacpp.SERVER)["llama-server"]
     extractions = extraction_prompts(args.prompts)
-    rows = run(extractions, models()["F16"], server_bin, args)
+    m = models()
+    rows = run(extractions, m["F16"], server_bin, args, m["Q4_K_M"] if args.draft else None)
     md = (f"Machine: {machine(args.threads)}; llama.cpp {llamacpp.llama_cpp_version()} (llama-cpp-python's vendored "
           f"sources), {'GPU backend, every layer on the GPU' if on_gpu() else 'CPU backend'}. Gemma 3 270M F16, "
           f"greedy, {len(extractions)} extraction prompts with a JSON schema each "
           f"({', '.join(e.source for e in extractions)}), at most {args.tokens} new tokens. Command: "
-          f"`python benchmarks/structured.py{' --quick' if args.quick else ''}`.\n\n" + table(rows) + "\n")
+          f"`python benchmarks/structured.py{' --quick' if args.quick else ''}{' --draft' if args.draft else ''}`.\n\n" + table(rows) + "\n")
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "structured.md").write_text(md)
+    (args.out / ("structured_draft.md" if args.draft else "structured.md")).write_text(md)
     print("\n" + md)
 
 
