@@ -93,6 +93,50 @@ def test_the_requests_own_text_outranks_the_corpus():
     assert lk.lookup([9, 2, 3, 4, 20, 7, 1, 2, 3, 4], 1)[0] == [20]
 
 
+def test_the_corpus_keeps_its_rank_only_while_it_wins_the_disputes():
+    """Where the corpus's longer match and the request's own text predict different tokens, the next step's history
+    shows which was right and the corpus is told (Corpus.judge). A corpus that lost more of these disputes than it
+    won hands its rank back: the request's own token is drafted though the corpus's match is longer. One that wins
+    keeps it; where neither was right nothing is told. A dispute is settled by verified tokens only (not those past
+    `final`, a grammar's forced tokens), and only where the history holds what was predicted before it."""
+    own = [9, 2, 3, 4, 20, 7, 1, 2, 3, 4]  # own "2 3 4" -> 20; the corpus's longer "1 2 3 4" -> 5
+
+    def step(corpus, actual):  # one step's draft after `own`, then the next step, after the target wrote `actual`
+        lk = PromptLookup()
+        lk.corpus = corpus
+        lk.prefill(own)
+        drafted = lk.peek(own, 1).take(1)
+        lk.peek([*own, actual], 1).take(1)
+        return drafted
+
+    losing = corpus_of([1, 2, 3, 4, 5, 6, 7, 8])
+    assert step(losing, 20) == [5] and losing.won == [0, 1]  # it outranks at first, and the target wrote own's 20
+    assert not losing.outranks() and step(losing, 20) == [20]  # own's token now, the dispute still noted and lost
+    assert losing.won[1] > 1
+    winning = corpus_of([1, 2, 3, 4, 5, 6, 7, 8])
+    assert step(winning, 5) == [5] and step(winning, 5) == [5] and winning.won[0] > 1 and winning.outranks()
+    neither = corpus_of([1, 2, 3, 4, 5, 6, 7, 8])
+    assert step(neither, 99) == [5] and neither.won == [0, 0]
+
+    unverified = corpus_of([1, 2, 3, 4, 5, 6, 7, 8])
+    lk = PromptLookup()
+    lk.corpus = unverified
+    assert lk.lookup(own, 1)[0] == [5]
+    lk.lookup([*own, 20], 1, final=len(own))  # 20 drafted (forced), not verified: no verdict
+    assert unverified.won == [0, 0]
+    lk.lookup([*own, 20], 1)
+    assert unverified.won == [0, 1]
+
+    # own "5" -> 30 and "2 3 4" -> 20; the corpus's "1 2 3 4" -> 5 and "1 2 3 4 5" -> 6: two disputes in one draft
+    own = [9, 5, 30, 2, 3, 4, 20, 7, 1, 2, 3, 4]
+    diverged = corpus_of([1, 2, 3, 4, 5, 6, 7, 8])
+    lk = PromptLookup()
+    lk.corpus = diverged
+    assert lk.lookup(own, 2)[0] == [5, 6]
+    lk.lookup([*own, 20, 6], 1)  # 20: own was right; then 6, the corpus's, but after 20, not after the 5 it followed
+    assert diverged.won == [0, 1]
+
+
 def test_the_corpus_drafts_the_most_frequent_continuation():
     lk = PromptLookup()
     lk.corpus = corpus_of([5, 6, 7, 1], [5, 6, 7, 2], [5, 6, 7, 2])
@@ -205,10 +249,18 @@ def test_a_cache_file_is_read_and_written_back_and_a_broken_one_is_one_warning(t
 def test_the_cache_round_trips_and_knows_its_vocabulary(tmp_path):
     path = tmp_path / "c.json"
     corpus = corpus_of([1, 2, 3], [4, 5, 6, 7])
+    corpus.judge(False)  # the disputes' tally goes with the documents: `run --lookup-cache` learns it across runs
     tag = vocab_tag([b"a", b"b"], 1)
     assert corpus.save(path, tag) is None
     back, warning = Corpus.load(path, tag, 10_000)
     assert warning is None and list(back.docs) == list(corpus.docs) and back.index._follow == corpus.index._follow
+    assert back.won == [0, 1] and not back.outranks()
+    obj = json.loads(path.read_text())
+    for won in (None, [1], ["a", 2], [-1, 0], [float("nan"), 0], [1e300, 0], [True, 0]):  # a bad tally: anew
+        path.write_text(json.dumps({**obj, "won": won}))
+        back, warning = Corpus.load(path, tag, 10_000)
+        assert warning is None and back.won == [0, 0] and list(back.docs) == list(corpus.docs)
+    path.write_text(json.dumps(obj))
     assert vocab_tag([b"a", b"c"], 1) != tag and vocab_tag([b"ab"], 1) != vocab_tag([b"a", b"b"], 1)
     small, warning = Corpus.load(path, tag, 5)  # a smaller bound keeps the newest
     assert warning is None and list(small.docs) == [[4, 5, 6, 7]]

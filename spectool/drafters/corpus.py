@@ -8,7 +8,16 @@ only its new tokens are indexed. Followers keep their counts across documents, s
 context continue several ways it drafts the most frequent continuation, and the keys say how far the followers
 agreed (PromptLookup.key).
 
-The file is JSON, versioned and tagged with the vocabulary it was made with; it is written whole and renamed
+Where the corpus's match is longer than the request's own, the corpus's token is drafted, but only while the corpus
+has earned that rank: PromptLookup tells it, each time the two predicted different tokens and the target then
+wrote one of them, which one was right (`judge`), and a longer match in the corpus outranks the request's own text
+while the corpus was right at least as often as the request's own text in those disputes, the recent ones
+weighing more (`outranks`). Requests that repeat each other's text keep it outranking (on agentic.py's workloads
+the corpus won about 9 disputes in 10); unrelated ones (run.py's single sets: 1 in 5) soon hand the rank back to each
+request's own text.
+
+The file is JSON, versioned and tagged with the vocabulary it was made with, and keeps the disputes' tally
+beside the documents, so that `run --lookup-cache` learns it across runs; it is written whole and renamed
 (models/cache.py), so a crash leaves the old file or the new one. Reading it never fails: a file that is not a
 lookup cache, is broken, or was made with another vocabulary is a one-line warning and an empty corpus (a file that
 is not one of ours is then never overwritten).
@@ -26,6 +35,7 @@ from typing import Sequence
 from spectool.drafters.lookup import NGramIndex, vote
 
 CORPUS_N_MAX = 8  # the longest n-gram the corpus keeps: lookup's longest match bucket (keys.BUCKETS)
+DISPUTE_DECAY = 0.98  # an older dispute weighs this much less with each new one (`judge`): about the last 50 count
 FORMAT, VERSION = "spectool-lookup-cache", 1
 
 
@@ -41,6 +51,7 @@ class Corpus:
         self.docs: deque[list[int]] = deque()
         self.n_tokens = 0
         self.writable = True  # False: the file it came from is not a lookup cache, and is left as it is
+        self.won = [0.0, 0.0]  # disputes with the request's own text that the corpus won, that it lost (decayed)
 
     def add(self, tokens: Sequence[int]) -> None:
         """One more document: a finished generation's prompt and output (its last `max_tokens` tokens)."""
@@ -63,6 +74,18 @@ class Corpus:
 
     def __len__(self) -> int:
         return self.n_tokens
+
+    def judge(self, corpus_right: bool) -> None:
+        """One dispute settled: where a longer match in the corpus and the request's own text predicted different
+        tokens, the target wrote the corpus's (`corpus_right`) or the request's own."""
+        won = self.won
+        won[0], won[1] = won[0] * DISPUTE_DECAY, won[1] * DISPUTE_DECAY
+        won[0 if corpus_right else 1] += 1.0
+
+    def outranks(self) -> bool:
+        """Whether a longer match in the corpus outranks the request's own: while the corpus has won at least as many
+        of their recent disputes as it lost (so it does at first)."""
+        return self.won[0] >= self.won[1]
 
     # -- the file (run --lookup-cache) --------------------------------------------------------------------------
     @classmethod
@@ -94,6 +117,9 @@ class Corpus:
             return corpus, f"{where}: its documents are broken; starting anew"
         for doc in docs:
             corpus.add(doc)
+        won = obj.get("won")  # the disputes' tally (`judge`); a file without one starts it anew
+        if isinstance(won, list) and len(won) == 2 and all(type(w) in (int, float) and 0 <= w < 1e9 for w in won):
+            corpus.won = [float(w) for w in won]
         return corpus, None
 
     def save(self, path: str | os.PathLike, vocab: str) -> str | None:
@@ -104,7 +130,7 @@ class Corpus:
             return None
         try:
             write_json_atomic(path, {"format": FORMAT, "version": VERSION, "vocab": vocab,
-                                     "documents": list(self.docs)}, indent=None)
+                                     "documents": list(self.docs), "won": self.won}, indent=None)
         except OSError as e:
             return f"--lookup-cache {path}: could not write it ({e.strerror})"
         return None

@@ -175,9 +175,10 @@ class LookupOffer:
 class PromptLookup:
     """N-gram drafting from the prompt and the text so far (NGramIndex): a draft extends the current suffix one
     token at a time by the followers of its longest n-gram seen before. With a `corpus` (drafters/corpus.py: the
-    text of earlier requests), a token comes from the corpus where its match there is longer than the request's
-    own by more than `corpus_margin` tokens (the request's own text outranks the corpus), under keys of its own
-    (Source.corpus): the controller learns how far the corpus is right apart from the request's own text."""
+    text of earlier requests), a token comes from the corpus where the request's own text has no match, or where
+    the corpus's is longer by more than `corpus_margin` tokens and the corpus outranks the request's own text
+    (Corpus.outranks: it has been right more often where the two disagreed), under keys of its own (Source.corpus):
+    the controller learns how far the corpus is right apart from the request's own text."""
 
     STRETCH_MAX = 16  # continuations further along a stretch share one key
 
@@ -188,6 +189,10 @@ class PromptLookup:
         self.corpus = corpus  # a Corpus, consulted while it holds something (the loop sets it per generation)
         self.corpus_margin = corpus_margin
         self._offer: LookupOffer | None = None  # the last peek's, until propose drafts from it
+        # where the corpus and the request's own text predicted different tokens, until the history shows which was
+        # right: the position -> (the first position not yet verified then, the tokens predicted from there up to
+        # the position, the request's own prediction, the corpus's)
+        self._disputes: dict[int, tuple[int, list[int], int, int]] = {}
 
     def _keys(self, history: Sequence[int], k: int, tokens: list[int], final: int | None = None,
               sources: list[Source] | None = None) -> Iterator[Key]:
@@ -201,15 +206,19 @@ class PromptLookup:
         evidence breaks the stretch (a shorter match: the copied text went another way before; or followers that
         disagreed; or the other source) starts a new one under its own key (`key`). Only the first `final` tokens
         of the history are indexed (the rest, a grammar's forced tokens, may yet be rejected)."""
+        final = len(history) if final is None else final
         self.index.extend(history, final)
-        yield from self._predicted(history, k, tokens, sources)
+        if self._disputes:
+            self._settle(history, final)
+        yield from self._predicted(history, k, tokens, sources, final)
 
-    def _predicted(self, history: Sequence[int], k: int, tokens: list[int],
-                   sources: list[Source] | None = None) -> Iterator[Key]:
-        """`_keys` on the index as it is."""
+    def _predicted(self, history: Sequence[int], k: int, tokens: list[int], sources: list[Source] | None = None,
+                   final: int | None = None) -> Iterator[Key]:
+        """`_keys` on the index as it is (`final`: where the history's verified tokens end, to note disputes from;
+        None notes none)."""
         corpus = self.corpus
         both = corpus is not None and len(corpus.index) > 0
-        predicted = self._predict_both(history, corpus) if both else self.index.predict(history)
+        predicted = self._predict_both(history, corpus, final) if both else self.index.predict(history)
         key, prev_n, prev_source, n_max, source = None, 0, Source.lookup, self.index.n_max, Source.lookup
         for p in islice(predicted, k):
             if both:
@@ -228,29 +237,50 @@ class PromptLookup:
             prev_n, prev_source = n, source
             yield key
 
-    def _predict_both(self, context: Sequence[int], corpus) -> Iterator[tuple[int, int, int, int, Source]]:
+    def _predict_both(self, context: Sequence[int], corpus,
+                      final: int | None = None) -> Iterator[tuple[int, int, int, int, Source]]:
         """NGramIndex.predict over the request's own index and the corpus's: each token from the longer match, the
-        request's own unless the corpus's is longer by more than `corpus_margin`; with its Source. The corpus's
-        followers are voted on by its own rule (Corpus.vote: the most frequent, by default)."""
+        request's own unless the corpus's is longer by more than `corpus_margin` and the corpus outranks it
+        (Corpus.outranks); with its Source. The corpus's followers are voted on by its own rule (Corpus.vote: the
+        most frequent, by default). Where the two predict different tokens, the dispute is noted (with `final`, the
+        end of the context's verified tokens), to be settled once the history shows which was right (`_settle`)."""
         own, other, pick, margin = self.index, corpus.index, corpus.vote, self.corpus_margin
         seq = "".join(map(chr, context[-max(own.n_max, other.n_max) :]))
         g_own, g_other, first = own._n_first, other._n_first, True
+        ahead: list[int] = []  # the tokens predicted so far
         while True:
             n1, f1 = own.longest(seq, g_own)
             n2, f2 = other.longest(seq, g_other)
-            if f2 is not None and (f1 is None or n2 > n1 + margin):
-                t, c, total = pick(f2)
+            theirs = pick(f2) if f2 is not None else None
+            mine = vote(f1) if f1 is not None else None
+            if theirs is not None and mine is not None and n2 > n1 + margin:
+                if final is not None and theirs[0] != mine[0]:
+                    self._disputes[len(context) + len(ahead)] = (final, [*context[final:], *ahead], mine[0], theirs[0])
+                if not corpus.outranks():
+                    theirs = None
+            if theirs is not None and (mine is None or n2 > n1 + margin):
+                t, c, total = theirs
                 out = t, n2, c, total, Source.corpus
-            elif f1 is not None:
-                t, c, total = vote(f1)
+            elif mine is not None:
+                t, c, total = mine
                 out = t, n1, c, total, Source.lookup
             else:
                 return
             if first:
                 own._n_first, other._n_first, first = n1 or own._n_first, n2 or other._n_first, False
             yield out
+            ahead.append(t)
             seq += chr(t)
             g_own, g_other = n1 + 1, n2 + 1
+
+    def _settle(self, history: Sequence[int], final: int) -> None:
+        """Tell the corpus who was right in each dispute the verified history (its first `final` tokens) now
+        reaches: the token it holds there, where it holds what was predicted before it."""
+        for q in [q for q in self._disputes if q < final]:
+            start, before, own, theirs = self._disputes.pop(q)
+            actual = history[q]
+            if (own == actual) != (theirs == actual) and list(history[start:q]) == before:
+                self.corpus.judge(theirs == actual)
 
     def lookup_instead(self, history: Sequence[int], last: int, k: int) -> tuple[list[int], list[Key]]:
         """Up to k tokens predicted after `history` (indexed already) with its last token taken as `last` instead,
@@ -276,6 +306,7 @@ class PromptLookup:
 
     def prefill(self, history: Sequence[int]) -> None:
         self.index.extend(history)
+        self._disputes.clear()  # a new generation: the last one's open disputes are not settled
 
     def peek(self, history: Sequence[int], k_max: int, estimate: Estimate | None = None,
              final: int | None = None) -> LookupOffer:
