@@ -1,13 +1,15 @@
 """How the corpus of earlier requests should draft: its rules replayed over the target's own greedy output on
 agentic.py's workloads, with this machine's measured batch costs (as lookup_bound.py replays lookup's).
 
-    python benchmarks/corpus_replay.py [--requests 16] [--tokens 128]
+    python benchmarks/corpus_replay.py [--requests 16] [--tokens 128] [--shuffles 5]
 
 Each workload's requests are decoded plainly once, in order (the output every rule must reproduce); then each rule
 drafts them in that order with one controller and one corpus across the requests, as `spectool serve` does, and is
 charged the measured cost of each verification:
 - no corpus (today's lookup);
 - the corpus voting for a match's most frequent follower (`vote`, the default) or for the last seen (`latest`);
+- the corpus's longer match outranking the request's own always, not only while the corpus wins their disputes
+  (Corpus.outranks, the default);
 - the corpus where its match is longer than the request's own by more than 0 (the default), 2 or 4 tokens, as
   long (it wins ties: margin -1), and only where the request's own text has no match at all;
 - the corpus keeping n-grams up to 12 tokens (the request's own index's longest) instead of 8;
@@ -17,13 +19,19 @@ charged the measured cost of each verification:
 And three bounds that no rule for draft lengths can beat (lookup_bound.cheapest: an oracle that knows how many
 tokens of each draft the target accepts): over today's lookup's drafts, over the default corpus rule's drafts, and
 over the better of the request's own draft and the corpus's own at every token (a perfect choice of source too).
+With --shuffles N, each workload is replayed in N more orders (seeded shuffles of its requests), and the table
+gives each rule's mean and lowest ratio over all the orders: a small change anywhere moves a replay's later choices,
+and with them its ratio by a few hundredths, so one order says little about a rule that changes little.
 Replayed costs leave out Python time and machine noise: compare the ratios, not the tokens/s.
 """
 
 from __future__ import annotations
 
 import argparse
+import random
+import statistics
 import sys
+from dataclasses import dataclass
 from itertools import chain, islice
 from pathlib import Path
 
@@ -39,14 +47,32 @@ from spectool.llama import engine  # noqa: E402 (llama.cpp's libraries before nu
 from spectool.core.controller import Controller  # noqa: E402
 from spectool.core.costs import Costs  # noqa: E402
 from spectool.core.keys import Source  # noqa: E402
-from spectool.drafters.corpus import Corpus  # noqa: E402
+from spectool.drafters.corpus import CORPUS_N_MAX, Corpus  # noqa: E402
 from spectool.drafters.lookup import PromptLookup, latest, vote  # noqa: E402
 from spectool.options import CORPUS_TOKENS, CTX_SIZE  # noqa: E402
 
-RULES = {"no corpus (today's lookup)": None, "corpus, most frequent (default)": (vote, 0),
-         "corpus, last seen": (latest, 0), "corpus, wins ties too (margin -1)": (vote, -1),
-         "corpus, margin 2": (vote, 2), "corpus, margin 4": (vote, 4),
-         "corpus only where own text has no match": (vote, 10_000), "corpus of n-grams up to 12": (vote, 0, 12)}
+
+
+class Unruled(Corpus):
+    """The corpus before its disputes counted: a longer match in it always outranks the request's own."""
+
+    def outranks(self) -> bool:
+        return True
+
+
+@dataclass(frozen=True)
+class Rule:
+    pick: object = vote  # which follower the corpus drafts
+    margin: int = 0  # PromptLookup.corpus_margin
+    n_max: int = CORPUS_N_MAX  # the corpus's longest n-gram
+    corpus: type = Corpus  # Unruled: without the disputes
+
+
+RULES = {"no corpus (today's lookup)": None, "corpus, most frequent (default)": Rule(),
+         "corpus, longer always outranks (no disputes)": Rule(corpus=Unruled),
+         "corpus, last seen": Rule(latest), "corpus, wins ties too (margin -1)": Rule(margin=-1),
+         "corpus, margin 2": Rule(margin=2), "corpus, margin 4": Rule(margin=4),
+         "corpus only where own text has no match": Rule(margin=10_000), "corpus of n-grams up to 12": Rule(n_max=12)}
 SUFFIX_ALPHAS, SUFFIX_FLOOR, SUFFIX_DEPTH = (1, 2, 4), 0.1, 64
 BOUNDS = ("bound: oracle over today's lookup's drafts", "bound: oracle over the corpus's drafts (default rule)",
           "bound: oracle over the better of own and corpus drafts")
@@ -56,11 +82,12 @@ def replay(data, rule, cost, k_max: int) -> float:
     """Seconds the rule's steps would cost over the requests of `data` in order."""
     ctl, corpus = Controller(k_max=k_max, costs=Costs()), None
     if rule is not None:
-        corpus = Corpus(CORPUS_TOKENS, pick=rule[0], **({"n_max": rule[2]} if len(rule) > 2 else {}))
+        corpus = rule.corpus(CORPUS_TOKENS, pick=rule.pick, n_max=rule.n_max)
     total = 0.0
     for p, y in data:
-        lookup = PromptLookup(corpus_margin=rule[1] if rule else 0)
+        lookup = PromptLookup(corpus_margin=rule.margin if rule else 0)
         lookup.corpus = corpus
+        lookup.prefill(p)
         total += ours(p, y, cost, k_max, ctl.costs, lookup, ctl)
         if corpus is not None:
             corpus.add(p + y)
@@ -128,6 +155,13 @@ def bounds(data, cost, k_max: int) -> list[float]:
     return totals
 
 
+def all_rules(data, cost, k_max: int) -> dict[str, float]:
+    """Seconds of every rule and bound over the requests of `data` in order."""
+    seconds = {rule: replay(data, r, cost, k_max) for rule, r in RULES.items()}
+    seconds |= {f"SuffixDecoding's lengths, alpha {a}": suffix_rule(data, a, cost, k_max) for a in SUFFIX_ALPHAS}
+    return seconds | dict(zip(BOUNDS, bounds(data, cost, k_max)))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=16)
@@ -135,9 +169,12 @@ def main() -> None:
     ap.add_argument("--k-max", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--only", default="", help="only the workloads whose name contains this text")
+    ap.add_argument("--shuffles", type=int, default=0, help="replay each workload in this many more orders too")
     args = ap.parse_args()
     engine.set_verbose(False)
     lines = ["| workload | rule, replayed | tok/s | vs no corpus |", "|---|---|---:|---:|"]
+    if args.shuffles:
+        lines = [lines[0] + f" mean over {args.shuffles + 1} orders | lowest |", lines[1] + "---:|---:|"]
     with engine.Model(models()["F16"], n_ctx=CTX_SIZE, n_threads=args.threads) as target:
         cost = None
         for name, make in WORKLOADS.items():
@@ -149,13 +186,12 @@ def main() -> None:
                 data.append((p, plain_output(target, p, args.tokens)))
             cost = cost or batch_costs(target, data[0][0], args.k_max + 1)
             n = sum(len(y) for _, y in data)
-            seconds = {rule: replay(data, r, cost, args.k_max) for rule, r in RULES.items()}
-            seconds |= {f"SuffixDecoding's lengths, alpha {a}": suffix_rule(data, a, cost, args.k_max)
-                        for a in SUFFIX_ALPHAS}
-            seconds |= dict(zip(BOUNDS, bounds(data, cost, args.k_max)))
-            base = seconds["no corpus (today's lookup)"]
-            for rule, s in seconds.items():
-                lines.append(f"| {name} | {rule} | {n / s:.1f} | {base / s:.2f}x |")
+            orders = [data] + [random.Random(seed).sample(data, len(data)) for seed in range(args.shuffles)]
+            runs = [all_rules(order, cost, args.k_max) for order in orders]
+            for rule, s in runs[0].items():
+                ratios = [r["no corpus (today's lookup)"] / r[rule] for r in runs]
+                more = f" {statistics.mean(ratios):.2f}x | {min(ratios):.2f}x |" if args.shuffles else ""
+                lines.append(f"| {name} | {rule} | {n / s:.1f} | {ratios[0]:.2f}x |{more}")
             print("\n".join(lines), flush=True)
     print("\n" + cost_line(cost or []))
 

@@ -140,15 +140,17 @@ def test_corpus_replay_bounds_hold_its_rules():
     import random
 
     import corpus_replay as R
-    from spectool.drafters.lookup import vote
+    from spectool.drafters.lookup import latest
 
     cost = [0.0, 1.0] + [1.6 + 0.15 * (b - 2) for b in range(2, 40)]
     rng = random.Random(5)
     answers = [[rng.randrange(40) for _ in range(60)] for _ in range(3)]
     data = [([200 + i, 300 + i % 3], answers[i % 3] + [rng.randrange(40) for _ in range(8)]) for i in range(6)]
     alone, merged, best = R.bounds(data, cost, 32)
-    today, default = R.replay(data, None, cost, 32), R.replay(data, (vote, 0), cost, 32)
+    today, default = R.replay(data, None, cost, 32), R.replay(data, R.Rule(), cost, 32)
     assert alone <= today and merged <= default and best <= merged
+    assert R.replay(data, R.Rule(corpus=R.Unruled), cost, 32) < today  # the corpus without its disputes' tally
+    assert R.replay(data, R.Rule(latest), cost, 32) < today
     assert merged < alone  # the later requests repeat the earlier ones: the corpus's drafts are worth something
     assert default < today and merged <= R.suffix_rule(data, 2, cost, 32) < today
     assert R.match_length([1, 2, 3], [[0, 2, 3, 9], [3, 4]]) == 2 and R.match_length([5], [[1, 2]]) == 0

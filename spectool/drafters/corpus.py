@@ -13,7 +13,7 @@ has earned that rank: PromptLookup tells it, each time the two predicted differe
 wrote one of them, which one was right (`judge`), and a longer match in the corpus outranks the request's own text
 while the corpus was right at least as often as the request's own text in those disputes, the recent ones
 weighing more (`outranks`). Requests that repeat each other's text keep it outranking (on agentic.py's workloads
-the corpus won about 9 disputes in 10); unrelated ones (run.py's single sets: 1 in 5) soon hand the rank back to each
+the corpus won about 9 disputes in 10); unrelated ones (run.py's single sets: 1 in 6) soon hand the rank back to each
 request's own text.
 
 The file is JSON, versioned and tagged with the vocabulary it was made with, and keeps the disputes' tally

@@ -208,7 +208,7 @@ class PromptLookup:
         of the history are indexed (the rest, a grammar's forced tokens, may yet be rejected)."""
         final = len(history) if final is None else final
         self.index.extend(history, final)
-        if self._disputes:
+        if self._disputes and self.corpus is not None:
             self._settle(history, final)
         yield from self._predicted(history, k, tokens, sources, final)
 
