@@ -54,10 +54,25 @@ def parse_problem(line: str) -> str | None:
     return None
 
 
-def flag_problems(text: str) -> list[str]:
-    """The --flags named anywhere in `text` that no spectool command has."""
-    known = {o for c in commands().values() for p in c.params for o in p.opts + p.secondary_opts}
+BENCHMARK = re.compile(r"python benchmarks/(\w+)\.py((?: +--?[\w-]+(?: +[\w.]+)?)*)")
+
+
+def benchmark_flag_problems(text: str) -> tuple[str, list[str]]:
+    """`text` without its `python benchmarks/NAME.py ...` command lines, and the flags on those lines that their
+    script's own argparse does not declare."""
     out = []
+    for name, flags in BENCHMARK.findall(text):
+        declared = set(re.findall(r'add_argument\("(--[\w-]+)"', (ROOT / "benchmarks" / f"{name}.py").read_text()))
+        out += [f"{flag} is not an option of benchmarks/{name}.py" for flag in re.findall(r"--[\w-]+", flags)
+                if flag not in declared]
+    return BENCHMARK.sub("", text), out
+
+
+def flag_problems(text: str) -> list[str]:
+    """The --flags named anywhere in `text` that no spectool command has (a benchmark's, on its command line, that
+    its script has)."""
+    known = {o for c in commands().values() for p in c.params for o in p.opts + p.secondary_opts}
+    text, out = benchmark_flag_problems(text)
     for flag, star in re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*[a-z0-9])(-?\*?)", text):
         if flag in OTHER_TOOLS or flag in known or (star.endswith("*") and any(k.startswith(flag) for k in known)):
             continue
@@ -128,6 +143,9 @@ def test_the_check_fails_on_a_flag_or_default_that_is_not_so():
     assert any("--stop-at" in p for p in problems(bad))
     assert any("--sampler-seed" in p for p in problems(text + "\nUse `--sampler-seed 3`.\n"))
     assert any("no command" in p for p in problems(text + "\n```bash\nspectool generate hi\n```\n"))
+    assert problems(text + "\nRun `python benchmarks/structured.py --draft --prompts 8`.\n") == problems(text)
+    assert any("--drafts is not an option of benchmarks/structured.py" in p
+               for p in problems(text + "\nRun `python benchmarks/structured.py --drafts`.\n"))
     wrong = text.replace("| `-c` | 4096 |", "| `-c` | 8192 |")
     assert wrong != text and any("-c" in p and "8192" in p for p in problems(wrong))
     wrong = text.replace("0.8 (`chat`) | 0.8 |", "0.7 (`chat`) | 0.8 |")
