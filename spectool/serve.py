@@ -32,6 +32,20 @@ from spectool.session import Session
 BODY_BYTES_PER_TOKEN = 64
 
 
+def corpus_metrics(corpus) -> str:
+    """The corpus's gauges in Prometheus's text format: its size, and its recent disputes with the requests' own
+    text (drafters/corpus.py: decayed counts of those it won and lost, and whether it outranks the requests' own
+    text now)."""
+    won, lost = corpus.won
+    return ("# TYPE spectool_lookup_corpus_tokens gauge\n"
+            f"spectool_lookup_corpus_tokens {len(corpus)}\n"
+            "# TYPE spectool_lookup_corpus_disputes gauge\n"
+            f'spectool_lookup_corpus_disputes{{result="won"}} {won:.3f}\n'
+            f'spectool_lookup_corpus_disputes{{result="lost"}} {lost:.3f}\n'
+            "# TYPE spectool_lookup_corpus_outranks gauge\n"
+            f"spectool_lookup_corpus_outranks {int(corpus.outranks())}\n")
+
+
 @dataclass
 class Totals:
     requests: int = 0
@@ -249,9 +263,8 @@ class Server:
             return JSONResponse({"status": "ok"})
 
         async def metrics(request: Request):  # open too, as llama-server's: counters only, no text of anyone's
-            corpus = self.session.corpus  # its size, where there is one (--lookup-corpus)
-            text = self.totals.prometheus() + ("" if corpus is None else "# TYPE spectool_lookup_corpus_tokens gauge"
-                                               f"\nspectool_lookup_corpus_tokens {len(corpus)}\n")
+            corpus = self.session.corpus  # its size and its disputes' tally, where there is one (--lookup-corpus)
+            text = self.totals.prometheus() + ("" if corpus is None else corpus_metrics(corpus))
             return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
         async def chat_completions(request: Request):

@@ -196,8 +196,8 @@ def test_the_default_follows_the_host_and_the_flags_choose():
 
 
 def test_serve_keeps_a_corpus_on_loopback_only_unless_told(tiny):
-    """/metrics shows the corpus's size where there is one: on 127.0.0.1 it grows with each request; on 0.0.0.0
-    there is none, unless --lookup-corpus asks; --no-lookup-corpus turns it off on loopback."""
+    """/metrics shows the corpus's size and its disputes' tally where there is one: on 127.0.0.1 it grows with each
+    request; on 0.0.0.0 there is none, unless --lookup-corpus asks; --no-lookup-corpus turns it off on loopback."""
     def corpus_tokens(s):
         _, text = s.request("GET", "/metrics")
         return next((float(ln.split()[1]) for ln in text.splitlines()
@@ -210,9 +210,19 @@ def test_serve_keeps_a_corpus_on_loopback_only_unless_told(tiny):
             before = corpus_tokens(s)
             s.client().completions.create(model="m", prompt="The quick brown fox", max_tokens=8)
             after = corpus_tokens(s)
+            _, text = s.request("GET", "/metrics")
         finally:
             s.stop()
         assert (before, after is not None and after > 0) == ((0.0, True) if on else (None, False)), args
+        gauges = {ln.split()[0]: float(ln.split()[1]) for ln in text.splitlines()
+                  if ln.startswith("spectool_lookup_corpus_")}
+        assert set(gauges) == ({"spectool_lookup_corpus_tokens", 'spectool_lookup_corpus_disputes{result="won"}',
+                                'spectool_lookup_corpus_disputes{result="lost"}', "spectool_lookup_corpus_outranks"}
+                               if on else set()), args
+        if on:  # the tally's gauges say what Corpus.outranks says of it
+            won, lost = gauges['spectool_lookup_corpus_disputes{result="won"}'], \
+                gauges['spectool_lookup_corpus_disputes{result="lost"}']
+            assert won >= 0 and lost >= 0 and gauges["spectool_lookup_corpus_outranks"] == float(won >= lost)
 
 
 def test_a_cache_file_is_read_and_written_back_and_a_broken_one_is_one_warning(tiny, tmp_path):
