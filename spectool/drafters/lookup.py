@@ -177,7 +177,7 @@ class PromptLookup:
     token at a time by the followers of its longest n-gram seen before. With a `corpus` (drafters/corpus.py: the
     text of earlier requests), a token comes from the corpus where the request's own text has no match, or where
     the corpus's is longer by more than `corpus_margin` tokens and the corpus outranks the request's own text
-    (Corpus.outranks: it has been right more often where the two disagreed), under keys of its own (Source.corpus):
+    (Corpus.outranks: it has been right at least as often where the two disagreed), under keys of its own (Source.corpus):
     the controller learns how far the corpus is right apart from the request's own text."""
 
     STRETCH_MAX = 16  # continuations further along a stretch share one key
@@ -242,8 +242,9 @@ class PromptLookup:
         """NGramIndex.predict over the request's own index and the corpus's: each token from the longer match, the
         request's own unless the corpus's is longer by more than `corpus_margin` and the corpus outranks it
         (Corpus.outranks); with its Source. The corpus's followers are voted on by its own rule (Corpus.vote: the
-        most frequent, by default). Where the two predict different tokens, the dispute is noted (with `final`, the
-        end of the context's verified tokens), to be settled once the history shows which was right (`_settle`)."""
+        most frequent, by default). Where the corpus's match is the longer and the two predict different tokens, the
+        dispute is noted (with `final`, the end of the context's verified tokens), to be settled once the history
+        shows which was right (`_settle`)."""
         own, other, pick, margin = self.index, corpus.index, corpus.vote, self.corpus_margin
         seq = "".join(map(chr, context[-max(own.n_max, other.n_max) :]))
         g_own, g_other, first = own._n_first, other._n_first, True
