@@ -267,7 +267,8 @@ def main() -> None:
           f"sources), {'GPU backend, every layer on the GPU' if on_gpu() else 'CPU backend'}. Gemma 3 270M F16, "
           f"greedy, {len(extractions)} extraction prompts with a JSON schema each "
           f"({', '.join(e.source for e in extractions)}), at most {args.tokens} new tokens. Command: "
-          f"`python benchmarks/structured.py{' --quick' if args.quick else ''}{' --draft' if args.draft else ''}`.\n\n" + table(rows) + "\n")
+          f"`python benchmarks/structured.py{' --quick' if args.quick else ''}{' --draft' if args.draft else ''}`.\n\n"
+          + table(rows) + "\n")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / ("structured_draft.md" if args.draft else "structured.md")).write_text(md)
     print("\n" + md)

@@ -177,8 +177,8 @@ class PromptLookup:
     token at a time by the followers of its longest n-gram seen before. With a `corpus` (drafters/corpus.py: the
     text of earlier requests), a token comes from the corpus where the request's own text has no match, or where
     the corpus's is longer by more than `corpus_margin` tokens and the corpus outranks the request's own text
-    (Corpus.outranks: it has been right at least as often where the two disagreed), under keys of its own (Source.corpus):
-    the controller learns how far the corpus is right apart from the request's own text."""
+    (Corpus.outranks: it has been right at least as often where the two disagreed), under keys of its own
+    (Source.corpus): the controller learns how far the corpus is right apart from the request's own text."""
 
     STRETCH_MAX = 16  # continuations further along a stretch share one key
 
