@@ -19,6 +19,12 @@ charged the measured cost of each verification:
 And three bounds that no rule for draft lengths can beat (lookup_bound.cheapest: an oracle that knows how many
 tokens of each draft the target accepts): over today's lookup's drafts, over the default corpus rule's drafts, and
 over the better of the request's own draft and the corpus's own at every token (a perfect choice of source too).
+And two looser bounds that no lookup over the same text can beat, whatever its followers, sources or lengths
+(`chain_bounds`): the oracle over drafts that go on as long as each token follows the one before it somewhere in
+the text (a pair seen there: every token lookup drafts follows an n-gram match, n >= 1), the text being the
+request's own (its prompt and output so far), or that and the earlier requests'. Their ratio is what the corpus's
+text is worth to a lookup that uses it as well as today's uses the request's own. Last, the oracle over the output
+itself (foresight): what verifying at these batch costs allows any drafter at all.
 With --shuffles N, each workload is replayed in N more orders (seeded shuffles of its requests), and the table
 gives each rule's mean and lowest ratio over all the orders: a small change anywhere moves a replay's later choices,
 and with them its ratio by a few hundredths, so one order says little about a rule that changes little.
@@ -75,7 +81,10 @@ RULES = {"no corpus (today's lookup)": None, "corpus, most frequent (default)": 
          "corpus only where own text has no match": Rule(margin=10_000), "corpus of n-grams up to 12": Rule(n_max=12)}
 SUFFIX_ALPHAS, SUFFIX_FLOOR, SUFFIX_DEPTH = (1, 2, 4), 0.1, 64
 BOUNDS = ("bound: oracle over today's lookup's drafts", "bound: oracle over the corpus's drafts (default rule)",
-          "bound: oracle over the better of own and corpus drafts")
+          "bound: oracle over the better of own and corpus drafts",
+          "bound: any lookup of the request's own text (pairs seen in it)",
+          "bound: any lookup of its own and earlier requests' text (pairs seen in them)",
+          "bound: the output itself as every draft (foresight)")
 
 
 def replay(data, rule, cost, k_max: int) -> float:
@@ -155,11 +164,36 @@ def bounds(data, cost, k_max: int) -> list[float]:
     return totals
 
 
+def chain_bounds(data, cost, k_max: int) -> list[float]:
+    """Seconds of the oracle (lookup_bound.cheapest) over the longest drafts made of pairs of tokens seen in the
+    request's own text (its prompt and output so far), and in it or the earlier requests' prompts and outputs:
+    at each token, as many of the next as each follow the one before it there; and over the output itself (what
+    the target will write, as if foreseen). The requests of `data` in order."""
+    earlier, totals = set(), [0.0, 0.0, 0.0]
+    for p, y in data:
+        text = p + y
+        own = set(zip(p, p[1:]))
+        reach = [[], []]
+        for j in range(len(y)):
+            if j:  # the request's own text is now p + y[:j]
+                own.add((text[len(p) + j - 2], text[len(p) + j - 1]))
+            for r, seen in zip(reach, ((own,), (own, earlier))):
+                m = 0
+                while m < k_max and j + m < len(y) and any((text[len(p) + j + m - 1], y[j + m]) in s for s in seen):
+                    m += 1
+                r.append(m)
+        reach.append([min(k_max, len(y) - j) for j in range(len(y))])  # foresight: no draft can do better
+        for i, r in enumerate(reach):
+            totals[i] += cheapest(r, cost)
+        earlier |= set(zip(text, text[1:]))
+    return totals
+
+
 def all_rules(data, cost, k_max: int) -> dict[str, float]:
     """Seconds of every rule and bound over the requests of `data` in order."""
     seconds = {rule: replay(data, r, cost, k_max) for rule, r in RULES.items()}
     seconds |= {f"SuffixDecoding's lengths, alpha {a}": suffix_rule(data, a, cost, k_max) for a in SUFFIX_ALPHAS}
-    return seconds | dict(zip(BOUNDS, bounds(data, cost, k_max)))
+    return seconds | dict(zip(BOUNDS, bounds(data, cost, k_max) + chain_bounds(data, cost, k_max)))
 
 
 def main() -> None:
@@ -175,6 +209,8 @@ def main() -> None:
     lines = ["| workload | rule, replayed | tok/s | vs no corpus |", "|---|---|---:|---:|"]
     if args.shuffles:
         lines = [lines[0] + f" mean over {args.shuffles + 1} orders | lowest |", lines[1] + "---:|---:|"]
+    worth = ["| workload | oracle over the corpus's drafts / over today's | any lookup with the earlier requests' text / "
+             "of the request's own |", "|---|---:|---:|"]
     with engine.Model(models()["F16"], n_ctx=CTX_SIZE, n_threads=args.threads) as target:
         cost = None
         for name, make in WORKLOADS.items():
@@ -192,8 +228,11 @@ def main() -> None:
                 ratios = [r["no corpus (today's lookup)"] / r[rule] for r in runs]
                 more = f" {statistics.mean(ratios):.2f}x | {min(ratios):.2f}x |" if args.shuffles else ""
                 lines.append(f"| {name} | {rule} | {n / s:.1f} | {ratios[0]:.2f}x |{more}")
+            worth.append(f"| {name} | " + " | ".join(f"{statistics.mean(r[a] / r[b] for r in runs):.2f}x"
+                                                    for a, b in ((BOUNDS[0], BOUNDS[1]), (BOUNDS[3], BOUNDS[4]))) + " |")
             print("\n".join(lines), flush=True)
-    print("\n" + cost_line(cost or []))
+    print("\nWhat the corpus's text is worth where it is used as well as the request's own (bounds' ratios, mean "
+          "over the orders):\n\n" + "\n".join(worth) + "\n\n" + cost_line(cost or []))
 
 
 if __name__ == "__main__":

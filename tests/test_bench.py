@@ -154,6 +154,13 @@ def test_corpus_replay_bounds_hold_its_rules():
     assert merged < alone  # the later requests repeat the earlier ones: the corpus's drafts are worth something
     assert default < today and merged <= R.suffix_rule(data, 2, cost, 32) < today
     assert R.match_length([1, 2, 3], [[0, 2, 3, 9], [3, 4]]) == 2 and R.match_length([5], [[1, 2]]) == 0
+    # the looser bounds: every token a lookup drafts follows the one before it in the text it looked up
+    own, with_earlier, foresight = R.chain_bounds(data, cost, 32)
+    assert own <= alone and with_earlier <= best and foresight <= with_earlier < own
+    # a pair seen nowhere before breaks every draft: one step a token, whatever the text
+    assert R.chain_bounds([([1, 2], [3, 4, 5])], cost, 32)[:2] == [3 * cost[1]] * 2
+    assert R.chain_bounds([([1, 2, 1, 2], [1, 2, 1])], cost, 32)[0] == cost[3]  # 2 drafted after the first
+    assert R.chain_bounds([([1, 2], [3, 4, 5])], cost, 32)[2] == cost[3]  # foreseen: 3 tokens, one step
 
 
 def test_llama_cpp_tools_reports_and_prompt_files(tmp_path):
