@@ -161,6 +161,10 @@ def test_corpus_replay_bounds_hold_its_rules():
     assert R.chain_bounds([([1, 2], [3, 4, 5])], cost, 32)[:2] == [3 * cost[1]] * 2
     assert R.chain_bounds([([1, 2, 1, 2], [1, 2, 1])], cost, 32)[0] == cost[3]  # 2 drafted after the first
     assert R.chain_bounds([([1, 2], [3, 4, 5])], cost, 32)[2] == cost[3]  # foreseen: 3 tokens, one step
+    # an output written whole before is charged foresight, the others replayed as they were
+    assert R.foresight([3, 4, 5], cost, 32) == cost[3]
+    again = R.replay([*data, data[0]], R.Rule(), cost, 32, foresee_repeats=True)
+    assert again == default + R.foresight(data[0][1], cost, 32) < R.replay([*data, data[0]], R.Rule(), cost, 32)
 
 
 def test_llama_cpp_tools_reports_and_prompt_files(tmp_path):
