@@ -139,6 +139,32 @@ def test_the_readme_main_command_drafts_most_of_its_answer_on_a_fresh_cache(tmp_
     assert "1889" in r.stdout and "330 metres" in r.stdout and "Question" not in r.stdout
 
 
+def test_the_readme_main_command_stops_on_either_side_of_its_answers_nearest_tie(gemma_q4):
+    """Where the README's answer is closest to a tie, a batch may rank the two best tokens the other way round
+    (docs/exactness.md): on an AMD EPYC (AVX-512), after the answer, " Question" led " Answer" by 0.0035, and one
+    clean-clone CI saw the command then answer again and again up to its token limit. So the command's stop
+    strings must end the text on both sides of that tie: plain greedy decoding finds the output's nearest tie, and
+    the runner-up there, continued by the loop under the same stop strings, ends with "stop" too."""
+    cmd = readme_main_command()
+    stops = [cmd[i + 1] for i, arg in enumerate(cmd) if arg == "--stop"]
+    budget = 128
+    with Model(gemma_q4, n_ctx=512, n_threads=2) as m:
+        prompt = m.tokenize(cmd[-1])
+        m.sync(prompt[:-1], logits="none")
+        x, ties = list(prompt), []
+        while not any(s in m.detokenize(x[len(prompt):]) for s in stops):
+            assert len(x) - len(prompt) < budget, "the plain greedy answer does not stop"
+            m.eval([x[-1]])
+            row = m.logits(-1)
+            second, first = (int(t) for t in np.argsort(row)[-2:])
+            ties.append((row[first] - row[second], len(x), second))
+            x.append(first)
+        _, at, other = min(ties)
+        g = Generation(m, PromptLookup(), max_tokens=budget - (at - len(prompt)) - 1)
+        steps = [step for _, step in generate_text(g, [*x[:at], other], stop=stops)]
+        assert steps[-1].finish_reason == "stop", m.detokenize([*x[len(prompt):at], other, *(t for s in steps for t in s.tokens)])
+
+
 def chat_reply(pair: str, message: str) -> tuple[str, str]:
     """(stdout, stderr) of `spectool chat --pair PAIR` asked one message, greedy."""
     from typer.testing import CliRunner
