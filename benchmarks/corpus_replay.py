@@ -223,8 +223,8 @@ def main() -> None:
     lines = ["| workload | rule, replayed | tok/s | vs no corpus |", "|---|---|---:|---:|"]
     if args.shuffles:
         lines = [lines[0] + f" mean over {args.shuffles + 1} orders | lowest |", lines[1] + "---:|---:|"]
-    worth = ["| workload | oracle over the corpus's drafts / over today's | any lookup with the earlier requests' text / "
-             "of the request's own |", "|---|---:|---:|"]
+    worth = ["| workload | oracle over the corpus's drafts / over today's | any lookup with the earlier requests' "
+             "text / of the request's own |", "|---|---:|---:|"]
     with engine.Model(models()["F16"], n_ctx=CTX_SIZE, n_threads=args.threads) as target:
         cost = None
         for name, make in WORKLOADS.items():
@@ -242,8 +242,9 @@ def main() -> None:
                 ratios = [r["no corpus (today's lookup)"] / r[rule] for r in runs]
                 more = f" {statistics.mean(ratios):.2f}x | {min(ratios):.2f}x |" if args.shuffles else ""
                 lines.append(f"| {name} | {rule} | {n / s:.1f} | {ratios[0]:.2f}x |{more}")
+            pairs = ((BOUNDS[0], BOUNDS[1]), (BOUNDS[3], BOUNDS[4]))  # each without the corpus's text, then with it
             worth.append(f"| {name} | " + " | ".join(f"{statistics.mean(r[a] / r[b] for r in runs):.2f}x"
-                                                    for a, b in ((BOUNDS[0], BOUNDS[1]), (BOUNDS[3], BOUNDS[4]))) + " |")
+                                                    for a, b in pairs) + " |")
             print("\n".join(lines), flush=True)
     print("\nWhat the corpus's text is worth where it is used as well as the request's own (bounds' ratios, mean "
           "over the orders):\n\n" + "\n".join(worth) + "\n\n" + cost_line(cost or []))
