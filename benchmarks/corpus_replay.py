@@ -180,9 +180,8 @@ def bounds(data, cost, k_max: int) -> list[float]:
 def chain_bounds(data, cost, k_max: int) -> list[float]:
     """Seconds of the oracle (lookup_bound.cheapest) over the longest drafts made of pairs of tokens seen in the
     request's own text (its prompt and output so far), and in it or the earlier requests' prompts and outputs:
-    at each token, as many of the next as each follow the one before it there; and over the output itself (what
-    the target will write, as if foreseen). The requests of `data` in order."""
-    earlier, totals = set(), [0.0, 0.0, 0.0]
+    at each token, as many of the next as each follow the one before it there. The requests of `data` in order."""
+    earlier, totals = set(), [0.0, 0.0]
     for p, y in data:
         text = p + y
         own = set(zip(p, p[1:]))
@@ -197,7 +196,6 @@ def chain_bounds(data, cost, k_max: int) -> list[float]:
                 r.append(m)
         for i, r in enumerate(reach):
             totals[i] += cheapest(r, cost)
-        totals[2] += foresight(y, cost, k_max)
         earlier |= set(zip(text, text[1:]))
     return totals
 
@@ -207,7 +205,8 @@ def all_rules(data, cost, k_max: int) -> dict[str, float]:
     seconds = {rule: replay(data, r, cost, k_max) for rule, r in RULES.items()}
     seconds |= {f"SuffixDecoding's lengths, alpha {a}": suffix_rule(data, a, cost, k_max) for a in SUFFIX_ALPHAS}
     seconds[REPEATS] = replay(data, Rule(), cost, k_max, foresee_repeats=True)
-    return seconds | dict(zip(BOUNDS, bounds(data, cost, k_max) + chain_bounds(data, cost, k_max)))
+    foreseen = sum(foresight(y, cost, k_max) for _, y in data)
+    return seconds | dict(zip(BOUNDS, [*bounds(data, cost, k_max), *chain_bounds(data, cost, k_max), foreseen]))
 
 
 def main() -> None:

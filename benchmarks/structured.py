@@ -48,9 +48,8 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 import llamacpp  # noqa: E402
-from run import open_drafts  # noqa: E402
 import prompts as P  # noqa: E402
-from run import models, on_gpu  # noqa: E402
+from run import models, on_gpu, open_drafts  # noqa: E402
 from vs_llamacpp import decode  # noqa: E402
 
 from common import machine  # noqa: E402
