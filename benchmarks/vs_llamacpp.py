@@ -28,24 +28,24 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-import llamacpp  # noqa: E402
-import prompts as P  # noqa: E402
-from run import models, on_gpu  # noqa: E402
+from common import llamacpp  # noqa: E402
+import common  # noqa: E402
+from common import models, on_gpu  # noqa: E402
 
 from common import machine  # noqa: E402
 from spectool.llama import engine  # noqa: E402
 from spectool.bench import Contender, Result  # noqa: E402
 from spectool.core.costs import Costs  # noqa: E402
-from spectool.core.speculative import Generation, speculative_generate  # noqa: E402
+from spectool.generate.loop import GenerationConfig, speculative_generate  # noqa: E402
 from spectool.core.stats import Stats  # noqa: E402
-from spectool.ui import offload_table, offload_text  # noqa: E402
+from spectool.cli.display import offload_text  # noqa: E402
 from spectool.options import CTX_SIZE  # noqa: E402
 
-SETS = {"code editing (HumanEval)": P.humaneval_prompts, "grounded chat (ShareGPT)": P.grounded_prompts,
-        "free-form (ShareGPT)": P.freeform_prompts}
+SETS = {"code editing (HumanEval)": common.humaneval_prompts, "grounded chat (ShareGPT)": common.grounded_prompts,
+        "free-form (ShareGPT)": common.freeform_prompts}
 
 
-def decode(g: Generation, prompt: list[int], st: Stats) -> tuple[list[int], int, float]:
+def decode(g: GenerationConfig, prompt: list[int], st: Stats) -> tuple[list[int], int, float]:
     """(tokens, how many, seconds): wall-clock decode time, as llama.cpp's tools count it (prompt processing,
     which for spectool includes indexing the prompt and measuring a fresh cost table, excluded)."""
     t0 = time.perf_counter()
@@ -62,7 +62,7 @@ def run_set(name: str, texts: list[str], model: Path, bins: dict, args) -> list[
     repack = not engine.avoid_amx()  # the same weights layout as spectool's (see engine.avoid_amx)
     gpu = on_gpu()
     with engine.Model(model, n_ctx=CTX_SIZE, n_threads=args.threads, n_gpu_layers="auto") as target:
-        print(f"   spectool's backend: {offload_text({'target': offload_table(target)})}; llama.cpp's tools: "
+        print(f"   spectool's backend: {offload_text({'target': target.offload()})}; llama.cpp's tools: "
               f"-ngl {99 if gpu else 0}", flush=True)
         plain_texts = []
         for i, text in enumerate(texts):

@@ -17,7 +17,7 @@ from spectool.core.controller import Controller
 from spectool.options import CTX_SIZE, DRAFT_MAX, Mode, llama_cpp_sampling
 from spectool.models.registry import PAIR_DRAFT_MAX
 from spectool.session import build_drafter
-from spectool.core.speculative import Generation, speculative_generate
+from spectool.generate.loop import GenerationConfig, speculative_generate
 from spectool.core.stats import Rates, Stats
 from spectool.core.verify import Sampling
 
@@ -43,14 +43,14 @@ class Contender:
     draft_vocab: int = 0  # > 0: the draft pruned to this many tokens (see prune.py)
 
     def generation(self, target, drafts: dict, max_tokens: int, costs: Costs | None = None,
-                   sampling: Sampling = Sampling(), seed: int | None = None) -> Generation:
+                   sampling: Sampling = Sampling(), seed: int | None = None) -> GenerationConfig:
         """`drafts` maps a draft vocabulary size (0: the full draft) to (Model, kept ids or None); `costs` is
         the table of measured batch costs to start from and add to."""
         model, ids = drafts.get(self.draft_vocab, (None, None))
         drafter, _ = build_drafter(Mode(self.mode), model, ids=ids, n_target=target.n_vocab)
         ctl = Controller(k_max=self.k_max, k_min=self.k_max if self.fixed else 0, adaptive=not self.fixed,
                          costs=costs)
-        return Generation(target, drafter, sampling, ctl, max_tokens=max_tokens, seed=seed)
+        return GenerationConfig(target, drafter, sampling, ctl, max_tokens=max_tokens, seed=seed)
 
     @property
     def flags(self) -> str:
@@ -125,7 +125,7 @@ def speedups(results: Sequence[Result], baseline: str = "plain", greedy: bool = 
             r.identical = sum(a == b for a, b in zip(r.outputs, plain.outputs)) if greedy else -1
 
 
-def timed_generation(g: Generation, prompt: Sequence[int], st: Stats) -> tuple[list[int], int, float]:
+def timed_generation(g: GenerationConfig, prompt: Sequence[int], st: Stats) -> tuple[list[int], int, float]:
     """(tokens, tokens after the first step, seconds from the first step's tokens to the last's)."""
     tokens, t_first, n_first = [], None, 0
     for step in speculative_generate(g, prompt, st):
@@ -316,7 +316,7 @@ class Comparison:
     contenders: list[Contender]
     results: list[Result]
     sampled: list[Result]
-    cost_tables: list[str]  # the saved cost tables of the target (costtables.describe), which `run` starts from
+    cost_tables: list[str]  # the saved cost tables of the target (cost_files.describe), which `run` starts from
     costs_removed: int = 0  # tables removed first (--reset-costs)
 
     def to_json(self) -> dict:
@@ -335,7 +335,7 @@ def compare(o, texts: Sequence[str], draft_vocab: int, with_sampled: bool, hooks
     (those `spectool run` starts from) first."""
     import contextlib
 
-    from spectool import costtables
+    from spectool import cost_files
     from spectool.session import load_models, pruned_draft, resolve_models
 
     progress = progress or (lambda description, advance, total: None)
@@ -345,7 +345,7 @@ def compare(o, texts: Sequence[str], draft_vocab: int, with_sampled: bool, hooks
         if m.draft_error is not None:
             raise m.draft_error
         target, draft = m.target, m.draft
-        removed = costtables.reset(target.path) if reset_costs else 0
+        removed = cost_files.reset(target.path) if reset_costs else 0
         drafts = {0: (draft, None)}
         pruned_vocab = draft_vocab if draft is not None and 0 < draft_vocab < draft.n_vocab else 0
         if pruned_vocab:
@@ -367,4 +367,4 @@ def compare(o, texts: Sequence[str], draft_vocab: int, with_sampled: bool, hooks
                           baseline=base)
         return Comparison(str(m.target_ref), str(m.draft_ref) if m.draft_ref else None, target.path.name, len(texts),
                           o.max_tokens, contenders, results, sampled,
-                          [costtables.describe(t) for t in costtables.tables(target.path)], removed)
+                          [cost_files.describe(t) for t in cost_files.tables(target.path)], removed)

@@ -1,5 +1,5 @@
 """The session layer: typed options -> resolve -> download -> load -> vocabulary check -> pruned draft -> drafter
--> Generation, with the cost table kept between runs. `run`, `chat` and `bench` start here.
+-> GenerationConfig, with the cost table kept between runs. `run`, `chat` and `bench` start here.
 
 Nothing here talks to the user directly: what needs the user comes in as `Hooks` (the download confirmation, a
 progress bar, a one-line message), so a command line and a server can both build on it.
@@ -18,9 +18,10 @@ if TYPE_CHECKING:  # importing them would load llama.cpp before it is needed
     import numpy as np
 
     from spectool.core.controller import Controller
+    from spectool.core.costs import Costs
     from spectool.core.grammar import Grammar
-    from spectool.core.speculative import Generation
-    from spectool.drafters.base import Drafter
+    from spectool.generate.loop import GenerationConfig
+    from spectool.core.protocol import Drafter
     from spectool.drafters.corpus import Corpus
     from spectool.drafters.mtp import MtpContext
     from spectool.llama.engine import Model
@@ -73,7 +74,7 @@ class Loaded:
 class Session:
     """A ready generation: the loaded models, the drafter and controller, and what to call them."""
 
-    gen: Generation  # with the session's options
+    gen: GenerationConfig  # with the session's options
     mode: Mode  # what it drafts by (drafted_by)
     target_name: str
     draft_name: str | None
@@ -83,14 +84,17 @@ class Session:
     k_max: int = DRAFT_MAX
     k_min: int = 0
     corpus: Corpus | None = None  # prompt lookup's corpus of earlier requests (--lookup-corpus), if on
+    drafter: Drafter | None = None  # what the session drafts with; each generation's is built around it
+
+    @property
+    def target(self) -> Model:
+        return self.gen.target
 
     @property
     def offload(self) -> dict:
-        """Where the weights went: backend and layers of the target and of the draft model (ui.offload_table)."""
-        from spectool.ui import offload_table
-
+        """Where the weights went: backend and layers of the target and of the draft model (Model.offload)."""
         draft = self.draft_model
-        return {"target": offload_table(self.gen.target), "draft": offload_table(draft) if draft is not None else None}
+        return {"target": self.gen.target.offload(), "draft": draft.offload() if draft is not None else None}
 
 
 def fit_prompt(tokens: list[int], n_ctx: int, max_tokens: int, truncate: bool, bos: int,
@@ -108,10 +112,11 @@ def fit_prompt(tokens: list[int], n_ctx: int, max_tokens: int, truncate: bool, b
     return out
 
 
-def complete(s: Session, text: str, stop, truncate: bool, interrupted, say: Callable[[str], None] = lambda line: None):
+def text_completion(s: Session, text: str, stop, truncate: bool, interrupted,
+                    say: Callable[[str], None] = lambda line: None):
     """`spectool run`'s generation: (its Stats, filled as it goes, and the (text, Step) pairs of the completion of
-    `text`, see speculative.generate_text)."""
-    from spectool.core.speculative import generate_text
+    `text`, see generate_text)."""
+    from spectool.generate.loop import generate_text
     from spectool.core.stats import Stats
 
     target = s.gen.target
@@ -122,20 +127,26 @@ def complete(s: Session, text: str, stop, truncate: bool, interrupted, say: Call
 
 
 def generation(s: Session, o: Options, grammar: Grammar | None = None):
-    """The Generation that options `o` ask of a loaded session (a command line's, or a serve request's over the
-    server's): checked sampling, token budget and seed, a controller, and the grammar: `grammar` if given (made
-    once: a serve request's, or the server's), else the one `o` asks for. Greedy or unseeded generations share the
+    """The GenerationConfig that options `o` ask of a loaded session (a command line's, or a serve request's over
+    the server's): checked sampling, token budget and seed, a controller, the grammar (`grammar` if given, made
+    once: a serve request's, or the server's; else the one `o` asks for) and the drafter built whole for it
+    (drafters/builder.py: the session's drafter under that grammar, with the corpus). Greedy or unseeded generations share the
     session's timed controller, which learns this machine's costs; seeded sampling gets an untimed one of its own,
     so that k, and with it the use of random numbers, depends only on the tokens: the same seed gives the same
     text after any earlier request and on any machine (controller.py)."""
     from spectool.core.controller import Controller
 
+    from spectool.drafters.builder import for_generation
+
     sampling = o.sampling()
     ctl, corpus = s.controller, s.corpus
     if o.seed is not None and not sampling.greedy:  # nor drafts from the corpus, which earlier requests made
-        ctl, corpus = Controller(k_max=s.k_max, k_min=s.k_min, adaptive=s.k_min != s.k_max, timed=False), None
-    return replace(s.gen, sampling=sampling, controller=ctl, max_tokens=o.max_tokens, seed=o.seed, rng=None,
-                   on_prefill=None, grammar=grammar if grammar is not None else o.grammar_spec(), corpus=corpus)
+        ctl = Controller(k_max=s.k_max, k_min=s.k_min, adaptive=s.k_min != s.k_max, timed=False)
+        corpus = None
+    grammar = grammar if grammar is not None else o.grammar_spec()
+    drafter = for_generation(s.drafter, grammar is not None, corpus, forced=s.target.can_rollback)
+    return replace(s.gen, drafter=drafter, sampling=sampling, controller=ctl, max_tokens=o.max_tokens,
+                   seed=o.seed, rng=None, on_prefill=None, grammar=grammar)
 
 
 def resolve_models(o: Options) -> Refs:
@@ -205,10 +216,8 @@ def drafted_by(spec: Mode, draft_model: bool, mtp: bool) -> Mode:
     fallback or an error)."""
     if spec is Mode.auto:
         return Mode.hybrid if draft_model else Mode.mtp if mtp else Mode.lookup
-    if (spec is Mode.draft and not draft_model) or (spec is Mode.mtp and not mtp) or (
-            spec is Mode.hybrid and not (draft_model or mtp)):
-        return Mode.lookup
-    return spec
+    missing = {Mode.draft: not draft_model, Mode.mtp: not mtp, Mode.hybrid: not (draft_model or mtp)}
+    return Mode.lookup if missing.get(spec, False) else spec
 
 
 def drafts_by_mtp(mode: Mode, draft_model: bool) -> bool:
@@ -218,13 +227,11 @@ def drafts_by_mtp(mode: Mode, draft_model: bool) -> bool:
 
 def build_drafter(spec: Mode, draft_model: Model | None, p_min: float = 0.0, notices: list[str] | None = None,
                   ids=None, n_target: int = 0, mtp: MtpContext | None = None) -> tuple[Drafter | None, Mode]:
-    """(drafter, the Mode it drafts by, see drafted_by) for a mode: the one place drafters are made (run, chat,
-    serve, bench, the tests). `mtp` is the target's MTP head when it has one. A mode that cannot have what it
-    needs is a UserError when the user demanded it (draft, mtp), else prompt lookup with a notice."""
-    from spectool.drafters.draft_model import DraftModel
-    from spectool.drafters.hybrid import Hybrid
-    from spectool.drafters.mtp import Mtp
-    from spectool.drafters.lookup import PromptLookup
+    """(drafter, the Mode it drafts by, see drafted_by) for a mode, made by drafters/builder.py (run, chat, serve,
+    bench, the tests). `mtp` is the target's MTP head when it has one. A mode that cannot have what it needs is a
+    UserError when the user demanded it (draft, mtp), else prompt lookup with a notice."""
+    from spectool.core.evidence import Source
+    from spectool.drafters.builder import build
 
     mode = drafted_by(spec, draft_model is not None, mtp is not None)
     if mode is Mode.lookup and spec is Mode.mtp:
@@ -236,13 +243,7 @@ def build_drafter(spec: Mode, draft_model: Model | None, p_min: float = 0.0, not
         notices.append("no draft model: using prompt lookup")
     if mode is Mode.none:
         return None, mode
-    if mode is Mode.lookup:
-        return PromptLookup(), mode
-    if drafts_by_mtp(mode, draft_model is not None):
-        head = Mtp(mtp, p_min=p_min)
-        return (head, mode) if mode is Mode.mtp else (Hybrid(PromptLookup(), head), mode)
-    dm = DraftModel(draft_model, p_min=p_min, ids=ids, n_target=n_target)
-    return (dm, mode) if mode is Mode.draft else (Hybrid(PromptLookup(), dm), mode)
+    return build(Source(mode.value), draft_model, mtp, p_min, ids, n_target), mode
 
 
 def open_corpus(o: Options, target: Model, drafter: Drafter | None,
@@ -251,7 +252,7 @@ def open_corpus(o: Options, target: Model, drafter: Drafter | None,
     and the drafter drafts by prompt lookup (else None, None; the tag is None without a file). The file's
     problems are notices: a broken or foreign file never stops a run."""
     from spectool.drafters.corpus import Corpus, vocab_tag
-    from spectool.drafters.lookup import lookup_of
+    from spectool.drafters.builder import lookup_of
 
     if not o.lookup_corpus or lookup_of(drafter) is None:
         if o.lookup_cache is not None:
@@ -285,70 +286,123 @@ def pruned_draft(stack: contextlib.ExitStack, draft_model: Model, vocab: int, o:
     return pruned, prune.read_ids(path), f"draft pruned to {pruned.n_vocab} tokens ({path})"
 
 
-@contextlib.contextmanager
-def open_session(o: Options, hooks: Hooks = Hooks()) -> Iterator[Session]:
-    """Load the models of `o` and yield a ready Session; the measured batch costs are saved when it closes."""
-    o.sampling()  # bad sampling options and a bad grammar fail before anything loads
+@dataclass
+class Plan:
+    """What the options ask for, checked before anything loads."""
+
+    grammar: Grammar | None
+    refs: Refs
+    k_max: int
+
+
+def plan(o: Options) -> Plan:
+    """Bad sampling options, a bad grammar and bad draft lengths fail here, before anything loads."""
+    o.sampling()
     grammar = o.grammar_spec()
     refs = resolve_models(o)
     k_max = o.draft_max if o.draft_max is not None else refs.draft_max
     if o.draft_min > k_max:
         raise UserError("--draft-min must not exceed --draft-max", code=2)
-    from spectool.core.controller import Controller
-    from spectool.core.speculative import Generation
+    return Plan(grammar, refs, k_max)
 
+
+@dataclass
+class Models:
+    """The loaded models a session drafts with: the target, the draft model (pruned where asked; None without one)
+    and its kept ids, the target's MTP head where it drafts, and the names to call them."""
+
+    target: Model
+    draft: Model | None
+    ids: np.ndarray | None
+    mtp: MtpContext | None
+    target_name: str
+    draft_name: str | None
+
+
+def load_stage(o: Options, stack: contextlib.ExitStack, refs: Refs, hooks: Hooks, notices: list[str]) -> Models:
+    """The models the mode drafts with, loaded: the MTP heads only where they are to draft, a draft model that
+    cannot be used a notice (an error when --spec draft demands it), the draft pruned where --draft-vocab asks."""
+    planned = drafted_by(o.spec, refs.draft is not None, mtp=True)  # if the draft loads and the target has heads
+    use_mtp = drafts_by_mtp(planned, refs.draft is not None)
+    m = load_models(o, stack, refs, want_draft=planned in (Mode.draft, Mode.hybrid), hooks=hooks,
+                    load_mtp=use_mtp)
+    if m.draft_error is not None:
+        if o.spec is Mode.draft:
+            raise m.draft_error
+        notices.append(m.draft_notice + "; using prompt lookup")
+    target, draft, ids = m.target, m.draft, None
+    if draft is not None and 0 < o.draft_vocab < draft.n_vocab:
+        draft, ids, notice = pruned_draft(stack, draft, o.draft_vocab, o, hooks)
+        notices.append(notice)
+    if o.spec is Mode.mtp and target.n_nextn and not target.can_rollback:
+        raise UserError(f"{target.architecture} keeps a recurrent state that cannot drop rejected drafts: "
+                        "spectool cannot draft from its MTP heads (llama.cpp restores checkpoints instead)", code=2)
+    mtp = None
+    if use_mtp and target.n_nextn and target.can_rollback:
+        from spectool.drafters.mtp import MtpContext
+
+        mtp = stack.enter_context(contextlib.closing(MtpContext(target)))
+    draft_name = str(m.draft_ref) if draft is not None else None
+    return Models(target, draft, ids, mtp, str(m.target_ref), draft_name)
+
+
+def drafter_stage(o: Options, m: Models, notices: list[str]) -> tuple[Drafter | None, Mode]:
+    """The session's drafter and the mode it drafts by; plain decoding where the target cannot roll back."""
+    drafter, mode = build_drafter(o.spec, m.draft, o.draft_p_min, notices, m.ids, m.target.n_vocab, m.mtp)
+    if not m.target.can_rollback and drafter is not None:
+        notices.append(f"{m.target.architecture} cannot roll back its cache: plain decoding")
+        return None, Mode.none
+    return drafter, mode
+
+
+def costs_stage(o: Options, m: Models, drafts: bool, notices: list[str]) -> tuple[Path | None, Costs | None]:
+    """The cost table kept between runs for these models and settings, where anything is drafted (the file, and
+    the table read from it): none where there is no usable cache folder (measured from scratch, kept nowhere)."""
+    from spectool import cost_files
+
+    try:
+        path = cost_files.path_for(m.target, m.draft, o.threads, o.rpc, o.ctx_size) if drafts else None
+    except (OSError, RuntimeError):
+        path = None
+    costs, warning = cost_files.load(path, max_batch=m.target.n_ctx)
+    if warning:
+        notices.append(warning)
+    return path, costs
+
+
+def save_stage(o: Options, s: Session, m: Models, costs_file: Path | None, vocab: str | None,
+               say: Callable[[str], None]) -> None:
+    """What a session keeps when it closes: the lookup cache (--lookup-cache) and the measured batch costs."""
+    from spectool import cost_files
+
+    if vocab is not None and s.corpus is not None and (warning := s.corpus.save(o.lookup_cache, vocab)):
+        say(warning)
+    if costs_file is not None and s.controller is not None and s.controller.costs.verify:
+        draft = str(Path(m.draft.path).resolve()) if m.draft is not None else None
+        cost_files.save(costs_file, s.controller.costs, {
+            "target": str(Path(m.target.path).resolve()), "threads": o.threads, "ctx": o.ctx_size, "draft": draft})
+
+
+@contextlib.contextmanager
+def open_session(o: Options, hooks: Hooks = Hooks()) -> Iterator[Session]:
+    """Load the models of `o` and yield a ready Session; what it measured is kept when it closes (save_stage)."""
+    from spectool.core.controller import Controller
+    from spectool.generate.loop import GenerationConfig
+
+    p = plan(o)
     notices: list[str] = []
     with contextlib.ExitStack() as stack:
-        # what the mode drafts by if the draft loads and the target has MTP heads: the heads load only to draft
-        planned = drafted_by(o.spec, refs.draft is not None, mtp=True)
-        use_mtp = drafts_by_mtp(planned, refs.draft is not None)
-        m = load_models(o, stack, refs, want_draft=planned in (Mode.draft, Mode.hybrid), hooks=hooks,
-                        load_mtp=use_mtp)
-        if m.draft_error is not None:
-            if o.spec is Mode.draft:
-                raise m.draft_error
-            notices.append(m.draft_notice + "; using prompt lookup")
-        target, draft_model, ids = m.target, m.draft, None
-        if draft_model is not None and 0 < o.draft_vocab < draft_model.n_vocab:
-            draft_model, ids, notice = pruned_draft(stack, draft_model, o.draft_vocab, o, hooks)
-            notices.append(notice)
-        mtp = None
-        if o.spec is Mode.mtp and target.n_nextn and not target.can_rollback:
-            raise UserError(f"{target.architecture} keeps a recurrent state that cannot drop rejected drafts: "
-                            "spectool cannot draft from its MTP heads (llama.cpp restores checkpoints instead)",
-                            code=2)
-        if use_mtp and target.n_nextn and target.can_rollback:
-            from spectool.drafters.mtp import MtpContext
-
-            mtp = stack.enter_context(contextlib.closing(MtpContext(target)))
-        drafter, mode = build_drafter(o.spec, draft_model, o.draft_p_min, notices, ids, target.n_vocab, mtp)
-        if not target.can_rollback and drafter is not None:
-            notices.append(f"{target.architecture} cannot roll back its cache: plain decoding")
-            drafter, mode = None, Mode.none
-        from spectool import costtables
-
-        drafts = drafter is not None or (grammar is not None and target.can_rollback)  # a grammar's forced tokens
-        try:
-            costs_file = costtables.path_for(target, draft_model, o.threads, o.rpc, o.ctx_size) if drafts else None
-        except (OSError, RuntimeError):  # no usable home or cache directory: measure from scratch, keep nothing
-            costs_file = None
-        costs, warning = costtables.load(costs_file, max_batch=target.n_ctx)
-        if warning:
-            notices.append(warning)
-        controller = Controller(k_max=k_max, k_min=o.draft_min, adaptive=o.draft_min != k_max, costs=costs)
-        corpus, vocab = open_corpus(o, target, drafter, notices)
-        # a grammar's forced tokens are drafts too: only where rejected ones can be dropped
-        gen = Generation(target, drafter, controller=controller, forced_drafts=target.can_rollback)
-        s = Session(gen, mode, str(m.target_ref), str(m.draft_ref) if draft_model is not None else None, notices,
-                    draft_model if mode in (Mode.draft, Mode.hybrid) else None, controller, k_max, o.draft_min,
-                    corpus)
-        s.gen = generation(s, o, grammar)
+        m = load_stage(o, stack, p.refs, hooks, notices)
+        drafter, mode = drafter_stage(o, m, notices)
+        drafts = drafter is not None or (p.grammar is not None and m.target.can_rollback)  # a grammar's forced
+        costs_file, costs = costs_stage(o, m, drafts, notices)  # tokens are drafts too
+        controller = Controller(k_max=p.k_max, k_min=o.draft_min, adaptive=o.draft_min != p.k_max, costs=costs)
+        corpus, vocab = open_corpus(o, m.target, drafter, notices)
+        draft_model = m.draft if mode in (Mode.draft, Mode.hybrid) else None
+        s = Session(GenerationConfig(m.target, controller=controller), mode, m.target_name, m.draft_name, notices,
+                    draft_model, controller, p.k_max, o.draft_min, corpus, drafter)
+        s.gen = generation(s, o, p.grammar)
         try:
             yield s
         finally:
-            if vocab is not None and (warning := corpus.save(o.lookup_cache, vocab)):
-                hooks.say(warning)
-            if costs_file is not None and controller.costs.verify:
-                costtables.save(costs_file, controller.costs, {
-                    "target": str(Path(target.path).resolve()), "threads": o.threads, "ctx": o.ctx_size,
-                    "draft": str(Path(draft_model.path).resolve()) if draft_model is not None else None})
+            save_stage(o, s, m, costs_file, vocab, hooks.say)

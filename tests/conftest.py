@@ -9,7 +9,6 @@ NUMPY_BEFORE_LLAMA = "numpy" in sys.modules  # test_load_order.py: nothing the t
 import spectool.llama.native  # noqa: F401, E402 - llama.cpp's libraries before numpy, as in spectool (native.py)
 
 sys.path.insert(0, str(Path(__file__).parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # derive.quantize
 # what spectool caches (measured costs, pruned drafts) goes to a scratch directory, never the user's
 os.environ.setdefault("SPECTOOL_CACHE", tempfile.mkdtemp(prefix="spectool-test-cache-"))
 
@@ -60,7 +59,7 @@ def gemma_q4() -> Path:
 
 def _derived(src: Path, ftype: str) -> Path:
     """`src` re-quantized with llama.cpp's quantizer (cached between runs)."""
-    from derive import quantize
+    from spectool.llama.quantize import quantize
 
     out = _cache_dir() / f"gemma-3-270m-{ftype}-from-Q4_K_M.gguf"
     if not out.exists():

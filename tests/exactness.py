@@ -9,7 +9,8 @@ import numpy as np
 from helpers import tokens_of
 
 from spectool.core.controller import Controller
-from spectool.core.speculative import Generation
+from spectool.drafters.builder import for_generation
+from spectool.generate.loop import GenerationConfig
 from spectool.core.verify import Sampling, distribution
 
 N_RUNS = 3000
@@ -65,8 +66,9 @@ def sample_joint(target, make_drafter, prompt, s=SAMPLING, n=N_RUNS, stats=None,
     `grammar`, with its forced tokens first)."""
     counts = {}
     for seed in range(n):
-        g = Generation(target, make_drafter(), s, Controller(k_max=K_DRAFT, adaptive=False),
-                       max_tokens=K_DRAFT + 1, seed=seed, grammar=grammar)
+        drafter = for_generation(make_drafter(), grammar is not None)
+        g = GenerationConfig(target, drafter, s, Controller(k_max=K_DRAFT, adaptive=False),
+                             max_tokens=K_DRAFT + 1, seed=seed, grammar=grammar)
         seq = tuple(tokens_of(g, prompt, stats)[:N_JOINT])
         counts[seq] = counts.get(seq, 0) + 1
     return counts

@@ -49,8 +49,8 @@ def accepts(port: int, timeout: float = 1.0) -> bool:
 
 
 def tokens_of(g, prompt, stats=None) -> list[int]:
-    """Every token a speculative.Generation produces for `prompt`."""
-    from spectool.core.speculative import speculative_generate
+    """Every token a GenerationConfig produces for `prompt`."""
+    from spectool.generate.loop import speculative_generate
 
     return [t for step in speculative_generate(g, prompt, stats) for t in step.tokens]
 
@@ -138,5 +138,34 @@ class SplitHybrid(Hybrid):
     """A hybrid that hands over to its second drafter after lookup's first token of each stretch: every draft of
     two or more tokens mixes lookup's deterministic tokens with the second drafter's (sampled) ones."""
 
-    def peek(self, history, k_max, estimate=None):
-        return super().peek(history, k_max, lambda key: 0.0 if key.pos else 1.0)
+    def peek(self, history, k_max, estimate=None, final=None):
+        return super().peek(history, k_max, lambda key: 0.0 if key.pos else 1.0, final)
+
+
+def poison(table: dict, factor: float, sizes: range) -> dict:
+    """A saved cost table (Costs.to_json, this version's or an older one's) with the batches in `sizes` priced
+    `factor`x, as a busy minute leaves them."""
+    out = json.loads(json.dumps(table))
+    for b, entry in out["verify"].items():
+        if int(b) in sizes:
+            if isinstance(entry, dict):
+                entry["seconds"] = [factor * c for c in entry["seconds"]]
+            else:
+                out["verify"][b] = factor * entry
+    return out
+
+
+def one_run(target, table: dict | None, prompt: list[int], tokens: int, into=None, read=None):
+    """One `spectool run --spec lookup`, as between two processes: the saved table read (`read`, default
+    Costs.from_json; a fresh table for None), one prompt generated and added to `into` (else a bench.Result of its
+    own), the table written: (the table, the Result)."""
+    from spectool import bench
+    from spectool.core.costs import Costs
+    from spectool.core.stats import Stats
+
+    costs = (read or Costs.from_json)(table) if table is not None else Costs()
+    st, r = Stats(mode="lookup"), into or bench.Result("lookup")
+    g = bench.Contender("lookup", "lookup", 32).generation(target, {}, tokens, costs)
+    r.add(st, *bench.timed_generation(g, prompt, st))
+    return costs.to_json(), r
+

@@ -1,43 +1,14 @@
-"""Benchmark plumbing: prompt preparation from the real datasets, ratio arithmetic, table rendering, and a
-smoke run of `spectool bench` on the tiny models. (Speed itself is measured by benchmarks/run.py, not here.)"""
+"""`spectool bench`: its ratio arithmetic, table rendering and a smoke run on the tiny models; and the report
+parsing of llama.cpp's own tools, the tests' oracle (llamacpp.py). (Speed itself is measured by benchmarks/, not
+here.)"""
 
-import io
 import json
-import sys
-from pathlib import Path
 
 from typer.testing import CliRunner
 
 from spectool import bench
 from spectool.bench import Contender, Result
 from spectool.cli import app
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import prompts as P  # noqa: E402
-
-
-def test_iter_json_array_stops_quietly_at_a_truncated_item():
-    items = [{"id": i, "text": "x" * i} for i in range(50)]
-    full = json.dumps(items)
-    cut = full[: full.index('"id": 40') + 5]  # the 41st object is cut in the middle
-    got = list(P.iter_json_array(io.StringIO(cut), chunk=64))
-    assert got == items[:40]
-    assert list(P.iter_json_array(io.StringIO(full), chunk=7)) == items
-
-
-def test_sharegpt_prompts_are_real_and_shaped():
-    g, f = P.grounded_prompts(4), P.freeform_prompts(4)
-    assert len(g) == 4 and len(f) == 4
-    assert all(600 <= len(p) - len("\n\nAnswer:\n") <= 2500 and p.endswith("Answer:\n") for p in g)
-    assert all(p.startswith("Question: ") and p.endswith("?\nAnswer:") for p in f)
-    assert len(set(f)) == 4
-
-
-def test_humaneval_prompts_contain_the_function_and_a_request():
-    ps = P.humaneval_prompts(3)
-    assert len(ps) == 3 and all("def " in p and "return" in p for p in ps)
-    assert ps[0].endswith("# The same function again, unchanged:\n\n")
-    assert "_v2:" in ps[2]
 
 
 def test_speedup_and_identical_arithmetic():
@@ -112,63 +83,8 @@ def test_spectool_bench_refuses_a_foreign_draft(tiny):
     assert r.exit_code == 1 and "does not match" in r.stderr
 
 
-def test_lookup_bound_replays_policies_and_the_oracle_bounds_them():
-    """benchmarks/lookup_bound.py: replayed step costs, no model. The oracle drafts from the same lookup knowing
-    what will be accepted, so nothing that drafts from it can be cheaper."""
-    import random
-
-    import lookup_bound as L
-    from spectool.core.costs import Costs
-
-    cost = [0.0, 1.0] + [1.6 + 0.15 * (b - 2) for b in range(2, 40)]
-    rng = random.Random(3)
-    src = [rng.randrange(50) for _ in range(120)]
-    y = src[:40] + [rng.randrange(50, 60) for _ in range(5)] + src[45:90]  # a copy with one edit
-    p = src + [99]
-    assert L.accepted([1, 2, 3], [0, 1, 2, 4], 1) == 2 and L.accepted([], [1], 0) == 0
-    theirs, ours, best = L.theirs(p, y, cost), L.ours(p, y, cost, 32, Costs()), L.oracle(p, y, cost, 32)
-    assert best <= ours and best <= theirs < len(y) * cost[1]
-    assert ours < 0.5 * len(y) * cost[1]  # a copy: far fewer steps than tokens
-    novel = [100 + i for i in range(30)]  # nothing to look up: every policy pays one step a token
-    assert L.oracle(p, novel, cost, 32) == len(novel) * cost[1] == L.ours(p, novel, cost, 32, Costs())
-
-
-def test_corpus_replay_bounds_hold_its_rules():
-    """benchmarks/corpus_replay.py on replayed costs, no model: an oracle over a rule's drafts is never dearer than
-    the rule, the better source at every token never dearer than the default merge, and SuffixDecoding's lengths
-    draft from the same merged predictions. The requests repeat earlier outputs that their prompts do not hold."""
-    import random
-
-    import corpus_replay as R
-    from spectool.drafters.lookup import latest
-
-    cost = [0.0, 1.0] + [1.6 + 0.15 * (b - 2) for b in range(2, 40)]
-    rng = random.Random(5)
-    answers = [[rng.randrange(40) for _ in range(60)] for _ in range(3)]
-    data = [([200 + i, 300 + i % 3], answers[i % 3] + [rng.randrange(40) for _ in range(8)]) for i in range(6)]
-    alone, merged, best = R.bounds(data, cost, 32)
-    today, default = R.replay(data, None, cost, 32), R.replay(data, R.Rule(), cost, 32)
-    assert alone <= today and merged <= default and best <= merged
-    assert R.replay(data, R.Rule(corpus=R.Unruled), cost, 32) < today  # the corpus without its disputes' tally
-    assert R.replay(data, R.Rule(latest), cost, 32) < today
-    assert merged < alone  # the later requests repeat the earlier ones: the corpus's drafts are worth something
-    assert default < today and merged <= R.suffix_rule(data, 2, cost, 32) < today
-    assert R.match_length([1, 2, 3], [[0, 2, 3, 9], [3, 4]]) == 2 and R.match_length([5], [[1, 2]]) == 0
-    # the looser bounds: every token a lookup drafts follows the one before it in the text it looked up
-    own, with_earlier = R.chain_bounds(data, cost, 32)
-    foresight = sum(R.foresight(y, cost, 32) for _, y in data)
-    assert own <= alone and with_earlier <= best and foresight <= with_earlier < own
-    # a pair seen nowhere before breaks every draft: one step a token, whatever the text
-    assert R.chain_bounds([([1, 2], [3, 4, 5])], cost, 32) == [3 * cost[1]] * 2
-    assert R.chain_bounds([([1, 2, 1, 2], [1, 2, 1])], cost, 32)[0] == cost[3]  # 2 drafted after the first
-    assert R.foresight([3, 4, 5], cost, 32) == cost[3]  # foreseen: 3 tokens, one step
-    # an output written whole before is charged foresight, the others replayed as they were
-    again = R.replay([*data, data[0]], R.Rule(), cost, 32, foresee_repeats=True)
-    assert again == default + R.foresight(data[0][1], cost, 32) < R.replay([*data, data[0]], R.Rule(), cost, 32)
-
-
 def test_llama_cpp_tools_reports_and_prompt_files(tmp_path):
-    """benchmarks/llamacpp.py reads llama.cpp's own reports, in the printf formats of the vendored sources
+    """llamacpp.py reads llama.cpp's own reports, in the printf formats of the vendored sources
     (examples/lookup/lookup.cpp, src/llama-context.cpp), and writes prompt files that `-f` reads back as is
     (common/arg.cpp drops one trailing newline)."""
     import llamacpp as LC

@@ -10,10 +10,11 @@ import time
 import pytest
 from typer.testing import CliRunner
 
-from spectool.chat import Chat, TemplateError, render
+from spectool.cli.chat import Chat
+from spectool.templates import TemplateError, render
 from spectool.cli import app
 from spectool.drafters.lookup import PromptLookup
-from spectool.core.speculative import Generation
+from spectool.generate.loop import GenerationConfig
 
 
 def test_render_uses_the_template_and_the_fallback():
@@ -40,7 +41,7 @@ def test_template_raise_exception_is_a_clear_error():
 
 def test_second_turn_prefills_only_its_new_tokens(target):
     target.reset()
-    chat = Chat(Generation(target, PromptLookup(), max_tokens=12))
+    chat = Chat(GenerationConfig(target, PromptLookup(), max_tokens=12))
     first = "".join(t for t, _ in chat.send("The quick brown fox"))
     assert chat.turns[0].n_prefilled == chat.turns[0].n_prompt_tokens - 1
     second = "".join(t for t, _ in chat.send("and the lazy dog"))
@@ -55,7 +56,7 @@ def test_second_turn_prefills_only_its_new_tokens(target):
 
 
 def test_reset_and_system(target):
-    chat = Chat(Generation(target, None, max_tokens=5), system="be brief")
+    chat = Chat(GenerationConfig(target, None, max_tokens=5), system="be brief")
     list(chat.send("hello"))
     assert chat.messages[0] == {"role": "system", "content": "be brief"} and len(chat.messages) == 3
     chat.reset()
@@ -153,7 +154,7 @@ def test_a_seeded_chat_does_not_replay_its_random_stream(target):
     from spectool.core.verify import Sampling
 
     def replies(seed):
-        chat = Chat(Generation(target, PromptLookup(), Sampling(1.0), Controller(timed=False), max_tokens=20,
+        chat = Chat(GenerationConfig(target, PromptLookup(), Sampling(1.0), Controller(timed=False), max_tokens=20,
                                seed=seed))
         out = []
         for _ in range(3):
@@ -170,7 +171,7 @@ def test_a_long_chat_drops_its_oldest_turns_and_keeps_the_system_prompt(tiny):
     from spectool.llama.engine import EngineError, Model
 
     with Model(tiny["target"], n_ctx=256) as m:  # llama.cpp's smallest context
-        chat = Chat(Generation(m, PromptLookup(), max_tokens=40), system="be brief")
+        chat = Chat(GenerationConfig(m, PromptLookup(), max_tokens=40), system="be brief")
         line = "The quick brown fox jumps over the lazy dog and runs into the woods"
         notices = []
         for i in range(8):

@@ -25,7 +25,7 @@ def test_help_is_instant_and_lists_commands():
     r = run(["run", "--help"])
     assert r.exit_code == 0 and "--model-draft" in r.output and "Examples" in r.output
     # importing the CLI does not import llama_cpp or numpy
-    code = "import sys, spectool.cli; print('llama_cpp' in sys.modules, 'numpy' in sys.modules)"
+    code = "import sys, spectool.cli.commands; print('llama_cpp' in sys.modules, 'numpy' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout
     assert out.split() == ["False", "False"]
 
@@ -111,11 +111,11 @@ def test_pipe_purity(tiny, tmp_path):
     )
     assert p.returncode == 0, p.stderr
     from spectool.llama.engine import Model
-    from spectool.core.speculative import Generation, generate_text
+    from spectool.generate.loop import GenerationConfig, generate_text
 
     with Model(tiny["target"], n_ctx=4096) as m:
         prompt = m.tokenize("The quick brown fox jumps over the lazy dog.\nSummarize:", parse_special=True)
-        text = "".join(t for t, _ in generate_text(Generation(m, None, max_tokens=30), prompt))
+        text = "".join(t for t, _ in generate_text(GenerationConfig(m, None, max_tokens=30), prompt))
     expected = text if text.endswith("\n") else text + "\n"
     assert p.stdout == expected.encode("utf-8", errors="replace")
     assert b"[lookup]" in p.stderr and b"tok/s" in p.stderr
@@ -211,7 +211,7 @@ def test_measured_costs_carry_over_to_the_next_run(tiny, tmp_path, monkeypatch):
 
 
 def test_an_empty_cache_variable_means_the_default(monkeypatch):
-    from spectool.models.cache import cache_dir
+    from spectool.models.store import cache_dir
 
     monkeypatch.setenv("SPECTOOL_CACHE", "")
     assert cache_dir("costs") == Path.home() / ".cache" / "spectool" / "costs"  # not ./costs

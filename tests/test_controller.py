@@ -7,7 +7,7 @@ import pytest
 
 from spectool.core.costs import Costs
 from spectool.core.controller import Controller
-from spectool.core.keys import AGREED, DRAFT, MOSTLY, SPLIT, Key  # noqa: F401
+from spectool.core.evidence import DRAFT, Agreement, Evidence  # noqa: F401
 
 
 def drive(ctl, key, accept_p, cost1=0.013, slope=0.55, steps=400, seed=0):
@@ -29,12 +29,12 @@ def drive(ctl, key, accept_p, cost1=0.013, slope=0.55, steps=400, seed=0):
 
 
 def test_useless_drafts_give_plain_decoding():
-    ks = drive(Controller(k_max=8), Key.lookup(1), accept_p=0.05)
+    ks = drive(Controller(k_max=8), Evidence.lookup(1), accept_p=0.05)
     assert ks.count(0) >= 90  # re-probes aside
 
 
 def test_good_drafts_give_long_drafts():
-    ks = drive(Controller(k_max=8), Key.lookup(3), accept_p=0.95, slope=0.2)
+    ks = drive(Controller(k_max=8), Evidence.lookup(3), accept_p=0.95, slope=0.2)
     assert min(ks) >= 6
 
 
@@ -63,8 +63,8 @@ def test_fixed_length_and_availability():
 
 def test_recovers_after_a_bad_stretch():
     ctl = Controller(k_max=8)
-    drive(ctl, Key.lookup(2), accept_p=0.02, steps=300)
-    ks = drive(ctl, Key.lookup(2), accept_p=0.97, steps=600, seed=1)
+    drive(ctl, Evidence.lookup(2), accept_p=0.02, steps=300)
+    ks = drive(ctl, Evidence.lookup(2), accept_p=0.97, steps=600, seed=1)
     assert sum(k > 0 for k in ks) > 80
 
 
@@ -120,12 +120,12 @@ def test_a_cheap_batch_size_is_used_once_measured():
     for n, c in [(1, 1.0), (2, 2.0), (6, 4.6), (7, 5.2), (8, 3.7)]:
         ctl.observe_verify(n, c), ctl.observe_verify(n, c)
     for _ in range(30):
-        ctl.observe_accept([Key.lookup(8)] * 7, 7, 7)
-    assert len(ctl.pick([Key.lookup(8)] * 16)) == 7  # a batch of 8
+        ctl.observe_accept([Evidence.lookup(8)] * 7, 7, 7)
+    assert len(ctl.pick([Evidence.lookup(8)] * 16)) == 7  # a batch of 8
     for _ in range(ctl.costs.reprice_every):  # 8 turns dear (prices follow within reprice_every verifications)
         ctl.observe_verify(8, 8.0)
     assert ctl.costs.verify[8] > 7.0
-    assert len(ctl.pick([Key.lookup(8)] * 16)) == 6  # once 8 is dear: a batch of 7, 7 tokens for 5.2
+    assert len(ctl.pick([Evidence.lookup(8)] * 16)) == 6  # once 8 is dear: a batch of 7, 7 tokens for 5.2
 
 
 def test_costs_are_shared_and_survive_a_round_trip():
@@ -147,8 +147,8 @@ def test_a_saved_size_priced_far_above_its_neighbours_is_tried_again_at_once():
     saved = Costs(verify={**{b: true[b] for b in range(1, 5)}, 8: 3 * true[8]}).to_json()
     ctl = Controller(k_max=7, costs=Costs.from_json(saved))
     for _ in range(30):
-        ctl.observe_accept([Key.lookup(8)] * 7, 7, 7)
-    keys = [Key.lookup(8)] * 7
+        ctl.observe_accept([Evidence.lookup(8)] * 7, 7, 7)
+    keys = [Evidence.lookup(8)] * 7
     assert len(ctl.pick(keys)) == 7  # doubted: priced as if unmeasured
     for _ in range(10):  # steps at the true prices of the sizes chosen
         k = len(ctl.pick(keys))
@@ -167,8 +167,8 @@ def test_a_size_confirmed_dear_on_a_busy_stretch_is_tried_again_once_the_machine
         for _ in range(2 if b < 8 else 1):
             ctl.observe_verify(b, true[b] * (3 if b == 8 else 1))
     for _ in range(30):
-        ctl.observe_accept([Key.lookup(8)] * 7, 7, 7)
-    keys = [Key.lookup(8)] * 7
+        ctl.observe_accept([Evidence.lookup(8)] * 7, 7, 7)
+    keys = [Evidence.lookup(8)] * 7
     assert len(ctl.pick(keys)) == 3  # 8 is confirmed dear: a batch of 4
     chosen = []
     for _ in range(ctl.costs.recent + 5 * ctl.costs.reprice_every):  # steps at the true prices of the sizes chosen
@@ -200,10 +200,10 @@ def test_sampled_runs_learn_acceptance_apart_from_greedy_ones(target):
     """Acceptance falls when sampling: a sampled run's keys carry its temperature, start from a lower prior of
     little weight, and do not inherit what greedy runs measured."""
     from spectool.drafters.lookup import PromptLookup
-    from spectool.core.speculative import Generation, speculative_generate
+    from spectool.generate.loop import GenerationConfig, speculative_generate
     from spectool.core.verify import Sampling
 
-    greedy, sampled = Key.lookup(8), Key.lookup(8).at(0.8)
+    greedy, sampled = Evidence.lookup(8), Evidence.lookup(8).at(0.8)
     c = Controller()
     prior = c.acceptance(sampled)
     assert prior < c.acceptance(greedy)
@@ -225,14 +225,14 @@ def test_sampled_runs_learn_acceptance_apart_from_greedy_ones(target):
     for s, temp in ((Sampling(), 0.0), (Sampling(0.7), 0.7)):
         ctl = Learning(k_max=4)
         ctl.learnt = set()
-        list(speculative_generate(Generation(target, PromptLookup(), s, ctl, max_tokens=40, seed=0), prompt))
+        list(speculative_generate(GenerationConfig(target, PromptLookup(), s, ctl, max_tokens=40, seed=0), prompt))
         assert ctl.learnt and all(k.source == "lookup" and k.temp == temp for k in ctl.learnt)
 
 
 def test_a_draft_stops_at_the_token_whose_evidence_is_weak():
     """Each token on offer is priced by its own key (PromptLookup.keys): a stretch of strong tokens is drafted up
     to a weak one once the controller has learnt that such tokens fail, and through it once they hold."""
-    keys = [Key.lookup(8), Key.lookup(8, AGREED, 1), Key.lookup(8, AGREED, 2), Key.lookup(1, SPLIT), Key.lookup(1, SPLIT, 1), Key.lookup(1, SPLIT, 2)]
+    keys = [Evidence.lookup(8), Evidence.lookup(8, Agreement.agreed, 1), Evidence.lookup(8, Agreement.agreed, 2), Evidence.lookup(1, Agreement.split), Evidence.lookup(1, Agreement.split, 1), Evidence.lookup(1, Agreement.split, 2)]
     ctl = Controller(k_max=8, costs=Costs(verify={b: 1 + 0.1 * (b - 1) for b in range(1, 10)}))
     for _ in range(40):
         ctl.observe_accept(keys, 6, 3)  # the stretch accepted, the weak token rejected
@@ -248,12 +248,12 @@ def test_a_continuation_starts_from_what_was_learnt_before_it():
     before them in the stretch, so what the stretch's start learnt carries over."""
     ctl = Controller()
     for _ in range(30):
-        ctl.observe_accept([Key.lookup(2)], 1, 0)
-    assert ctl.acceptance(Key.lookup(2)) < 0.25
-    assert ctl.acceptance(Key.lookup(2, AGREED, 3)) == pytest.approx(ctl.acceptance(Key.lookup(2)), abs=0.02)
+        ctl.observe_accept([Evidence.lookup(2)], 1, 0)
+    assert ctl.acceptance(Evidence.lookup(2)) < 0.25
+    assert ctl.acceptance(Evidence.lookup(2, Agreement.agreed, 3)) == pytest.approx(ctl.acceptance(Evidence.lookup(2)), abs=0.02)
     for _ in range(30):
-        ctl.observe_accept([Key.lookup(2), Key.lookup(2, AGREED, 1)], 2, 2)
-    assert ctl.acceptance(Key.lookup(2, AGREED, 1)) > 0.9 and ctl.acceptance(Key.lookup(2, AGREED, 5)) > 0.9
+        ctl.observe_accept([Evidence.lookup(2), Evidence.lookup(2, Agreement.agreed, 1)], 2, 2)
+    assert ctl.acceptance(Evidence.lookup(2, Agreement.agreed, 1)) > 0.9 and ctl.acceptance(Evidence.lookup(2, Agreement.agreed, 5)) > 0.9
 
 
 def test_prompt_lookup_falls_back_to_plain_decoding_where_nothing_repeats():
@@ -306,7 +306,7 @@ def test_a_lazy_offer_is_drawn_from_only_as_far_as_the_choice_needs():
     and noisy cost tables, lookup and draft-model keys, k_min 0 and 2. On CPU-like costs most offers are cut
     short."""
     rng = random.Random(1)
-    keys_pool = [Key.lookup(n, agr, pos) for n in (1, 2, 3, 4, 8) for agr in (AGREED, MOSTLY, SPLIT)
+    keys_pool = [Evidence.lookup(n, agr, pos) for n in (1, 2, 3, 4, 8) for agr in (Agreement.agreed, Agreement.mostly, Agreement.split)
                  for pos in range(4)] + [DRAFT]
     drawn_total = offered_total = 0
     for trial in range(600):

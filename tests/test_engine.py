@@ -172,7 +172,7 @@ def test_close_is_idempotent(tiny):
 
 
 def test_quantize_writes_atomically(tmp_path, tiny):
-    from derive import quantize
+    from spectool.llama.quantize import quantize
 
     from spectool.llama.engine import EngineError
 

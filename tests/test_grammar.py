@@ -11,7 +11,8 @@ from test_verify import SETTINGS, apply_sampler, assert_same, llama_cpp_chain
 
 from spectool.core.controller import Controller
 from spectool.core.grammar import Grammar, GrammarError, mask_for
-from spectool.core.speculative import Generation, speculative_generate
+from spectool.drafters.builder import for_generation
+from spectool.generate.loop import GenerationConfig, speculative_generate
 from spectool.core.stats import Stats
 from spectool.core.verify import Sampling, distribution
 from spectool.drafters.draft_model import DraftModel
@@ -122,8 +123,8 @@ def test_greedy_constrained_output_is_llama_cpps(target, draft, kind, forced):
     prompt = target.tokenize('{"name": "ann lee", "n": 42} {"name": "bob', add_special=True)
     want = llama_cpp_greedy(target, prompt, RECORD, 40)
     st = Stats()
-    g = Generation(target, drafters(draft)[kind](), Sampling(), max_tokens=40, grammar=Grammar.gbnf(RECORD),
-                   forced_drafts=forced)
+    drafter = for_generation(drafters(draft)[kind](), grammar=True, forced=forced)
+    g = GenerationConfig(target, drafter, Sampling(), max_tokens=40, grammar=Grammar.gbnf(RECORD))
     got = tokens_of(g, prompt, st)
     assert got == want
     assert st.finish_reason == "stop"  # the record closed: the grammar is complete
@@ -139,8 +140,8 @@ def test_forced_tokens_are_drafted_and_accepted(target):
     model, nearly random, often splits them otherwise)."""
     prompt = target.tokenize("a record:", add_special=True)
     st = Stats()
-    g = Generation(target, None, Sampling(), Controller(k_max=8, k_min=8, adaptive=False), max_tokens=60,
-                   grammar=Grammar.gbnf(RECORD))
+    g = GenerationConfig(target, for_generation(None, grammar=True), Sampling(),
+                         Controller(k_max=8, k_min=8, adaptive=False), max_tokens=60, grammar=Grammar.gbnf(RECORD))
     tokens = tokens_of(g, prompt, st)
     assert st.by_source["grammar"] >= 4 and st.n_accepted >= 1
     assert set(st.by_source) == {"grammar"} and st.n_drafted == st.by_source["grammar"]
@@ -148,17 +149,17 @@ def test_forced_tokens_are_drafted_and_accepted(target):
 
 
 def offered(target, prompt: str, output: str, gbnf: str, k: int = 24):
-    """The draft Constrained(PromptLookup) offers after `prompt` + `output` (the grammar advanced over `output`):
+    """The draft GrammarDrafter(PromptLookup) offers after `prompt` + `output` (the grammar advanced over `output`):
     its text and the Draft."""
-    from spectool.drafters.grammar import Constrained
+    from spectool.drafters.grammar import GrammarDrafter
 
     out = target.tokenize(output, add_special=False)
     history = target.tokenize(prompt, add_special=True) + out
     c = Grammar.gbnf(gbnf).matcher(target)
     assert c.push(out)
     lookup = PromptLookup()
-    lookup.prefill(history)
-    drafter = Constrained(lookup, c)
+    lookup.start(history)
+    drafter = GrammarDrafter(lookup, c)
     keys = list(drafter.peek(history, k))
     d = drafter.propose(history, len(keys), Sampling(), np.random.default_rng(0))
     assert c.valid(d.tokens) == len(d.tokens)  # every token of it fits the grammar, which is back where it was
@@ -210,7 +211,7 @@ def test_sampled_constrained_output_follows_the_constrained_target(target, draft
 def test_the_chi_square_catches_a_mask_dropped_after_the_first_row(target, draft, monkeypatch):
     """Negative control: verification that masks only a step's first row (drafts past it are judged by the
     unconstrained target) must fail the same test."""
-    import spectool.core.speculative as spec
+    import spectool.generate.loop as spec
     from spectool.core.grammar import dist_under
     from spectool.core.verify import dist_at
 
@@ -235,7 +236,8 @@ def test_a_bad_grammar_or_schema_is_one_line_before_any_model():
 def test_a_grammar_stopped_by_the_budget_ends_with_length(target):
     prompt = target.tokenize("a record:", add_special=True)
     st = Stats()
-    g = Generation(target, PromptLookup(), Sampling(), max_tokens=5, grammar=Grammar.gbnf(RECORD))
+    g = GenerationConfig(target, for_generation(PromptLookup(), grammar=True), Sampling(), max_tokens=5,
+                         grammar=Grammar.gbnf(RECORD))
     steps = list(speculative_generate(g, prompt, st))
     assert st.finish_reason == "length" and st.n_generated == 5 and steps[-1].finish_reason == "length"
 
@@ -276,7 +278,8 @@ def test_gemma_masks_and_greedy_output_match_llama_cpp(gemma_q4):
         st = Stats()
         # a fixed draft length: an adaptive one, timed on a busy machine, may find no draft worth its batch
         fixed = Controller(k_max=4, k_min=4, adaptive=False)
-        got = tokens_of(Generation(m, PromptLookup(), Sampling(), fixed, max_tokens=60, grammar=Grammar.gbnf(PERSON)),
+        lookup = for_generation(PromptLookup(), grammar=True)
+        got = tokens_of(GenerationConfig(m, lookup, Sampling(), fixed, max_tokens=60, grammar=Grammar.gbnf(PERSON)),
                         prompt, st)
         assert got == want and st.finish_reason == "stop"
         assert st.by_source.get("grammar", 0) > 0

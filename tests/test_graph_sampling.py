@@ -13,7 +13,7 @@ import pytest
 from spectool.core.controller import Controller
 from spectool.llama.engine import DecodeError, Model
 from spectool.llama.outputs import IDS, ROWS, Output
-from spectool.core.speculative import Generation
+from spectool.generate.loop import GenerationConfig
 from spectool.core.stats import Stats
 from spectool.core.verify import Sampling, backend_chain, dist_at, distribution
 from helpers import drafters, tokens_of
@@ -81,11 +81,11 @@ def test_top_k_candidates_give_the_host_chains_distribution(target, graph_target
 @pytest.mark.parametrize("text", ["The quick brown fox", "def add(a, b):\n    return a + b\n\ndef greet(name):"])
 def test_greedy_output_in_the_graph_equals_plain_decoding_on_rows(target, graph_target, graph_draft, text):
     prompt = target.tokenize(text)
-    plain = tokens_of(Generation(target, None, max_tokens=80), prompt)
-    assert tokens_of(Generation(graph_target, None, max_tokens=80), prompt) == plain
+    plain = tokens_of(GenerationConfig(target, None, max_tokens=80), prompt)
+    assert tokens_of(GenerationConfig(graph_target, None, max_tokens=80), prompt) == plain
     for name, make in drafters(graph_draft).items():
         st = Stats()
-        g = Generation(graph_target, make(), max_tokens=80, controller=Controller(k_max=5, timed=False))
+        g = GenerationConfig(graph_target, make(), max_tokens=80, controller=Controller(k_max=5, timed=False))
         assert tokens_of(g, prompt, st) == plain, name
         assert st.n_drafted > 0 and graph_target.output == IDS, name
 
@@ -96,7 +96,7 @@ def test_sampled_tokens_in_the_graph_follow_the_target_distribution(target, grap
     the rest of the chain on the host) and the exact joint computed over whole rows by the host chain."""
     s = Sampling(temp=1.0, top_k=20)
     prompt = target.tokenize("the dog the fox the dog the fox the dog the fox the dog the")
-    prompt += tokens_of(Generation(target, None, max_tokens=20), prompt)
+    prompt += tokens_of(GenerationConfig(target, None, max_tokens=20), prompt)
     st = Stats()
     counts = sample_joint(graph_target, drafters(graph_draft)[kind], prompt, s, stats=st)
     assert graph_target.output == Output.top_k(20) and min(st.accepted_per_position) > 0 and st.n_accepted < st.n_drafted
@@ -106,7 +106,7 @@ def test_sampled_tokens_in_the_graph_follow_the_target_distribution(target, grap
 
 def test_penalties_fall_back_to_rows_in_the_same_model(graph_target):
     prompt = graph_target.tokenize("The quick brown fox")
-    tokens_of(Generation(graph_target, None, Sampling(temp=0.8, top_k=40, repeat_penalty=1.2), max_tokens=8,
+    tokens_of(GenerationConfig(graph_target, None, Sampling(temp=0.8, top_k=40, repeat_penalty=1.2), max_tokens=8,
                          seed=1), prompt)
     assert graph_target.output == ROWS  # whole rows, since the penalties' history holds drafts
 

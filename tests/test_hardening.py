@@ -16,8 +16,10 @@ from hypothesis import strategies as st
 from helpers import spectool
 from typer.testing import CliRunner
 
-from spectool.models.cache import write_json_atomic
-from spectool.cli import UserError, app, read_prompt
+from spectool.models.store import write_json_atomic
+from spectool.cli import app
+from spectool.cli.commands import read_prompt
+from spectool.options import UserError
 
 runner = CliRunner()
 
@@ -159,12 +161,12 @@ def test_4000_tokens_keep_memory_flat_and_the_cache_right(tiny):
     from spectool.drafters.hybrid import Hybrid
     from spectool.drafters.lookup import PromptLookup
     from spectool.llama.engine import Model
-    from spectool.core.speculative import Generation, speculative_generate
+    from spectool.generate.loop import GenerationConfig, speculative_generate
     from spectool.core.stats import Stats
 
     with Model(tiny["target"], n_ctx=4200, flash_attn=False) as t, Model(tiny["draft"], n_ctx=4200) as d:
         prompt = t.tokenize("The quick brown fox")
-        g = Generation(t, Hybrid(PromptLookup(), DraftModel(d)), max_tokens=4000)
+        g = GenerationConfig(t, Hybrid(PromptLookup(), DraftModel(d)), max_tokens=4000)
         rss, st = [], Stats()
         out = []
         for i, step in enumerate(speculative_generate(g, prompt, st)):
@@ -183,13 +185,13 @@ def test_4000_tokens_keep_memory_flat_and_the_cache_right(tiny):
 
 
 def test_50_turn_chat_keeps_memory_flat_and_the_cache_right(tiny):
-    from spectool.chat import Chat
+    from spectool.cli.chat import Chat
     from spectool.drafters.lookup import PromptLookup
     from spectool.llama.engine import Model
-    from spectool.core.speculative import Generation
+    from spectool.generate.loop import GenerationConfig
 
     with Model(tiny["target"], n_ctx=4096, flash_attn=False) as t:
-        chat = Chat(Generation(t, PromptLookup(), max_tokens=20))
+        chat = Chat(GenerationConfig(t, PromptLookup(), max_tokens=20))
         rss = []
         for turn in range(50):
             "".join(text for text, _ in chat.send(f"turn {turn}: the quick brown fox"))
@@ -266,7 +268,7 @@ def test_read_prompt_fuzz(data, prompt):
                                                                max_size=3), st.integers(1, 5))
 def test_stop_strings_fuzz(target, tokens, stops, chunk):
     """Streaming with stop strings, fed in chunks, gives the full text cut at the first stop string."""
-    from spectool.core.speculative import TextStream
+    from spectool.generate.stream import TextStream
 
     full = target.detokenize(tokens)
     expect = full

@@ -49,11 +49,12 @@ def order(code: str, tmp_path, *args: str) -> str:
     return out.read_text() if out.exists() else ""
 
 
-MODULES = sorted(m.name for m in pkgutil.iter_modules([str(ROOT / "spectool")]) if m.name != "__main__")
+MODULES = sorted(m.name for m in pkgutil.walk_packages([str(ROOT / "spectool")], "spectool.")
+                 if m.name != "spectool.__main__")
 BENCHMARKS = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.py"))
 
 
-@pytest.mark.parametrize("module", [f"spectool.{m}" for m in MODULES] + BENCHMARKS)
+@pytest.mark.parametrize("module", MODULES + BENCHMARKS)
 def test_importing_any_module_loads_llama_cpp_before_numpy(module, tmp_path):
     assert order(f"import {module}", tmp_path) in ("", "llama first")
 

@@ -14,7 +14,8 @@ from helpers import Server  # noqa: E402
 
 from spectool.core.controller import Controller  # noqa: E402
 from spectool.core.grammar import Grammar  # noqa: E402
-from spectool.core.speculative import Generation, speculative_generate  # noqa: E402
+from spectool.drafters.builder import for_generation  # noqa: E402
+from spectool.generate.loop import GenerationConfig, speculative_generate  # noqa: E402
 from spectool.core.verify import Sampling  # noqa: E402
 from spectool.drafters.lookup import PromptLookup  # noqa: E402
 from spectool.llama.engine import Model  # noqa: E402
@@ -70,7 +71,7 @@ def assert_oracle(rows: np.ndarray, out: list[int], chosen: list[float], top: li
         assert min(values) > np.sort(row)[-N_TOP] - tol  # no better token left out
 
 
-def steps_of(g: Generation, prompt: list[int]):
+def steps_of(g: GenerationConfig, prompt: list[int]):
     steps = list(speculative_generate(g, prompt))
     out = [t for s in steps for t in s.tokens]
     lps = [lp for s in steps for lp in s.logprobs]
@@ -93,7 +94,7 @@ def test_logprobs_under_lookup_are_plain_decodings_and_llama_cpps(exact_target, 
     prompt = exact_target.tokenize(REPEAT)
     runs = {}
     for name, drafter in (("lookup", PromptLookup()), ("none", None)):
-        g = Generation(exact_target, drafter, sampling=sampling, seed=seed, max_tokens=60, logprobs=N_TOP,
+        g = GenerationConfig(exact_target, drafter, sampling=sampling, seed=seed, max_tokens=60, logprobs=N_TOP,
                        controller=Controller(k_max=4, adaptive=False))
         runs[name] = out, lps, accepted = steps_of(g, prompt)
         assert len(lps) == len(out) == 60
@@ -111,7 +112,7 @@ def test_logprobs_under_a_grammar_are_the_raw_rows(exact_target, oracle):
     """Under a grammar the reported distribution is the raw, unmasked one (as llama-server's): the tokens follow
     the grammar, their logprobs are the row's before the mask."""
     prompt = exact_target.tokenize("The quick brown fox")
-    g = Generation(exact_target, PromptLookup(), max_tokens=24, logprobs=N_TOP, grammar=Grammar.gbnf(
+    g = GenerationConfig(exact_target, for_generation(PromptLookup(), grammar=True), max_tokens=24, logprobs=N_TOP, grammar=Grammar.gbnf(
         'root ::= ("yes" | "no" | " " | "the" | "fox" | "dog")+'))
     out, lps, _ = steps_of(g, prompt)
     assert_oracle(oracle.rows(prompt, out), out, [lp.logprob for lp in lps], [lp.top for lp in lps])
@@ -123,12 +124,12 @@ def test_rows_are_read_only_for_a_generation_that_asks(tiny, exact_target):
     to the host); one with logprobs reads rows, with the same numbers as the host's."""
     prompt = exact_target.tokenize(REPEAT)
     with Model(tiny["target"], n_ctx=1024, n_threads=2, flash_attn=False, graph_sampling=True) as m:
-        plain = [t for s in speculative_generate(Generation(m, PromptLookup(), max_tokens=20), prompt)
+        plain = [t for s in speculative_generate(GenerationConfig(m, PromptLookup(), max_tokens=20), prompt)
                  for t in s.tokens]
         assert m.output is IDS
-        out, lps, _ = steps_of(Generation(m, PromptLookup(), max_tokens=20, logprobs=2), prompt)
+        out, lps, _ = steps_of(GenerationConfig(m, PromptLookup(), max_tokens=20, logprobs=2), prompt)
         assert m.output is ROWS and out == plain
-    host, host_lps, _ = steps_of(Generation(exact_target, None, max_tokens=20, logprobs=2), prompt)
+    host, host_lps, _ = steps_of(GenerationConfig(exact_target, None, max_tokens=20, logprobs=2), prompt)
     assert host == out and all(abs(a.logprob - b.logprob) < TOL for a, b in zip(lps, host_lps))
 
 
@@ -212,7 +213,7 @@ def test_served_logprobs_equal_spec_none_streamed_and_not(servers, chat):
 def test_seeded_chat_logprobs_are_llama_cpps_and_spec_nones(tiny, servers, server_oracle):
     """Seeded sampling: each server's tokens, teacher-forced through llama.cpp, have the logprobs it reported (the
     two servers draw differently, so their texts part; up to there their logprobs agree)."""
-    from spectool.chat import prompt_tokens
+    from spectool.templates import prompt_tokens
 
     with Model(tiny["target"], n_ctx=1024, n_threads=2) as m:
         prompt = prompt_tokens(m, CHAT["messages"])

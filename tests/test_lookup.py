@@ -112,7 +112,7 @@ def test_a_proposal_is_the_first_k_of_the_offer_however_far_it_was_drawn(history
     controller drew fewer keys from the lazy offer than k, exactly k, or more."""
     whole = PromptLookup().lookup(history, k_max)[0]
     lookup = PromptLookup()
-    lookup.prefill(history)
+    lookup.start(history)
     offer = lookup.peek(history, k_max)
     keys = [key for key, _ in zip(offer, range(drawn))]
     assert len(keys) == min(drawn, len(whole))

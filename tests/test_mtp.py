@@ -20,13 +20,13 @@ def test_the_trunk_of_an_mtp_model_decodes_as_any_model(mtp_path):
     from spectool.core.controller import Controller
     from spectool.drafters.lookup import PromptLookup
     from spectool.llama.engine import Model
-    from spectool.core.speculative import Generation
+    from spectool.generate.loop import GenerationConfig
 
     with Model(mtp_path, n_ctx=512, n_threads=2) as m:
         assert m.architecture == "glm4moe" and m.n_nextn == 1 and m.n_offloadable == 3  # 2 blocks + output
         prompt = m.tokenize("The quick brown fox jumps over the lazy dog. The quick brown fox")
-        plain = tokens_of(Generation(m, None, max_tokens=40), prompt)
-        assert tokens_of(Generation(m, PromptLookup(), controller=Controller(k_max=8), max_tokens=40),
+        plain = tokens_of(GenerationConfig(m, None, max_tokens=40), prompt)
+        assert tokens_of(GenerationConfig(m, PromptLookup(), controller=Controller(k_max=8), max_tokens=40),
                          prompt) == plain
 
 
@@ -73,16 +73,16 @@ def test_greedy_output_under_mtp_equals_plain_decoding(mtp_target, text, n):
     from helpers import tokens_of
 
     from spectool.core.controller import Controller
-    from spectool.core.speculative import Generation
+    from spectool.generate.loop import GenerationConfig
     from spectool.core.stats import Stats
 
     target, _ = mtp_target
     prompt = target.tokenize(text)
-    plain = tokens_of(Generation(target, None, max_tokens=n), prompt)
+    plain = tokens_of(GenerationConfig(target, None, max_tokens=n), prompt)
     for name, make in heads(mtp_target).items():
         for controller in (Controller(k_max=3, k_min=3, adaptive=False), Controller(k_max=8)):
             st = Stats()
-            assert tokens_of(Generation(target, make(), controller=controller, max_tokens=n), prompt, st) == plain, \
+            assert tokens_of(GenerationConfig(target, make(), controller=controller, max_tokens=n), prompt, st) == plain, \
                 name
             assert n < 9 or st.n_drafted > 0
 
@@ -97,11 +97,11 @@ def test_sampled_tokens_under_mtp_follow_the_target_distribution(mtp_target):
 
     from helpers import tokens_of
 
-    from spectool.core.speculative import Generation
+    from spectool.generate.loop import GenerationConfig
 
     target, _ = mtp_target
     prompt = target.tokenize("the dog the fox the dog the fox the dog the fox the dog the")
-    prompt += tokens_of(Generation(target, None, max_tokens=24), prompt)  # inside its greedy loop: lookup drafts
+    prompt += tokens_of(GenerationConfig(target, None, max_tokens=24), prompt)  # inside its greedy loop: lookup drafts
     exact = exact_joint(target, prompt, SAMPLING)  # ends at end-of-generation: 5.8% of the mass after this prompt
     for name, make in heads(mtp_target).items():
         if name == "hybrid-mtp":
@@ -118,7 +118,7 @@ def test_sampled_tokens_under_mtp_follow_the_target_distribution(mtp_target):
 
 def test_a_wrong_rule_under_mtp_is_caught(mtp_target, monkeypatch):
     """The check above can fail: with q of the first position used at every position, it rejects."""
-    import spectool.core.speculative as spec
+    import spectool.generate.loop as spec
     from exactness import N_RUNS, SAMPLING, chi2_rejects, exact_joint, sample_joint, wrong_acceptance
 
     target, _ = mtp_target
@@ -152,7 +152,7 @@ def test_spec_mtp_through_the_command_line(mtp_path, tiny, tmp_path):
 @pytest.fixture(scope="session")
 def speculative_simple():
     """llama.cpp's llama-speculative-simple, built once from the llama.cpp sources vendored in the installed
-    llama-cpp-python's sdist (benchmarks/llamacpp.py: a few minutes on 2 cores, cached in ~/.cache/spectool-bench)."""
+    llama-cpp-python's sdist (tests/llamacpp.py: a few minutes on 2 cores, cached in ~/.cache/spectool-bench)."""
     import llamacpp
 
     return llamacpp.build(quiet=True, targets=("llama-speculative-simple",))["llama-speculative-simple"]
@@ -170,12 +170,12 @@ def test_the_mtp_head_drafts_and_accepts_what_llama_cpps_draft_mtp_does(mtp_path
     from spectool.core.controller import Controller
     from spectool.drafters.mtp import Mtp, MtpContext
     from spectool.llama.engine import Model
-    from spectool.core.speculative import Generation, speculative_generate
+    from spectool.generate.loop import GenerationConfig, speculative_generate
 
     theirs = llamacpp.draft_mtp(speculative_simple, mtp_path, text, 40, n_draft=3)
     with Model(mtp_path, n_ctx=512, n_threads=2, load_mtp=True) as m:
         prompt = m.tokenize(text)
-        plain = tokens_of(Generation(m, None, max_tokens=60), prompt)
+        plain = tokens_of(GenerationConfig(m, None, max_tokens=60), prompt)
         head = MtpContext(m)
         try:
             drafter, proposed = Mtp(head), []
@@ -187,7 +187,7 @@ def test_the_mtp_head_drafts_and_accepts_what_llama_cpps_draft_mtp_does(mtp_path
                 return d
 
             drafter.propose = recording
-            steps = list(speculative_generate(Generation(m, drafter, max_tokens=60, controller=Controller(
+            steps = list(speculative_generate(GenerationConfig(m, drafter, max_tokens=60, controller=Controller(
                 k_max=3, k_min=3, adaptive=False)), prompt))
         finally:
             head.close()

@@ -92,9 +92,9 @@ def test_every_source_has_a_colour_and_every_mode_past_auto_names_a_source():
     step (hybrid), or a grammar's forced tokens: each has its colour under --color-drafts, and each reads as its
     plain name in panels and messages. A mode other than auto drafts by the source of its name (a grammar forces
     tokens under any mode, and lookup drafts from the corpus where --lookup-corpus is on)."""
-    from spectool.core.keys import Source
+    from spectool.core.evidence import Source
     from spectool.options import Mode
-    from spectool.ui import SOURCE_STYLE
+    from spectool.cli.display import SOURCE_STYLE
 
     assert set(SOURCE_STYLE) == set(Source) - {Source.none}
     assert len(set(SOURCE_STYLE.values())) == len(SOURCE_STYLE)

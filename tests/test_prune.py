@@ -9,7 +9,7 @@ from spectool.drafters.draft_model import DraftModel
 from spectool.drafters.hybrid import Hybrid
 from spectool.drafters.lookup import PromptLookup
 from spectool.llama.engine import Model
-from spectool.core.speculative import Generation, speculative_generate
+from spectool.generate.loop import GenerationConfig, speculative_generate
 from spectool.core.stats import Stats
 
 VOCAB = 400
@@ -52,10 +52,10 @@ def test_greedy_output_with_a_pruned_draft_equals_plain(target, pruned, hybrid):
     m, ids = pruned
     for text in ["The quick brown fox", "def add(a, b):\n    return a + b\n"]:
         prompt = target.tokenize(text)
-        plain = [t for s in speculative_generate(Generation(target, None, max_tokens=80), prompt) for t in s.tokens]
+        plain = [t for s in speculative_generate(GenerationConfig(target, None, max_tokens=80), prompt) for t in s.tokens]
         d = DraftModel(m, ids=ids, n_target=target.n_vocab)
         st = Stats()
-        g = Generation(target, Hybrid(PromptLookup(), d) if hybrid else d, max_tokens=80,
+        g = GenerationConfig(target, Hybrid(PromptLookup(), d) if hybrid else d, max_tokens=80,
                        controller=Controller(k_max=4, adaptive=False))
         assert [t for s in speculative_generate(g, prompt, st) for t in s.tokens] == plain
         assert st.n_accepted > 0

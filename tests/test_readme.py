@@ -54,16 +54,17 @@ def parse_problem(line: str) -> str | None:
     return None
 
 
-BENCHMARK = re.compile(r"python benchmarks/(\w+)\.py((?: +--?[\w-]+(?: +[\w.]+)?)*)")
+BENCHMARK = re.compile(r"python (benchmarks|research)/(\w+)\.py((?: +--?[\w-]+(?: +[\w.]+)?)*)")
 
 
 def benchmark_flag_problems(text: str) -> tuple[str, list[str]]:
-    """`text` without its `python benchmarks/NAME.py ...` command lines, and the flags on those lines that their
-    script's own argparse does not declare."""
+    """`text` without its `python benchmarks/NAME.py ...` (or research/) command lines, and the flags on those
+    lines that their script's own argparse does not declare."""
     out = []
-    for name, flags in BENCHMARK.findall(text):
-        declared = set(re.findall(r'add_argument\("(--[\w-]+)"', (ROOT / "benchmarks" / f"{name}.py").read_text()))
-        out += [f"{flag} is not an option of benchmarks/{name}.py" for flag in re.findall(r"--[\w-]+", flags)
+    for folder, name, flags in BENCHMARK.findall(text):
+        script = (ROOT / folder / f"{name}.py").read_text()
+        declared = set(re.findall(r'add_argument\("(--[\w-]+)"', script))
+        out += [f"{flag} is not an option of {folder}/{name}.py" for flag in re.findall(r"--[\w-]+", flags)
                 if flag not in declared]
     return BENCHMARK.sub("", text), out
 
@@ -80,10 +81,13 @@ def flag_problems(text: str) -> list[str]:
     return sorted(set(out))
 
 
+OPTIONS = "## Options and llama.cpp"  # docs/usage.md's section: the one table of defaults that differ
+
+
 def stated_defaults(text: str) -> list[tuple[str, str, str]]:
-    """(command, flag, the default stated) from the README's table of options that differ from llama.cpp:
+    """(command, flag, the default stated) from the table of options that differ from llama.cpp (docs/usage.md):
     "0 (`run`, `serve`), 0.8 (`chat`)" states per command; a plain value is `run`'s."""
-    section = text.split("## Options that differ from llama.cpp", 1)[1].split("\n## ", 1)[0]
+    section = text.split(OPTIONS, 1)[1].split("\n## ", 1)[0]
     out = []
     for row in re.findall(r"^\|(.+)\|$", section, re.M):
         cells = [c.strip() for c in row.split("|")]
@@ -117,7 +121,7 @@ def default_problem(cmd_name: str, flag: str, stated: str) -> str | None:
 def problems(text: str) -> list[str]:
     out = [p for line in command_lines(text) if (p := parse_problem(line))]
     out += flag_problems(text)
-    if "## Options that differ from llama.cpp" in text:
+    if OPTIONS in text:
         out += [p for c, f, v in stated_defaults(text) if (p := default_problem(c, f, v))]
     return out
 
@@ -126,6 +130,11 @@ def test_the_readme_commands_flags_and_defaults_are_spectools():
     text = (ROOT / "README.md").read_text()
     lines = command_lines(text)
     assert len(lines) >= 10 and any(ln.startswith("spectool run --pair demo") for ln in lines)
+    assert problems(text) == []
+
+
+def test_the_table_of_defaults_states_them_as_help_shows_them():
+    text = (ROOT / "docs" / "usage.md").read_text()
     assert len(stated_defaults(text)) >= 9
     assert problems(text) == []
 
@@ -146,6 +155,7 @@ def test_the_check_fails_on_a_flag_or_default_that_is_not_so():
     assert problems(text + "\nRun `python benchmarks/structured.py --draft --prompts 8`.\n") == problems(text)
     assert any("--drafts is not an option of benchmarks/structured.py" in p
                for p in problems(text + "\nRun `python benchmarks/structured.py --drafts`.\n"))
+    text = (ROOT / "docs" / "usage.md").read_text()
     wrong = text.replace("| `-c` | 4096 |", "| `-c` | 8192 |")
     assert wrong != text and any("-c" in p and "8192" in p for p in problems(wrong))
     wrong = text.replace("0.8 (`chat`) | 0.8 |", "0.7 (`chat`) | 0.8 |")

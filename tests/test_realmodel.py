@@ -7,7 +7,7 @@ from spectool.core.controller import Controller
 from spectool.drafters.draft_model import DraftModel
 from spectool.drafters.lookup import PromptLookup
 from spectool.llama.engine import Model
-from spectool.core.speculative import Generation, generate_text, speculative_generate
+from spectool.generate.loop import GenerationConfig, generate_text, speculative_generate
 
 pytestmark = pytest.mark.realmodel
 
@@ -18,7 +18,7 @@ def test_loads_and_answers(gemma_q4):
         assert m.architecture == "gemma3" and m.n_vocab > 250_000
         assert m.chat_template() is None  # the pretrained (base) model: no chat template
         prompt = m.tokenize("The Eiffel Tower is a wrought-iron lattice tower in the city of")
-        text = "".join(t for t, _ in generate_text(Generation(m, None, max_tokens=4), prompt))
+        text = "".join(t for t, _ in generate_text(GenerationConfig(m, None, max_tokens=4), prompt))
         assert text.startswith(" Paris")
 
 
@@ -87,8 +87,8 @@ CODE = "def fib(n):\n    if n < 2:\n        return n\n    a, b = 0, 1\n    for _
 def test_greedy_lookup_equals_plain_on_f16(gemma_f16):
     with Model(gemma_f16, n_ctx=1024, n_threads=2) as m:
         prompt = m.tokenize(CODE + "\n# The same function, renamed to fibonacci:\n")
-        plain = [t for s in speculative_generate(Generation(m, None, max_tokens=48), prompt) for t in s.tokens]
-        g = Generation(m, PromptLookup(), max_tokens=48, controller=Controller(k_max=8, adaptive=False))
+        plain = [t for s in speculative_generate(GenerationConfig(m, None, max_tokens=48), prompt) for t in s.tokens]
+        g = GenerationConfig(m, PromptLookup(), max_tokens=48, controller=Controller(k_max=8, adaptive=False))
         steps = list(speculative_generate(g, prompt))
         first_divergence_is_a_near_tie(m, prompt, plain, [t for s in steps for t in s.tokens], max_gap=0.05)
         assert sum(s.accepted for s in steps) > 10  # the answer echoes the prompt: lookup drafts get accepted
@@ -97,8 +97,8 @@ def test_greedy_lookup_equals_plain_on_f16(gemma_f16):
 def test_greedy_draft_model_equals_plain_on_f32(gemma_f32, gemma_q4):
     with Model(gemma_f32, n_ctx=512, n_threads=2) as t, Model(gemma_q4, n_ctx=512, n_threads=2) as d:
         prompt = t.tokenize("Once upon a time, in a small village by the sea, there lived an old fisherman who")
-        plain = [x for s in speculative_generate(Generation(t, None, max_tokens=40), prompt) for x in s.tokens]
-        g = Generation(t, DraftModel(d), max_tokens=40, controller=Controller(k_max=4, adaptive=False))
+        plain = [x for s in speculative_generate(GenerationConfig(t, None, max_tokens=40), prompt) for x in s.tokens]
+        g = GenerationConfig(t, DraftModel(d), max_tokens=40, controller=Controller(k_max=4, adaptive=False))
         steps = list(speculative_generate(g, prompt))
         first_divergence_is_a_near_tie(t, prompt, plain, [x for s in steps for x in s.tokens], max_gap=0.02)
         drafted, accepted = sum(s.drafted for s in steps), sum(s.accepted for s in steps)
@@ -120,7 +120,7 @@ def test_the_readme_main_command_drafts_most_of_its_answer_on_a_fresh_cache(tmp_
     """The first command a newcomer runs must show what spectool is for and read as an answer: it answers from
     the text it was given, so prompt lookup drafts most of it, from a fresh cost cache, and it ends (the stop
     string) instead of inventing more questions. (Its speed against --spec none is measured by
-    benchmarks/first_run.py and the before-stop hook, not here: tests do not time.)"""
+    research/first_run.py and the before-stop hook, not here: tests do not time.)"""
     import json
     import os
 
@@ -161,7 +161,7 @@ def test_the_readme_main_command_stops_on_either_side_of_its_answers_nearest_tie
             ties.append((row[first] - row[second], len(x), second))
             x.append(first)
         _, at, other = min(ties)
-        g = Generation(m, PromptLookup(), max_tokens=budget - (at - len(prompt)) - 1)
+        g = GenerationConfig(m, PromptLookup(), max_tokens=budget - (at - len(prompt)) - 1)
         steps = [step for _, step in generate_text(g, [*x[:at], other], stop=stops)]
         text = m.detokenize([*x[len(prompt) : at], other, *(t for s in steps for t in s.tokens)])
         assert steps[-1].finish_reason == "stop", text

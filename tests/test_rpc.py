@@ -198,7 +198,7 @@ def test_the_live_panel_names_the_backend_and_the_layers(worker, tiny, tmp_path)
     from rich.console import Console
 
     from spectool.core.stats import Stats
-    from spectool.ui import stats_table
+    from spectool.cli.display import stats_table
 
     _, stats = generate(tiny, tmp_path, "-md", str(tiny["draft"]), "--spec", "draft", "--rpc", worker.endpoint)
     console = Console(width=120, record=True, file=open(os.devnull, "w"))

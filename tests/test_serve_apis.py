@@ -18,8 +18,8 @@ import pytest
 from helpers import Server
 from test_logprobs import TOL_FLASH
 
-from spectool import serve_messages, serve_responses
-from spectool.serve_requests import UNHONOURED
+from spectool.server import messages, responses
+from spectool.server.requests import UNHONOURED
 
 SYSTEM, USER = "You answer briefly.", "Say something about foxes."
 COLOURS = {"type": "string", "enum": ["red", "green", "blue"]}
@@ -274,7 +274,7 @@ def test_responses_tool_requests_become_chat_tool_requests():
         "tools": [{"type": "function", "name": "weather", "description": "d", "parameters": WEATHER,
                    "strict": True}],
         "tool_choice": {"type": "function", "name": "weather"}, "parallel_tool_calls": False}
-    assert serve_responses.to_chat(body) == {
+    assert responses.to_chat(body) == {
         "messages": [{"role": "user", "content": "Weather in Paris?"},
                      {"role": "assistant", "content": "", "tool_calls": [CALL]},
                      {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}],
@@ -282,7 +282,7 @@ def test_responses_tool_requests_become_chat_tool_requests():
                                                     "strict": True}}],
         "tool_choice": {"type": "function", "function": {"name": "weather"}}, "parallel_tool_calls": False}
     for choice in ("auto", "none", "required"):
-        assert serve_responses.to_chat({**body, "tool_choice": choice})["tool_choice"] == choice
+        assert responses.to_chat({**body, "tool_choice": choice})["tool_choice"] == choice
 
 
 def test_messages_tool_requests_become_chat_tool_requests():
@@ -297,7 +297,7 @@ def test_messages_tool_requests_become_chat_tool_requests():
                                      {"type": "text", "text": "And tomorrow?"}]}],
         "tools": [{"name": "weather", "description": "d", "input_schema": WEATHER}],
         "tool_choice": {"type": "tool", "name": "weather", "disable_parallel_tool_use": True}}
-    assert serve_messages.to_chat(body) == {
+    assert messages.to_chat(body) == {
         "max_tokens": 64,
         "messages": [{"role": "user", "content": "Weather in Paris?"},
                      {"role": "assistant", "content": [{"type": "text", "text": "Let me look."}],
@@ -307,7 +307,7 @@ def test_messages_tool_requests_become_chat_tool_requests():
         "tools": [{"type": "function", "function": {"name": "weather", "description": "d", "parameters": WEATHER}}],
         "tool_choice": {"type": "function", "function": {"name": "weather"}}, "parallel_tool_calls": False}
     for theirs, ours in (("auto", "auto"), ("any", "required"), ("none", "none")):
-        assert serve_messages.to_chat({**body, "tool_choice": {"type": theirs}})["tool_choice"] == ours
+        assert messages.to_chat({**body, "tool_choice": {"type": theirs}})["tool_choice"] == ours
 
 
 class Served:  # what the answer's translations read of the server
@@ -350,13 +350,13 @@ def test_a_chat_tool_call_answer_becomes_a_function_call_output_item():
     chunks, usage = tool_chunks()
     whole = {"choices": [{"message": {"role": "assistant", "content": "Looking.", "tool_calls": [CALL]},
                           "finish_reason": "tool_calls"}], "usage": usage}
-    r = serve_responses.whole(Served, {}, "resp_1", 0, whole)
+    r = responses.whole(Served, {}, "resp_1", 0, whole)
     assert r["status"] == "completed" and [o["type"] for o in r["output"]] == ["message", "function_call"]
     assert {k: r["output"][1][k] for k in ("call_id", "name", "arguments")} == {
         "call_id": "call_1", "name": "weather", "arguments": '{"city": "Paris"}'}
     assert r["usage"]["input_tokens"] == 9 and r["usage"]["output_tokens"] == 7
     assert r["usage"]["speculative"] == usage["speculative"]
-    events = streamed(serve_responses.events(Served, {}, "resp_1", 0, aiter_of(chunks)))
+    events = streamed(responses.events(Served, {}, "resp_1", 0, aiter_of(chunks)))
     kinds = [k for k, _ in events]
     assert kinds == ["response.created", "response.in_progress", "response.output_item.added",
                      "response.content_part.added", "response.output_text.delta", "response.output_text.done",
@@ -382,8 +382,8 @@ def test_a_messages_logprobs_are_its_texts_not_the_tool_calls():
     chunks[3]["choices"][0]["logprobs"] = {"content": call[1:]}
     whole = {"choices": [{"message": {"role": "assistant", "content": "Looking.", "tool_calls": [CALL]},
                           "finish_reason": "tool_calls", "logprobs": {"content": text + call}}], "usage": usage}
-    assert serve_responses.whole(Served, {}, "resp_1", 0, whole)["output"][0]["content"][0]["logprobs"] == text
-    events = streamed(serve_responses.events(Served, {}, "resp_1", 0, aiter_of(chunks)))
+    assert responses.whole(Served, {}, "resp_1", 0, whole)["output"][0]["content"][0]["logprobs"] == text
+    events = streamed(responses.events(Served, {}, "resp_1", 0, aiter_of(chunks)))
     assert [e["logprobs"] for k, e in events if k == "response.output_text.delta"] == [text]
     assert next(e for k, e in events if k == "response.output_text.done")["logprobs"] == text
     assert events[-1][1]["response"]["output"][0]["content"][0]["logprobs"] == text
@@ -393,7 +393,7 @@ def test_a_chat_tool_call_answer_becomes_a_tool_use_block():
     chunks, usage = tool_chunks()
     whole = {"choices": [{"message": {"role": "assistant", "content": "Looking.", "tool_calls": [CALL]},
                           "finish_reason": "tool_calls"}], "usage": usage}
-    m = serve_messages.message(Served, {}, "msg_1", whole, None)
+    m = messages.message(Served, {}, "msg_1", whole, None)
     assert m["stop_reason"] == "tool_use" and m["content"] == [
         {"type": "text", "text": "Looking."},
         {"type": "tool_use", "id": "call_1", "name": "weather", "input": {"city": "Paris"}}]
@@ -403,7 +403,7 @@ def test_a_chat_tool_call_answer_becomes_a_tool_use_block():
     class Reply:
         n_prompt, stats = 9, None
 
-    events = streamed(serve_messages.events(Served, {}, "msg_1", Reply, aiter_of(chunks)))
+    events = streamed(messages.events(Served, {}, "msg_1", Reply, aiter_of(chunks)))
     kinds = [k for k, _ in events]
     assert kinds == ["message_start", "ping", "content_block_start", "content_block_delta", "content_block_stop",
                      "content_block_start", "content_block_delta", "content_block_delta", "content_block_stop",

@@ -99,19 +99,20 @@ def test_a_500_answers_and_the_connection_stays_usable(tiny, capsys):
     import uvicorn
 
     from spectool.options import Options, Mode
-    from spectool.serve import Server as App
+    from spectool.server.app import make_app
+    from spectool.server.context import Server as App
     from spectool.session import open_session
 
     class Failing(App):
-        def generation(self, raw, chat, infill=False):
+        def parse_request(self, raw, chat, infill=False):
             if "boom" in str(raw):
                 raise RuntimeError("injected")
-            return super().generation(raw, chat, infill)
+            return super().parse_request(raw, chat, infill)
 
     o = Options(model=str(tiny["target"]), ctx_size=1024, threads=2, spec=Mode.none)
     with open_session(o) as s:
         port = free_port()
-        web = uvicorn.Server(uvicorn.Config(Failing(s, o, "target").app(), host="127.0.0.1",
+        web = uvicorn.Server(uvicorn.Config(make_app(Failing(s, o, "target")), host="127.0.0.1",
                                             port=port, log_level="warning"))
         thread = threading.Thread(target=web.run, daemon=True)
         thread.start()

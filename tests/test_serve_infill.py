@@ -262,11 +262,11 @@ def llama_server_indent_cut(tokens: list[str], n_indent: int) -> str:
 
 
 def test_n_indent_cuts_where_llama_servers_loop_cuts():
-    """serve_infill.Limits against the transcription of llama-server's loop, on random pieces of indented text
+    """infill.Limits against the transcription of llama-server's loop, on random pieces of indented text
     (each piece a token, or several tokens of one speculative step, which must not change where it cuts)."""
     import random
 
-    from spectool.serve_infill import Limits
+    from spectool.server.infill import Limits
 
     rng = random.Random(11)
     parts = [" ", "  ", "\t", "\n", "\n    ", "\n  ", "a", "b(", "x\n", "    y", "\n\n"]

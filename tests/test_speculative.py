@@ -10,16 +10,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as hst
 
 from spectool.core.controller import Controller
-from spectool.drafters.base import Draft
+from spectool.core.protocol import Draft, Drafter
 from spectool.drafters.draft_model import DraftModel
 from spectool.drafters.hybrid import Hybrid
 from spectool.drafters.lookup import PromptLookup
 from spectool.llama.engine import Model
-from spectool.core.keys import DRAFT, SPLIT
+from spectool.core.evidence import DRAFT, Agreement
 from spectool.options import Mode
-from spectool.core.keys import Source
+from spectool.core.evidence import Source
 from spectool.session import build_drafter
-from spectool.core.speculative import Generation, Step, speculative_generate
+from spectool.drafters.builder import for_generation
+from spectool.generate.loop import GenerationConfig, Step, speculative_generate
 from spectool.core.stats import Stats
 from spectool.core.verify import Sampling
 
@@ -30,14 +31,14 @@ PROMPTS = [
 ]
 
 
-class AlwaysWrong:
+class AlwaysWrong(Drafter):
     """A drafter whose every draft is `token` repeated, a token the target never picks here: each draft is
     rejected at its first token, so the output is plain decoding's only if the rejection is right."""
 
     def __init__(self, token: int):
         self.token = token
 
-    def prefill(self, history):
+    def start(self, history, constraint=None):
         pass
 
     def peek(self, history, k_max, estimate=None):
@@ -57,14 +58,14 @@ def drafters(draft):
 def greedy_runs(target, draft, prompt, n, adaptive):
     """Plain decoding's first `n` tokens after `prompt`, and each drafter's (those of `drafters` and one that is
     always wrong): {name: (tokens, Stats)}."""
-    plain = tokens_of(Generation(target, None, max_tokens=n), prompt)
+    plain = tokens_of(GenerationConfig(target, None, max_tokens=n), prompt)
     makers = {**drafters(draft), "always-wrong": lambda: AlwaysWrong(min(set(range(target.n_vocab)) - set(plain)))}
     runs = {}
     for name, make in makers.items():
         st = Stats()
         # untimed: the controller's choices depend on the tokens alone, so whether it drafts does not hang on
         # how busy the machine is (timing changes only k, never the output)
-        g = Generation(target, make(), max_tokens=n, controller=Controller(k_max=5, adaptive=adaptive, timed=False))
+        g = GenerationConfig(target, make(), max_tokens=n, controller=Controller(k_max=5, adaptive=adaptive, timed=False))
         runs[name] = tokens_of(g, prompt, st), st
     return plain, runs
 
@@ -91,7 +92,7 @@ def test_greedy_output_equals_plain(target, draft, text, n, adaptive):
 @pytest.mark.parametrize("n", [2, 7, 64, 200])
 def test_the_greedy_comparison_catches_a_wrong_acceptance(target, draft, monkeypatch, n):
     """The test above must fail, at every budget, when the greedy acceptance takes every draft."""
-    import spectool.core.speculative as spec
+    import spectool.generate.loop as spec
 
     monkeypatch.setattr(spec, "accept_greedy", lambda rows, d: (len(d), list(rows)[len(d)]))
     plain, runs = greedy_runs(target, draft, target.tokenize(PROMPTS[0]), n, adaptive=True)
@@ -104,7 +105,7 @@ def test_target_as_its_own_draft_accepts_everything(tiny, target):
     k = 4
     with Model(tiny["target"], n_ctx=1024) as same:
         st = Stats()
-        g = Generation(target, DraftModel(same), max_tokens=100, controller=Controller(k_max=k, adaptive=False))
+        g = GenerationConfig(target, DraftModel(same), max_tokens=100, controller=Controller(k_max=k, adaptive=False))
         out = tokens_of(g, target.tokenize("The lazy dog"), st)
         assert len(out) == 100 and st.n_accepted == st.n_drafted
         assert st.accepted_per_position == [st.n_steps] * k  # every step, every position
@@ -118,7 +119,7 @@ def test_rollback_after_many_steps_matches_fresh_prefill(tiny):
     with Model(tiny["target"], **opts) as target, Model(tiny["draft"], **opts) as draft:
         prompt = target.tokenize("When the draft is right, the target accepts several tokens")
         st = Stats()
-        g = Generation(target, Hybrid(PromptLookup(), DraftModel(draft)), max_tokens=150,
+        g = GenerationConfig(target, Hybrid(PromptLookup(), DraftModel(draft)), max_tokens=150,
                        controller=Controller(k_max=6, adaptive=False))
         out = tokens_of(g, prompt, st)
         assert st.n_accepted < st.n_drafted  # there were rejections to roll back
@@ -143,7 +144,7 @@ def test_rollback_happens_even_when_a_step_raises(target, draft):
             return super().propose(*a, **kw)
 
     prompt = target.tokenize("The quick brown fox")
-    g = Generation(target, Exploding(draft), max_tokens=50, controller=Controller(k_max=4, adaptive=False))
+    g = GenerationConfig(target, Exploding(draft), max_tokens=50, controller=Controller(k_max=4, adaptive=False))
     seen = []
     with pytest.raises(RuntimeError):
         for step in speculative_generate(g, prompt):
@@ -158,12 +159,21 @@ def test_failing_draft_model_falls_back_to_lookup(target, draft):
         def propose(self, *a, **kw):
             raise DecodeError("no memory for the draft context")
 
+    class FailingAtOnce(DraftModel):
+        def start(self, history, constraint=None):
+            raise DecodeError("no memory for the draft context")
+
     prompt = target.tokenize("The quick brown fox")
-    plain = tokens_of(Generation(target, None, max_tokens=40), prompt)
-    steps = list(speculative_generate(Generation(target, Failing(draft), max_tokens=40,
-                                                 controller=Controller(adaptive=False)), prompt))
-    assert [t for s in steps for t in s.tokens] == plain
-    assert "prompt lookup" in steps[0].notice
+    plain = tokens_of(GenerationConfig(target, None, max_tokens=40), prompt)
+    for failing in (Failing, FailingAtOnce):  # the session's drafter is built whole: the fallback is the builder's
+        drafter = for_generation(failing(draft), grammar=False)
+        steps = list(speculative_generate(GenerationConfig(target, drafter, max_tokens=40,
+                                                           controller=Controller(adaptive=False)), prompt))
+        assert [t for s in steps for t in s.tokens] == plain
+        assert "prompt lookup" in steps[0].notice and not any(s.notice for s in steps[1:])
+    with pytest.raises(DecodeError):  # a bare draft model is not: the loop decides nothing of it
+        list(speculative_generate(GenerationConfig(target, Failing(draft), max_tokens=40,
+                                                   controller=Controller(adaptive=False)), prompt))
 
 
 # -- distribution exactness at temperature > 0 (exactness.py) -------------------------------------------------
@@ -175,7 +185,7 @@ def lookup_prompt(target):
     """A prompt that ends inside the loop the target's greedy text falls into: lookup drafts 3 tokens at once,
     and at temperature 1 the target accepts the first about half the time, all three about 1 time in 6."""
     prompt = target.tokenize("the dog the fox the dog the fox the dog the fox the dog the")
-    return prompt + tokens_of(Generation(target, None, max_tokens=20), prompt)
+    return prompt + tokens_of(GenerationConfig(target, None, max_tokens=20), prompt)
 
 
 @pytest.mark.parametrize("kind", ["draft", "lookup", "hybrid", "hybrid-split"])
@@ -196,7 +206,7 @@ def test_sampled_tokens_follow_the_target_distribution(target, draft, lookup_pro
                                       ("p row off by one", "lookup"), ("resample from p", "lookup")])
 def test_negative_controls_fail(target, draft, lookup_prompt, monkeypatch, bug, kind):
     """The same test must reject a wrong acceptance rule, at any draft position."""
-    import spectool.core.speculative as spec
+    import spectool.generate.loop as spec
     import spectool.core.verify as V
 
     if bug == "resample from p":
@@ -214,12 +224,12 @@ def test_seeded_runs_reproduce(target, draft, controller):
     prompt = target.tokenize("The quick brown fox")
     s = Sampling(0.8, 40, 0.95, 0.05)
     runs = [
-        tokens_of(Generation(target, Hybrid(PromptLookup(), DraftModel(draft)), s, Controller(**controller),
+        tokens_of(GenerationConfig(target, Hybrid(PromptLookup(), DraftModel(draft)), s, Controller(**controller),
                              max_tokens=60, seed=5), prompt)
         for _ in range(3)
     ]
     assert runs[0] == runs[1] == runs[2]
-    other = tokens_of(Generation(target, DraftModel(draft), s, Controller(**controller), max_tokens=60, seed=6),
+    other = tokens_of(GenerationConfig(target, DraftModel(draft), s, Controller(**controller), max_tokens=60, seed=6),
                       prompt)
     assert other != runs[0]
 
@@ -230,7 +240,7 @@ def test_stats_json_schema(target, draft):
     import json
 
     st = Stats(mode="hybrid", target="t", draft="d")
-    g = Generation(target, Hybrid(PromptLookup(), DraftModel(draft)), max_tokens=60,
+    g = GenerationConfig(target, Hybrid(PromptLookup(), DraftModel(draft)), max_tokens=60,
                    controller=Controller(k_max=4, adaptive=False))
     prompt = target.tokenize("def add(a, b):")
     steps = list(speculative_generate(g, prompt, st))
@@ -260,7 +270,7 @@ def test_a_draft_models_catch_up_is_not_charged_to_its_draft_length(target, draf
     rng = np.random.default_rng(0)
     dm = DraftModel(draft)
     history = target.tokenize("The quick brown fox jumps over the lazy dog")
-    dm.prefill(history)
+    dm.start(history)
     first = dm.propose(history, 3, Sampling(), rng)
     assert first.tokens and first.catch_up_seconds == 0.0  # in step: nothing to catch up
     history += first.tokens + target.tokenize(" and then it ran far away into the woods")
@@ -280,9 +290,9 @@ def test_a_draft_with_another_vocabulary_size_keeps_greedy_output(target, odd_dr
     assert odd_draft.n_vocab != target.n_vocab
     for text in PROMPTS:
         prompt = target.tokenize(text)
-        plain = tokens_of(Generation(target, None, max_tokens=60), prompt)
+        plain = tokens_of(GenerationConfig(target, None, max_tokens=60), prompt)
         st = Stats()
-        g = Generation(target, DraftModel(odd_draft, n_target=target.n_vocab), max_tokens=60,
+        g = GenerationConfig(target, DraftModel(odd_draft, n_target=target.n_vocab), max_tokens=60,
                        controller=Controller(k_max=4, adaptive=False))
         assert tokens_of(g, prompt, st) == plain
         assert st.n_accepted > 0
@@ -294,7 +304,7 @@ def test_a_draft_never_proposes_a_token_the_target_lacks(target, odd_draft):
     rng = np.random.default_rng(0)
     dm = DraftModel(odd_draft, n_target=target.n_vocab)
     history = target.tokenize("The quick brown fox")
-    dm.prefill(history)
+    dm.start(history)
     for s in (Sampling(), Sampling(temp=1.5)):
         for _ in range(40):
             d = dm.propose(history, 4, s, rng)
@@ -316,27 +326,27 @@ def test_a_fresh_cost_table_measures_batches_before_the_first_step(target):
     from spectool.core.costs import Costs
 
     prompt = target.tokenize("The quick brown fox")
-    plain = tokens_of(Generation(target, None, max_tokens=30), prompt)
+    plain = tokens_of(GenerationConfig(target, None, max_tokens=30), prompt)
     costs = Costs()
-    g = Generation(target, PromptLookup(), max_tokens=1, controller=Controller(k_max=8, costs=costs))
+    g = GenerationConfig(target, PromptLookup(), max_tokens=1, controller=Controller(k_max=8, costs=costs))
     assert tokens_of(g, prompt) == plain[:1]
     assert {1, 2, 4, 8} <= set(costs.verify) and all(c > 0 for c in costs.verify.values())
     assert target.tokens == prompt  # the calibration batches were rolled back
-    assert tokens_of(Generation(target, PromptLookup(), max_tokens=30, controller=Controller(k_max=8, costs=costs)),
+    assert tokens_of(GenerationConfig(target, PromptLookup(), max_tokens=30, controller=Controller(k_max=8, costs=costs)),
                      prompt) == plain
 
-    class NeverDrafts:
-        def prefill(self, history):
+    class NeverDrafts(Drafter):
+        def start(self, history, constraint=None):
             pass
 
         def peek(self, history, k_max, estimate=None):
             return []
 
     before = dict(costs.verify)
-    tokens_of(Generation(target, NeverDrafts(), max_tokens=3, controller=Controller(k_max=8, costs=costs)), prompt)
+    tokens_of(GenerationConfig(target, NeverDrafts(), max_tokens=3, controller=Controller(k_max=8, costs=costs)), prompt)
     assert {b: c for b, c in costs.verify.items() if b > 1} == {b: c for b, c in before.items() if b > 1}
     seeded = Costs()
-    list(speculative_generate(Generation(target, PromptLookup(), Sampling(0.8), Controller(timed=False, costs=seeded),
+    list(speculative_generate(GenerationConfig(target, PromptLookup(), Sampling(0.8), Controller(timed=False, costs=seeded),
                                          max_tokens=5, seed=1), prompt))
     assert not seeded.verify  # seeded sampling keeps its priors, so that it reproduces
 
@@ -363,7 +373,7 @@ def test_calibration_measures_long_batches_where_costs_are_flat(target, monkeypa
     monkeypatch.setattr(target, "eval", timed_eval)
     costs = Costs()
     prompt = target.tokenize("The quick brown fox")
-    g = Generation(target, PromptLookup(), max_tokens=1, controller=Controller(k_max=32, costs=costs))
+    g = GenerationConfig(target, PromptLookup(), max_tokens=1, controller=Controller(k_max=32, costs=costs))
     tokens_of(g, prompt)  # one token: its step verifies a batch of 1 alone
     assert set(costs.verify) == measured
     assert target.tokens == prompt  # the calibration batches were rolled back
@@ -375,7 +385,7 @@ def test_hybrid_hands_over_to_the_draft_model_where_lookup_is_worth_less(draft):
     history = [1, 2, 3, 4, 5, 9] + [1, 2, 3, 4, 6, 9, 8] + [1, 2]  # lookup: 3, 4, then "1 2 3 4" went two ways
     worth = {DRAFT: 0.5}
     h = Hybrid(PromptLookup(), DraftModel(draft))
-    keys = h.peek(history, 8, lambda key: worth.get(key, 0.1 if key.agreement == SPLIT else 0.9))
+    keys = h.peek(history, 8, lambda key: worth.get(key, 0.1 if key.agreement == Agreement.split else 0.9))
     assert list(map(str, keys)) == ["lookup:2", "lookup:2+1"] + ["draft"] * 6
     d = h.propose(history, 5, Sampling(), np.random.default_rng(0))
     assert d.tokens[:2] == [3, 4] and len(d.tokens) == 5 and d.source == "hybrid" and d.q is None

@@ -4,7 +4,7 @@ end-of-generation token, when the context is full, and on an interruption, witho
 from helpers import tokens_of
 
 from spectool.core.controller import Controller
-from spectool.core.speculative import Generation, generate_text, speculative_generate
+from spectool.generate.loop import GenerationConfig, generate_text, speculative_generate
 from spectool.core.stats import Stats
 from spectool.drafters.draft_model import DraftModel
 from spectool.drafters.lookup import PromptLookup
@@ -13,12 +13,12 @@ from spectool.llama.engine import Model
 
 def test_stop_string_inside_an_accepted_run(target):
     prompt = target.tokenize("The quick brown fox")
-    plain = Generation(target, None, max_tokens=80)
+    plain = GenerationConfig(target, None, max_tokens=80)
     full = "".join(text for text, _ in generate_text(plain, prompt))
     stop = full[30:34]
     assert stop and full.index(stop) >= 1
     st = Stats()
-    g = Generation(target, PromptLookup(), max_tokens=80, controller=Controller(k_max=8, adaptive=False))
+    g = GenerationConfig(target, PromptLookup(), max_tokens=80, controller=Controller(k_max=8, adaptive=False))
     text = "".join(t for t, _ in generate_text(g, prompt, stop=[stop], stats=st))
     assert text == full[: full.index(stop)]
     assert st.finish_reason == "stop"
@@ -28,7 +28,7 @@ def test_end_of_generation_token_stops(target, draft, monkeypatch):
     """A token the vocabulary marks as end-of-generation (Model.is_eog, Model.first_eog) ends the output before
     it, finish reason "stop", also where the target accepted it as a drafted token in the middle of a step."""
     prompt = target.tokenize("The quick brown fox")
-    plain = tokens_of(Generation(target, None, max_tokens=30), prompt)
+    plain = tokens_of(GenerationConfig(target, None, max_tokens=30), prompt)
     eog = plain[10]
     # a vocabulary in which plain decoding's 11th token ends generation
     monkeypatch.setattr(target, "is_eog", lambda t: t == eog)
@@ -36,7 +36,7 @@ def test_end_of_generation_token_stops(target, draft, monkeypatch):
                                                                  len(tokens)))
     for drafter in (PromptLookup(), DraftModel(draft)):
         st = Stats()
-        g = Generation(target, drafter, max_tokens=30, controller=Controller(k_max=4, adaptive=False))
+        g = GenerationConfig(target, drafter, max_tokens=30, controller=Controller(k_max=4, adaptive=False))
         steps = list(speculative_generate(g, prompt, st))
         assert [t for step in steps for t in step.tokens] == plain[: plain.index(eog)] and st.finish_reason == "stop"
     assert steps[-1].accepted > len(steps[-1].tokens)  # the draft model's end came inside its accepted run
@@ -46,25 +46,25 @@ def test_context_full(tiny):
     with Model(tiny["target"], n_ctx=64) as m:
         prompt = m.tokenize("The quick brown fox jumps over the lazy dog.")
         st = Stats()
-        g = Generation(m, PromptLookup(), max_tokens=500, controller=Controller(k_max=8, adaptive=False))
+        g = GenerationConfig(m, PromptLookup(), max_tokens=500, controller=Controller(k_max=8, adaptive=False))
         out = tokens_of(g, prompt, st)
         assert st.finish_reason == "context"
         assert len(prompt) + len(out) == m.n_ctx + 1  # the last token needs no cache slot
         with Model(tiny["target"], n_ctx=64) as ref:
-            plain = tokens_of(Generation(ref, None, max_tokens=500), prompt)
+            plain = tokens_of(GenerationConfig(ref, None, max_tokens=500), prompt)
         assert out == plain
 
 
 def test_a_stop_string_ends_the_count_of_generated_tokens(target):
     """Tokens of a step that come after its stop string are neither output nor counted."""
     prompt = target.tokenize("The quick brown fox")
-    plain = tokens_of(Generation(target, None, max_tokens=80), prompt)
+    plain = tokens_of(GenerationConfig(target, None, max_tokens=80), prompt)
     full = target.detokenize(plain)
     stop = full[40:44]
     first = full.index(stop)
     j = next(j for j in range(1, len(plain) + 1) if stop in target.detokenize(plain[:j]))
     st = Stats()
-    g = Generation(target, PromptLookup(), max_tokens=80, controller=Controller(k_max=16, adaptive=False))
+    g = GenerationConfig(target, PromptLookup(), max_tokens=80, controller=Controller(k_max=16, adaptive=False))
     steps = list(generate_text(g, prompt, stop=[stop], stats=st))
     assert "".join(t for t, _ in steps) == full[:first]
     assert st.n_generated == sum(len(s.tokens) for _, s in steps) == j and st.finish_reason == "stop"
@@ -73,11 +73,11 @@ def test_a_stop_string_ends_the_count_of_generated_tokens(target):
 def test_an_interruption_keeps_the_text_held_back_for_a_stop_string(target):
     """While a stop string might still match, its start is held back; Ctrl-C must not lose that text."""
     prompt = target.tokenize("The quick brown fox")
-    plain = tokens_of(Generation(target, None, max_tokens=60), prompt)
+    plain = tokens_of(GenerationConfig(target, None, max_tokens=60), prompt)
     full = target.detokenize(plain)
     never = full[5:] + "\x07"  # matches from character 5 on, never completes: everything after is held back
     steps = iter(range(10))
-    g = Generation(target, None, max_tokens=60)
+    g = GenerationConfig(target, None, max_tokens=60)
     out = list(generate_text(g, prompt, stop=[never], interrupted=lambda: next(steps) >= 9))
     text = "".join(t for t, _ in out)
     assert out[-1][1].finish_reason == "interrupted" and len(out) == 11

@@ -8,8 +8,8 @@ import json
 import pytest
 from tinymodels import CHAT_TEMPLATE, LLAMA31_TEMPLATE, QWEN25_TEMPLATE
 
-from spectool.chat import render
-from spectool.tools import ToolError, detect, read, template_messages
+from spectool.templates import render
+from spectool.server.tools import ToolError, detect, read, template_messages
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city <now>",
@@ -86,7 +86,7 @@ def test_a_call_the_template_writes_reads_back_as_the_same_call(fmt):
     ("generic", '{"tool_call": {"name": "get_weather", "arguments": {"city": "Paris"}}}', None),
 ])
 def test_each_familys_call_text_is_read_as_openai_tool_calls(fmt, text, content):
-    from spectool.tools import Tools
+    from spectool.server.tools import Tools
 
     t = Tools(fmt, [WEATHER, TIME])
     msg, called = t.message(text)
@@ -100,7 +100,7 @@ def test_each_familys_call_text_is_read_as_openai_tool_calls(fmt, text, content)
 
 
 def test_the_generic_formats_answer_is_the_content():
-    from spectool.tools import Tools
+    from spectool.server.tools import Tools
 
     msg, called = Tools("generic", [WEATHER]).message('{"response": "It is sunny."}')
     assert not called and msg["content"] == "It is sunny."

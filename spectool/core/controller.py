@@ -25,8 +25,8 @@ from itertools import chain, islice, repeat
 from typing import Iterable, Sequence
 
 from spectool.core.costs import Costs
-from spectool.core.keys import AGREED, BUCKETS, DRAFT, GRAMMAR, MOSTLY, MTP, SPLIT, Key
-from spectool.core.keys import Source
+from spectool.core.evidence import BUCKETS, DRAFT, GRAMMAR, MTP, Agreement, Evidence
+from spectool.core.evidence import Source
 
 # How many tokens a step may draft when a pair does not say (models.toml's draft_max says it per pair): lookup's
 # controller keeps drafts short where their evidence is weak, so the cap only bounds the long copies.
@@ -37,8 +37,8 @@ DRAFT_MAX = 32
 # acceptance of a drafted token, given that the tokens before it were accepted, by its own evidence; measured on
 # Gemma 3 270M (docs/performance.md, "Lookup's priors"). Longer matches, and followers that agreed, are right far
 # more often.
-LOOKUP_PRIORS = {AGREED: (0.4, 0.7, 0.8, 0.9, 0.97), MOSTLY: (0.6, 0.4, 0.5, 0.7, 0.5),
-                 SPLIT: (0.15, 0.25, 0.25, 0.3, 0.2)}
+LOOKUP_PRIORS = {Agreement.agreed: (0.4, 0.7, 0.8, 0.9, 0.97), Agreement.mostly: (0.6, 0.4, 0.5, 0.7, 0.5),
+                 Agreement.split: (0.15, 0.25, 0.25, 0.3, 0.2)}
 
 
 # The corpus of earlier requests (drafters/corpus.py) starts from lookup's priors with this weight: a corpus that
@@ -46,8 +46,8 @@ LOOKUP_PRIORS = {AGREED: (0.4, 0.7, 0.8, 0.9, 0.97), MOSTLY: (0.6, 0.4, 0.5, 0.7
 CORPUS_PRIOR_WEIGHT = 4.0
 
 
-def _default_priors() -> dict[Key, tuple[float, float]]:
-    lookup = {Key.lookup(b, agreement, source=source): (a, 8.0 if source is Source.lookup else CORPUS_PRIOR_WEIGHT)
+def _default_priors() -> dict[Evidence, tuple[float, float]]:
+    lookup = {Evidence.lookup(b, agreement, source=source): (a, 8.0 if source is Source.lookup else CORPUS_PRIOR_WEIGHT)
               for source in (Source.lookup, Source.corpus)
               for agreement, row in LOOKUP_PRIORS.items() for b, a in zip(BUCKETS, row, strict=True)}
     # a draft model's and an MTP head's: a guess that their first observations replace. A grammar's forced tokens
@@ -70,7 +70,7 @@ class Controller:
     k_min: int = 0
     adaptive: bool = True
     decay: float = 0.99  # weight kept by older acceptance observations at each update
-    priors: dict[Key, tuple[float, float]] = field(default_factory=_default_priors)  # key -> (acceptance, weight)
+    priors: dict[Evidence, tuple[float, float]] = field(default_factory=_default_priors)  # key -> (acceptance, weight)
     prior_other: tuple[float, float] = (0.5, 2.0)  # for other keys
     # a sampled run's keys carry its temperature ("lookup:3@T0.8"): what greedy runs learnt does not carry over.
     # Their prior is the greedy one raised to this power, with at most this weight in observations (at temperature
@@ -83,8 +83,8 @@ class Controller:
     draft_cost_prior: float = 0.15  # a draft-model token relative to one target decode, until measured
     costs: Costs | None = None  # shared with other controllers of the same target; None: a table of our own
     timed: InitVar[bool] = True  # False: an untimed copy of `costs`, at its priors (see the module docstring)
-    _acc: dict[Key, _Acceptance] = field(default_factory=dict)
-    _memo: dict[Key, float] = field(default_factory=dict)
+    _acc: dict[Evidence, _Acceptance] = field(default_factory=dict)
+    _memo: dict[Evidence, float] = field(default_factory=dict)
 
     def __post_init__(self, timed: bool):
         if self.costs is None:
@@ -96,14 +96,14 @@ class Controller:
     def observe_verify(self, batch_size: int, seconds: float) -> None:
         self.costs.observe_verify(batch_size, seconds)
 
-    def observe_draft(self, keys: Sequence[Key], seconds: float) -> None:
+    def observe_draft(self, keys: Sequence[Evidence], seconds: float) -> None:
         """Drafting the tokens under `keys` took `seconds`, charged to the source of the last: a hybrid draft's
         lookup tokens cost next to nothing beside its draft-model tokens."""
         last = keys[-1].source
         n = len(keys) if keys[0].source is last else sum(k.source is last for k in keys)
-        self.costs.observe_draft(keys[-1].drafter, n, seconds)
+        self.costs.observe_draft(keys[-1].cost_key, n, seconds)
 
-    def observe_accept(self, keys: Sequence[Key], drafted: int, accepted: int) -> None:
+    def observe_accept(self, keys: Sequence[Evidence], drafted: int, accepted: int) -> None:
         """A step drafted `drafted` tokens, under keys[i] each, and the first `accepted` were accepted."""
         self._memo.clear()
         for i in range(min(drafted, accepted + 1)):  # token i was tried: all before it were accepted
@@ -112,16 +112,16 @@ class Controller:
             a.hits = a.hits * self.decay + (1.0 if i < accepted else 0.0)
 
     # -- estimates -----------------------------------------------------------------------------------------
-    def _stats(self, key: Key) -> _Acceptance:
+    def _stats(self, key: Evidence) -> _Acceptance:
         a = self._acc.get(key)
         if a is None:
-            prior, w = self.priors.get(key.anchor, self.prior_other)
+            prior, w = self.priors.get(key.stretch_start, self.prior_other)
             if key.temp:
                 prior, w = prior ** self.sampled_prior[0], min(w, self.sampled_prior[1])
             a = self._acc[key] = _Acceptance(prior, w)
         return a
 
-    def acceptance(self, key: Key) -> float:
+    def acceptance(self, key: Evidence) -> float:
         """Estimated chance that a token drafted under `key` is accepted, given that the tokens before it were:
         its observations after a prior worth `weight` observations. The prior is the key's own (`priors`, by its
         stretch's start), or for a continuation ("lookup:2+3", see PromptLookup) what the controller now estimates
@@ -133,7 +133,7 @@ class Controller:
             est = self._memo[key] = (a.hits + a.weight * prior) / (a.tries + a.weight)  # until the next observation
         return est
 
-    def worth(self, key: Key, temp: float = 0.0) -> float:
+    def worth(self, key: Evidence, temp: float = 0.0) -> float:
         """What a token drafted under greedy `key` is worth at sampling temperature `temp`, in tokens: its
         estimated acceptance less what drafting it costs, counted in single target steps (nothing for a lookup
         token; a draft-model token on a CPU can cost half a target step)."""
@@ -144,21 +144,21 @@ class Controller:
     def verify_cost(self, batch_size: int) -> float:
         return self.costs.verify_cost(batch_size)
 
-    def draft_cost(self, key: Key, one: float) -> float:
+    def draft_cost(self, key: Evidence, one: float) -> float:
         """Seconds to draft one token under `key`: measured per source, else a guess (`draft_cost_prior` target
         steps a draft-model token, nothing for a lookup)."""
-        cost = self.costs.draft.get(key.drafter)
+        cost = self.costs.draft.get(key.cost_key)
         if cost is None:
             cost = self.draft_cost_prior * one if key.source in (Source.draft, Source.mtp) else 0.0
         return cost
 
     # -- the decision --------------------------------------------------------------------------------------
-    def pick(self, offer: Iterable[Key], temp: float = 0.0) -> list[Key]:
+    def pick(self, offer: Iterable[Evidence], temp: float = 0.0) -> list[Evidence]:
         """The keys of the tokens to draft at sampling temperature `temp`: the first k of the greedy keys on offer,
         each at `temp`, k as the module docstring says. `offer` may be lazy (PromptLookup.peek): it is drawn from
         only while a longer draft could still do better than the best so far, since each further token adds at
         most the chance of reaching it and no drafting cost."""
-        offer = map(Key.at, offer, repeat(temp)) if temp else iter(offer)
+        offer = map(Evidence.at, offer, repeat(temp)) if temp else iter(offer)
         keys = list(islice(offer, self.k_max if not self.adaptive else min(self.k_max, self.k_min + 1)))
         if not self.adaptive or len(keys) <= self.k_min:
             return keys
@@ -172,8 +172,8 @@ class Controller:
         for k, key in enumerate(chain(keys, offer), 1):
             run *= self.acceptance(key)
             expected += run
-            if key.drafter is not drafter:
-                drafter, per_token = key.drafter, self.draft_cost(key, costs[1])
+            if key.cost_key is not drafter:
+                drafter, per_token = key.cost_key, self.draft_cost(key, costs[1])
             drafting += per_token
             if k > len(keys):
                 keys.append(key)

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Sequence
 
-from spectool.core.keys import Key
-from spectool.core.keys import Source
+from spectool.core.evidence import Evidence
+from spectool.core.evidence import Source
 
 
 WINDOW = 9  # samples a batch size keeps, the newest
@@ -87,7 +87,7 @@ class Costs:
     # every this many verifications (prices move slowly): deriving them is most of the controller's work in a step
     reprice_every: int = 16
     verify: dict[int, float] = field(default_factory=dict)  # batch size -> seconds, each size's estimate
-    draft: dict[Key, float] = field(default_factory=dict)  # Key.drafter -> seconds per drafted token
+    draft: dict[Evidence, float] = field(default_factory=dict)  # Evidence.cost_key -> seconds per drafted token
     runs: int = 0  # the runs of spectool that saved this table before (this one is number runs + 1)
     rejected: int = 0  # entries of a saved table dropped as invalid when it was read
     _sizes: dict[int, _Size] = field(default_factory=dict)
@@ -134,7 +134,7 @@ class Costs:
         for d in (draft if isinstance(draft, list) else ()):
             try:
                 temp, seconds = float(d["temp"]), d["seconds"]
-                key = Key.of(Source(d["source"]), temp=temp)
+                key = Evidence.of(Source(d["source"]), temp=temp)
                 if not (math.isfinite(temp) and temp >= 0 and (seconds == 0 or _seconds(seconds))):
                     raise ValueError
             except (TypeError, KeyError, ValueError):
@@ -164,7 +164,7 @@ class Costs:
         s.last = self._n
         self.verify[batch_size] = s.estimate()
 
-    def observe_draft(self, key: Key, n_drafted: int, seconds: float) -> None:
+    def observe_draft(self, key: Evidence, n_drafted: int, seconds: float) -> None:
         """A running average per drafter; the first sample is a warm-up, later outliers are clipped."""
         if not self.timed or n_drafted <= 0:
             return

@@ -124,7 +124,7 @@ class Corpus:
 
     def save(self, path: str | os.PathLike, vocab: str) -> str | None:
         """Write the corpus to `path` atomically; a one-line warning where it could not be written."""
-        from spectool.models.cache import write_json_atomic
+        from spectool.models.store import write_json_atomic
 
         if not self.writable:  # the file was not ours
             return None

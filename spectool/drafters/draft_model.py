@@ -12,10 +12,11 @@ import numpy as np  # noqa: E402
 from spectool.llama.engine import Model
 from spectool.llama.outputs import ROWS
 from spectool.core.grammar import Constraint
-from spectool.core.keys import DRAFT, Key
-from spectool.core.keys import Source
+from spectool.core.evidence import DRAFT, Evidence
+from spectool.core.evidence import Source
 from spectool.core.verify import Dist, Sampling, backend_chain
-from spectool.drafters.base import EMPTY, Draft, Estimate, draw
+from spectool.core.protocol import EMPTY, Draft, Drafter, Estimate, no_grammar
+from spectool.drafters.draw import draw
 
 
 @dataclass
@@ -43,7 +44,7 @@ class VocabMap:
         return cls(to_target, to_draft, np.flatnonzero(to_target < 0))
 
 
-class DraftModel:
+class DraftModel(Drafter):
     """A small model with its own KV cache, kept in step with the accepted tokens by `Model.sync`. Its rows go
     through the same sampler chain as the target's, penalties included, so q is the distribution each draft was
     drawn from, on the target's vocabulary (see VocabMap for drafts with another one)."""
@@ -67,12 +68,16 @@ class DraftModel:
         self._mapped += self.map.to_draft[new].tolist() if new else []
         return list(self._mapped)
 
-    def prefill(self, history: Sequence[int]) -> None:
-        h = self._map(history)
-        self.model.sync(h[:-1], logits="none") if len(h) > 1 else self.model.reset()
+    def start(self, history: Sequence[int], constraint: Constraint | None = None) -> None:
+        no_grammar(constraint)
+        h = self._map(history)  # the prompt is prompt processing, not drafting
+        if len(h) > 1:
+            self.model.sync(h[:-1], logits="none")
+        else:
+            self.model.reset()
 
     def peek(self, history: Sequence[int], k_max: int, estimate: Estimate | None = None,
-             final: int | None = None) -> list[Key]:
+             final: int | None = None) -> list[Evidence]:
         return [DRAFT] * max(0, min(k_max, self.model.n_ctx - len(history)))
 
     def propose(self, history: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator,

@@ -9,33 +9,35 @@ from spectool.llama import native  # noqa: F401, I001 - llama.cpp's libraries be
 import numpy as np  # noqa: E402
 
 from spectool.core.grammar import Constraint
-from spectool.core.keys import GRAMMAR, Key
-from spectool.core.keys import Source
+from spectool.core.evidence import GRAMMAR, Evidence
+from spectool.core.evidence import Source
 from spectool.core.verify import Sampling
-from spectool.drafters.base import EMPTY, Draft, Drafter, Estimate
+from spectool.core.protocol import EMPTY, Draft, Drafter, Estimate
 from spectool.drafters.lookup import PromptLookup
 
 
-class Constrained:
+class GrammarDrafter(Drafter):
     """Any drafter (or none) under one generation's grammar. Prompt lookup and the grammar take turns: lookup's
     tokens up to the first one the grammar rejects, the tokens it forces from there (its fast-forward tokens,
     under the key GRAMMAR: no drafting, and accepted unless the model spells the same text with other tokens),
     lookup again after them, and so on. Another drafter's offer starts with the forced tokens, then its own,
     peeked at after them and cut at the first token the grammar rejects. A draft model or MTP head draws from
-    the grammar's masked rows (drafters/base.draw), so its q is what it drew from and rejection sampling stays
+    the grammar's masked rows (drafters/draw.py), so its q is what it drew from and rejection sampling stays
     exact."""
 
     def __init__(self, inner: Drafter | None, constraint: Constraint, forced: bool = True):
         self.inner, self.constraint, self.force = inner, constraint, forced
         self._taken: list[tuple[int, bool]] = []  # the tokens offered ahead of the inner drafter's: (token, forced)
-        self._keys: list[Key] = []  # lookup's and the grammar's keys of them, in turn (their sources)
+        self._keys: list[Evidence] = []  # lookup's and the grammar's keys of them, in turn (their sources)
         self._ahead: list[int] | None = None  # the history the inner drafter peeked at: the real one + forced
 
-    def prefill(self, history: Sequence[int]) -> None:
+    def start(self, history: Sequence[int], constraint: Constraint | None = None) -> None:
+        """(It drafts under its own grammar state: `constraint` is the same one, or None.)"""
         if self.inner is not None:
-            self.inner.prefill(history)
+            self.inner.start(history)
 
-    def peek(self, history: Sequence[int], k_max: int, estimate: Estimate | None = None) -> Iterable[Key]:
+    def peek(self, history: Sequence[int], k_max: int, estimate: Estimate | None = None,
+             final: int | None = None) -> Iterable[Evidence]:
         self._taken = []
         if isinstance(self.inner, PromptLookup):
             self._ahead = None
@@ -48,7 +50,7 @@ class Constrained:
         self._ahead = ahead = [*history, *ff] if ff else history
         return chain(keys, self.inner.peek(ahead, k_max - len(ff), estimate, final=len(history)))
 
-    def _lookup_and_forced(self, history: Sequence[int], k_max: int) -> list[Key]:
+    def _lookup_and_forced(self, history: Sequence[int], k_max: int) -> list[Evidence]:
         """Prompt lookup and the grammar in turn, up to k_max tokens (see the class). Lookup goes first where its
         next token fits: it splits a text into tokens as that text was split before. In JSON a value copied from
         the prompt ends where the prompt's text goes on otherwise, the grammar forces the next key's name, and
@@ -80,7 +82,8 @@ class Constrained:
         self._keys = keys
         return keys
 
-    def propose(self, history: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator) -> Draft:
+    def propose(self, history: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator,
+                constraint: Constraint | None = None) -> Draft:
         taken = self._taken[:k]
         forced = sum(f for _, f in taken)
         if k <= len(taken) or self._ahead is None:

@@ -8,16 +8,16 @@ from spectool.llama import native  # noqa: F401, I001 - llama.cpp's libraries be
 import numpy as np  # noqa: E402
 
 from spectool.core.grammar import Constraint
-from spectool.core.keys import Key
-from spectool.core.keys import Source
+from spectool.core.evidence import Evidence
+from spectool.core.evidence import Source
 from spectool.core.verify import Sampling
-from spectool.drafters.base import EMPTY, Draft, Estimate
+from spectool.core.protocol import EMPTY, Draft, Drafter, Estimate, no_grammar
 from spectool.drafters.draft_model import DraftModel
 from spectool.drafters.lookup import PromptLookup
 from spectool.drafters.mtp import Mtp
 
 
-class Hybrid:
+class Hybrid(Drafter):
     """Prompt lookup while its evidence holds, the draft model (or the target's MTP head) for the rest of the step:
     lookup's tokens are offered up to the first one worth less than a draft-model token (Controller.worth:
     acceptance less what drafting costs), and the draft model continues from there (from the start where lookup
@@ -27,12 +27,13 @@ class Hybrid:
         self.lookup, self.draft = lookup, draft
         self._n_lookup = 0
 
-    def prefill(self, history: Sequence[int]) -> None:
-        self.lookup.prefill(history)
-        self.draft.prefill(history)
+    def start(self, history: Sequence[int], constraint: Constraint | None = None) -> None:
+        no_grammar(constraint)
+        self.lookup.start(history)
+        self.draft.start(history)
 
     def peek(self, history: Sequence[int], k_max: int, estimate: Estimate | None = None,
-             final: int | None = None) -> list[Key]:
+             final: int | None = None) -> list[Evidence]:
         keys = list(self.lookup.peek(history, k_max, final=final))
         model = self.draft.peek(history, k_max)
         bar = {key: estimate(key) for key in set(model)} if estimate is not None else {}

@@ -3,15 +3,44 @@
 from __future__ import annotations
 
 from itertools import islice
-from typing import Iterator, Sequence
+from typing import Iterator, NamedTuple, Sequence
 
 from spectool.llama import native  # noqa: F401, I001 - llama.cpp's libraries before numpy (native.py)
 import numpy as np  # noqa: E402
 
-from spectool.core.keys import AGREED, MOSTLY, SPLIT, Key, bucket
-from spectool.core.keys import Source
+from spectool.core.evidence import Agreement, Evidence, Source, bucket
+from spectool.core.protocol import EMPTY, Draft, Drafter, Estimate, no_grammar
 from spectool.core.verify import Sampling
-from spectool.drafters.base import EMPTY, Draft, Estimate
+
+Followers = int | dict[int, int]  # an n-gram's: {token: count}, or the token alone where one was seen once
+
+
+class Vote(NamedTuple):
+    """The follower an n-gram's followers vote for."""
+
+    token: int
+    count: int  # how often it followed
+    total: int  # how often any follower did
+
+
+class Prediction(NamedTuple):
+    """A predicted token, with its evidence: the n-gram match it follows and its vote."""
+
+    token: int
+    n: int
+    count: int
+    total: int
+    source: Source = Source.lookup
+
+
+class Dispute(NamedTuple):
+    """Where the corpus and the request's own text predicted different tokens, until the history shows which was
+    right."""
+
+    start: int  # the first position not yet verified when it was predicted
+    before: list[int]  # the tokens predicted from there up to the disputed position
+    own: int  # the request's own prediction
+    theirs: int  # the corpus's
 
 
 class NGramIndex:
@@ -20,21 +49,24 @@ class NGramIndex:
     dictionary look-ups, whatever the sequence's length."""
 
     def __init__(self, n_min: int, n_max: int):
-        self.n_min, self.n_max = n_min, n_max
+        self.n_min = n_min
+        self.n_max = n_max
         self.tokens: list[int] = []  # the sequence indexed
         # An n-gram is a string of n characters, chr(token) each (token ids are far below 0x110000): sliced,
         # hashed and compared in one piece, and not tracked by the garbage collector as a tuple would be. Its
         # followers are {token: count}, or the token alone where one was seen once (most n-grams of a text: an int
         # costs a fraction of a dict's memory and making)
-        self._follow: dict[str, int | dict[int, int]] = {}
-        self._n_first = n_max  # the first match of the last prediction: the next one's first guess
+        self._follow: dict[str, Followers] = {}
+        self.first_guess = n_max  # the first match of the last prediction: the next one's first guess
 
     def extend(self, history: Sequence[int], end: int | None = None) -> None:
         """Index `history` (its first `end` tokens): the tokens past those indexed, or all of it anew where it does
         not extend them."""
-        n_old, end = len(self.tokens), len(history) if end is None else end
+        n_old = len(self.tokens)
+        end = len(history) if end is None else end
         if n_old > end or (n_old and history[n_old - 1] != self.tokens[-1]):
-            self.tokens, self._follow, n_old = [], {}, 0
+            self.tokens, self._follow = [], {}
+            n_old = 0
         tail = "".join(map(chr, self.tokens[-self.n_max:]))  # the n-grams before the next token are its ends
         self._count(tail, history[n_old:end])
         self.tokens += history[n_old:end]
@@ -46,7 +78,7 @@ class NGramIndex:
 
     def remove(self, doc: Sequence[int]) -> None:
         """Forget a document `add` indexed whole: each of its n-grams counted once less, dropped at zero."""
-        follow, n_min, n_max = self._follow, self.n_min, self.n_max
+        follow, n_min, n_max = self._follow, self.n_min, self.n_max  # locals, in the loop over every token
         tail = ""
         for t in doc:
             m = len(tail)
@@ -67,7 +99,7 @@ class NGramIndex:
 
     def _count(self, tail: str, new: Sequence[int]) -> None:
         """Count the n-grams before each token of `new`, `tail` (chr per token) the text before the first."""
-        follow, n_min, n_max = self._follow, self.n_min, self.n_max
+        follow, n_min, n_max = self._follow, self.n_min, self.n_max  # locals, in the loop over every token
         for t in new:
             m = len(tail)
             for n in range(n_min, m + 1):
@@ -85,9 +117,9 @@ class NGramIndex:
         """How many n-grams are indexed."""
         return len(self._follow)
 
-    def predict(self, context: Sequence[int]) -> Iterator[tuple[int, int, int, int]]:
+    def predict(self, context: Sequence[int]) -> Iterator[Prediction]:
         """What follows `context`, token after token, each predicted token taken as the next one's context:
-        (token, n, its count, the count of every follower) for the longest n-gram ending the context that was
+        the vote of the followers of the longest n-gram ending the context that was
         seen before, voting for its most frequent follower (ties: the last seen). Ends only where no n-gram was
         seen: take as many as needed.
 
@@ -95,19 +127,16 @@ class NGramIndex:
         of its suffixes was seen, and one not seen means no longer one was. The guess is one more than the last
         match (right at the first look-up along a copied stretch), first the last prediction's first match."""
         seq = "".join(map(chr, context[-self.n_max :]))
-        guess, first = self._n_first, True
-        while True:
-            n, f = self.longest(seq, guess)
-            if f is None:
-                return
-            if first:
-                self._n_first, first = n, False
-            t, c, total = vote(f)
-            yield t, n, c, total
-            seq += chr(t)
-            guess = n + 1
+        n, f = self.longest(seq, self.first_guess)
+        if f is not None:
+            self.first_guess = n
+        while f is not None:
+            v = vote(f)
+            yield Prediction(v.token, n, v.count, v.total)
+            seq += chr(v.token)
+            n, f = self.longest(seq, n + 1)
 
-    def longest(self, seq: str, guess: int) -> tuple[int, int | dict[int, int] | None]:
+    def longest(self, seq: str, guess: int) -> tuple[int, Followers | None]:
         """(n, the followers) of the longest n-gram ending `seq` seen before, searched from `guess` (see
         `predict`); (0, None) where none was."""
         follow, n_min = self._follow, self.n_min
@@ -126,23 +155,23 @@ class NGramIndex:
         return n, f
 
 
-def latest(f: int | dict[int, int]) -> tuple[int, int, int]:
-    """`vote`'s answer by recency alone: the follower seen last (benchmarks/corpus_replay.py measures both)."""
-    if f.__class__ is int:
-        return f, 1, 1
+def latest(f: Followers) -> Vote:
+    """`vote`'s answer by recency alone: the follower seen last (research/corpus_replay.py measures both)."""
+    if isinstance(f, int):
+        return Vote(f, 1, 1)
     t = next(reversed(f))
-    return t, f[t], sum(f.values())
+    return Vote(t, f[t], sum(f.values()))
 
 
-def vote(f: int | dict[int, int]) -> tuple[int, int, int]:
-    """(token, its count, the count of every follower) of the most frequent follower; of those, the last seen."""
-    if f.__class__ is int:  # the usual case: one follower, seen once
-        return f, 1, 1
+def vote(f: Followers) -> Vote:
+    """The most frequent follower; of those, the last seen."""
+    if isinstance(f, int):  # the usual case: one follower, seen once
+        return Vote(f, 1, 1)
     if len(f) == 1:
         ((t, c),) = f.items()
-        return t, c, c
+        return Vote(t, c, c)
     t = max(reversed(f), key=f.__getitem__)
-    return t, f[t], sum(f.values())
+    return Vote(t, f[t], sum(f.values()))
 
 
 class LookupOffer:
@@ -158,7 +187,7 @@ class LookupOffer:
         self.sources: list[Source] = []  # ... and where each came from: the request's own text or the corpus
         self._keys = lookup._keys(history, k_max, self.tokens, final, self.sources)
 
-    def __iter__(self) -> Iterator[Key]:
+    def __iter__(self) -> Iterator[Evidence]:
         return self._keys
 
     def take(self, k: int) -> list[int]:
@@ -172,7 +201,7 @@ class LookupOffer:
         return history is self.history and len(history) == self.n_history
 
 
-class PromptLookup:
+class PromptLookup(Drafter):
     """N-gram drafting from the prompt and the text so far (NGramIndex): a draft extends the current suffix one
     token at a time by the followers of its longest n-gram seen before. With a `corpus` (drafters/corpus.py: the
     text of earlier requests), a token comes from the corpus where the request's own text has no match, or where
@@ -186,16 +215,14 @@ class PromptLookup:
         if not 1 <= n_min <= n_max:
             raise ValueError("lookup n-gram sizes need 1 <= n_min <= n_max")
         self.index = NGramIndex(n_min, n_max)
-        self.corpus = corpus  # a Corpus, consulted while it holds something (the loop sets it per generation)
+        self.corpus = corpus  # a Corpus, consulted while it holds something (a generation's
+        # Drafting sets it: drafters/builder.py)
         self.corpus_margin = corpus_margin
         self._offer: LookupOffer | None = None  # the last peek's, until propose drafts from it
-        # where the corpus and the request's own text predicted different tokens, until the history shows which was
-        # right: the position -> (the first position not yet verified then, the tokens predicted from there up to
-        # the position, the request's own prediction, the corpus's)
-        self._disputes: dict[int, tuple[int, list[int], int, int]] = {}
+        self._disputes: dict[int, Dispute] = {}  # by the disputed position
 
     def _keys(self, history: Sequence[int], k: int, tokens: list[int], final: int | None = None,
-              sources: list[Source] | None = None) -> Iterator[Key]:
+              sources: list[Source] | None = None) -> Iterator[Evidence]:
         """For LookupOffer: the controller keys of up to k tokens predicted after `history`, lazily, each key's
         token appended to the offer's `tokens` as the key is yielded (and its source to `sources`).
 
@@ -213,99 +240,101 @@ class PromptLookup:
         yield from self._predicted(history, k, tokens, sources, final)
 
     def _predicted(self, history: Sequence[int], k: int, tokens: list[int], sources: list[Source] | None = None,
-                   final: int | None = None) -> Iterator[Key]:
+                   final: int | None = None) -> Iterator[Evidence]:
         """`_keys` on the index as it is (`final`: where the history's verified tokens end, to note disputes from;
         None notes none)."""
         corpus = self.corpus
         both = corpus is not None and len(corpus.index) > 0
         predicted = self._predict_both(history, corpus, final) if both else self.index.predict(history)
-        key, prev_n, prev_source, n_max, source = None, 0, Source.lookup, self.index.n_max, Source.lookup
+        key: Evidence | None = None
+        prev = None
         for p in islice(predicted, k):
-            if both:
-                t, n, count, total, source = p
-                n_max = self.index.n_max if source is Source.lookup else corpus.index.n_max
-            else:
-                t, n, count, total = p
-            if key is not None and count == total and n == min(prev_n + 1, n_max) and source is prev_source:
+            n_max = corpus.index.n_max if p.source is Source.corpus else self.index.n_max
+            if (key is not None and prev is not None and p.count == p.total and p.source is prev.source
+                    and p.n == min(prev.n + 1, n_max)):
                 if key.pos < self.STRETCH_MAX:
                     key = key.next
             else:
-                key = self.key(n, count, total, source)
-            tokens.append(t)
+                key = self.key(p.n, p.count, p.total, p.source)
+            tokens.append(p.token)
             if sources is not None:
-                sources.append(source)
-            prev_n, prev_source = n, source
+                sources.append(p.source)
+            prev = p
             yield key
 
     def _predict_both(self, context: Sequence[int], corpus,
-                      final: int | None = None) -> Iterator[tuple[int, int, int, int, Source]]:
+                      final: int | None = None) -> Iterator[Prediction]:
         """NGramIndex.predict over the request's own index and the corpus's: each token from the longer match, the
         request's own unless the corpus's is longer by more than `corpus_margin` and the corpus outranks it
         (Corpus.outranks); with its Source. The corpus's followers are voted on by its own rule (Corpus.vote: the
         most frequent, by default). Where the corpus's match is the longer and the two predict different tokens, the
         dispute is noted (with `final`, the end of the context's verified tokens), to be settled once the history
         shows which was right (`_settle`)."""
-        own, other, pick, margin = self.index, corpus.index, corpus.vote, self.corpus_margin
+        own, other, margin = self.index, corpus.index, self.corpus_margin
         seq = "".join(map(chr, context[-max(own.n_max, other.n_max) :]))
-        g_own, g_other, first = own._n_first, other._n_first, True
+        n1, f1 = own.longest(seq, own.first_guess)
+        n2, f2 = other.longest(seq, other.first_guess)
+        own.first_guess, other.first_guess = n1 or own.first_guess, n2 or other.first_guess
         ahead: list[int] = []  # the tokens predicted so far
-        while True:
-            n1, f1 = own.longest(seq, g_own)
-            n2, f2 = other.longest(seq, g_other)
-            theirs = pick(f2) if f2 is not None else None
+        while f1 is not None or f2 is not None:
+            theirs = corpus.vote(f2) if f2 is not None else None
             mine = vote(f1) if f1 is not None else None
             if theirs is not None and mine is not None and n2 > n1 + margin:
-                if final is not None and theirs[0] != mine[0]:
-                    self._disputes[len(context) + len(ahead)] = (final, [*context[final:], *ahead], mine[0], theirs[0])
+                if final is not None and theirs.token != mine.token:
+                    at = len(context) + len(ahead)
+                    self._disputes[at] = Dispute(final, [*context[final:], *ahead], mine.token, theirs.token)
                 if not corpus.outranks():
                     theirs = None
             if theirs is not None and (mine is None or n2 > n1 + margin):
-                t, c, total = theirs
-                out = t, n2, c, total, Source.corpus
+                out = Prediction(theirs.token, n2, theirs.count, theirs.total, Source.corpus)
             elif mine is not None:
-                t, c, total = mine
-                out = t, n1, c, total, Source.lookup
+                out = Prediction(mine.token, n1, mine.count, mine.total)
             else:
                 return
-            if first:
-                own._n_first, other._n_first, first = n1 or own._n_first, n2 or other._n_first, False
             yield out
-            ahead.append(t)
-            seq += chr(t)
-            g_own, g_other = n1 + 1, n2 + 1
+            ahead.append(out.token)
+            seq += chr(out.token)
+            n1, f1 = own.longest(seq, n1 + 1)
+            n2, f2 = other.longest(seq, n2 + 1)
 
     def _settle(self, history: Sequence[int], final: int) -> None:
         """Tell the corpus who was right in each dispute the verified history (its first `final` tokens) now
         reaches: the token it holds there, where it holds what was predicted before it."""
         for q in [q for q in self._disputes if q < final]:
-            start, before, own, theirs = self._disputes.pop(q)
+            d = self._disputes.pop(q)
             actual = history[q]
-            if (own == actual) != (theirs == actual) and list(history[start:q]) == before:
-                self.corpus.judge(theirs == actual)
+            if (d.own == actual) != (d.theirs == actual) and list(history[d.start : q]) == d.before:
+                self.corpus.judge(d.theirs == actual)
 
-    def lookup_instead(self, history: Sequence[int], last: int, k: int) -> tuple[list[int], list[Key]]:
+    def lookup_instead(self, history: Sequence[int], last: int, k: int) -> tuple[list[int], list[Evidence]]:
         """Up to k tokens predicted after `history` (indexed already) with its last token taken as `last` instead,
         and their keys."""
         tokens: list[int] = []
         keys = list(self._predicted([*history[:-1], last], k, tokens))
         return tokens, keys
 
-    def lookup(self, history: Sequence[int], k: int, final: int | None = None) -> tuple[list[int], list[Key]]:
+    def lookup(self, history: Sequence[int], k: int, final: int | None = None) -> tuple[list[int], list[Evidence]]:
         """Up to k tokens predicted after `history`, and the controller key of each (see `_keys`)."""
         offer = LookupOffer(self, history, k, final)
         keys = list(offer)
         return offer.tokens, keys
 
     @staticmethod
-    def key(n: int, count: int, total: int, source: Source = Source.lookup) -> Key:
+    def key(n: int, count: int, total: int, source: Source = Source.lookup) -> Evidence:
         """The evidence class of a predicted token: an n-gram match (its length bucketed) that was always followed
-        by this token (AGREED, "lookup:N"), followed by others too but mostly by this one (MOSTLY, "lookup:N~"),
-        or not mostly (SPLIT, "lookup:N?"); in the request's own text or in the corpus ("corpus:N"). See
+        by this token (Agreement.agreed, "lookup:N"), followed by others too but mostly by this one
+        (Agreement.mostly, "lookup:N~"), or not mostly (Agreement.split, "lookup:N?"); in the request's own text or in the corpus ("corpus:N"). See
         Controller.priors for how often each is accepted."""
-        agreement = AGREED if count == total else MOSTLY if 2 * count > total else SPLIT
-        return Key.lookup(bucket(n), agreement, source=source)
+        if count == total:
+            agreement = Agreement.agreed
+        elif 2 * count > total:
+            agreement = Agreement.mostly
+        else:
+            agreement = Agreement.split
+        return Evidence.lookup(bucket(n), agreement, source=source)
 
-    def prefill(self, history: Sequence[int]) -> None:
+    def start(self, history: Sequence[int], constraint=None) -> None:
+        no_grammar(constraint)
         self.index.extend(history)
         self._disputes.clear()  # a new generation: the last one's open disputes are not settled
 
@@ -327,10 +356,3 @@ class PromptLookup:
             return EMPTY
         return Draft(tokens, None, Source.corpus if Source.corpus in offer.sources[:k] else Source.lookup)
 
-
-def lookup_of(drafter) -> PromptLookup | None:
-    """The prompt lookup a drafter drafts with: itself, or a hybrid's."""
-    if isinstance(drafter, PromptLookup):
-        return drafter
-    inner = getattr(drafter, "lookup", None)
-    return inner if isinstance(inner, PromptLookup) else None

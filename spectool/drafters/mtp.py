@@ -13,10 +13,11 @@ import numpy as np  # noqa: E402
 from spectool.llama.engine import DecodeError, Model, ModelLoadError, last_log_error
 from spectool.llama.outputs import ROWS
 from spectool.core.grammar import Constraint
-from spectool.core.keys import MTP, Key
-from spectool.core.keys import Source
+from spectool.core.evidence import MTP, Evidence
+from spectool.core.evidence import Source
 from spectool.core.verify import Sampling
-from spectool.drafters.base import EMPTY, Draft, Estimate, draw
+from spectool.core.protocol import EMPTY, Draft, Drafter, Estimate, no_grammar
+from spectool.drafters.draw import draw
 
 
 class MtpContext:
@@ -137,7 +138,7 @@ def _address(pointer) -> int | None:
     return ctypes.cast(pointer, ctypes.c_void_p).value
 
 
-class Mtp:
+class Mtp(Drafter):
     """The target's own MTP (NextN) head as the drafter (MtpContext, which mirrors the target's decodes
     into the head's context as they happen), and a draft chains the head from the last position
     whose hidden state the target computed, through any tokens after it (a hybrid's lookup tokens), then on its
@@ -147,11 +148,12 @@ class Mtp:
     def __init__(self, head, p_min: float = 0.0):
         self.head, self.p_min = head, p_min
 
-    def prefill(self, history: Sequence[int]) -> None:
+    def start(self, history: Sequence[int], constraint: Constraint | None = None) -> None:
+        no_grammar(constraint)
         self.head.catch_up()  # the target's prefill reached the head through its listener, unless it came earlier
 
     def peek(self, history: Sequence[int], k_max: int, estimate: Estimate | None = None,
-             final: int | None = None) -> list[Key]:
+             final: int | None = None) -> list[Evidence]:
         return [MTP] * max(0, min(k_max, self.head.n_ctx - len(history)))
 
     def propose(self, history: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator,

@@ -17,7 +17,7 @@ from pathlib import Path
 from spectool.llama import native  # noqa: F401, I001 - llama.cpp's libraries before numpy (native.py)
 import numpy as np  # noqa: E402
 
-from spectool.models.cache import cache_dir, file_tag
+from spectool.models.store import cache_dir, file_tag
 
 KEY_IDS = "spectool.pruned.ids"
 VOCAB_TENSORS = ("token_embd.weight", "output.weight")

@@ -63,19 +63,23 @@ class Model(Facts):
         self.n_offloadable = n_layer + 1
         self.n_offloaded = 0 if not usable else (n_layer + 1 if ngl < 0 else min(ngl, n_layer + 1))
         self.offload_devices = list(usable) if self.n_offloaded else []  # none: the CPU
-        self._graph_sampling = (bool(usable) and self.n_offloaded == n_layer + 1 if graph_sampling is None
-                                else graph_sampling)
+        on_devices = bool(usable) and self.n_offloaded == n_layer + 1
+        self._graph_sampling = on_devices if graph_sampling is None else graph_sampling
         Facts.__init__(self, lib, model)
         self.n_embd = int(lib.llama_model_n_embd(model))
         self.can_rollback = not (lib.llama_model_is_recurrent(model) or lib.llama_model_is_hybrid(model))
         self.n_nextn = int(lib.llama_model_n_layer_nextn(model))  # MTP (NextN) heads the file carries
         self.n_threads = n_threads or max(1, os.cpu_count() or 1)
-        self._ctx = self._make_context(n_ctx if n_ctx > 0 else lib.llama_model_n_ctx_train(model), n_batch,
-                                       flash_attn)
+        n_ctx = n_ctx if n_ctx > 0 else lib.llama_model_n_ctx_train(model)
+        self._ctx = self._make_context(n_ctx, n_batch, flash_attn)
         self._mem = lib.llama_get_memory(self._ctx)
         self.n_ctx = lib.llama_n_ctx(self._ctx)
         self.n_batch = lib.llama_n_batch(self._ctx)
         self._make_batch()
+        self._init_outputs()
+
+    def _init_outputs(self) -> None:
+        """What the KV cache holds and how the outputs of a decode are read."""
         self.tokens: list[int] = []  # what the KV cache holds, position by position
         self._n_out = 0  # the outputs of the last decode
         self._rows: np.ndarray | None = None  # the last decode's logits rows, one view for all (see logits)
@@ -164,6 +168,14 @@ class Model(Facts):
             b.seq_id[i][0] = 0
 
     # -- lifetime ------------------------------------------------------------------------------------------
+    def offload(self) -> dict:
+        """Where the weights went, for the live panel, --stats-json and the cost tables' names: the backend (the
+        devices, or CPU), the devices, and how many of the offloadable layers went there."""
+        devices = self.offload_devices
+        return {"backend": ", ".join(d.name for d in devices) if devices else "CPU",
+                "devices": [f"{d.name} ({d.description})" for d in devices],
+                "layers": self.n_offloaded, "of": self.n_offloadable}
+
     def close(self) -> None:
         lib = self.lib
         if self._batch is not None:

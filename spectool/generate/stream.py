@@ -1,0 +1,39 @@
+"""Text out of the loop's steps: detokenized incrementally, held back where it could still become a stop string."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from spectool.llama.engine import Model
+
+
+class TextStream:
+    """Detokenizes steps into text, holding back what could still become a stop string."""
+
+    def __init__(self, model: Model, stop: Sequence[str] = ()):
+        self.detok = model.detokenizer()
+        self.stop = [s for s in stop if s]
+        self.pending = ""
+        self.stopped: str | None = None  # the stop string that ended the text, once one has
+
+    def feed(self, tokens: Sequence[int]) -> str:
+        """The text that is final after `tokens`; sets `stopped` to the stop string that appeared, if one did."""
+        self.pending += self.detok.feed(tokens)
+        if not self.stop:
+            out, self.pending = self.pending, ""
+            return out
+        hits = [(i, s) for i, s in ((self.pending.find(s), s) for s in self.stop) if i >= 0]
+        if hits:
+            first, self.stopped = min(hits, key=lambda hit: hit[0])
+            out, self.pending = self.pending[:first], ""
+            return out
+        hold = max((n for s in self.stop for n in range(1, len(s)) if self.pending.endswith(s[:n])), default=0)
+        cut = len(self.pending) - hold
+        out, self.pending = self.pending[:cut], self.pending[cut:]
+        return out
+
+    def flush(self) -> str:
+        out = "" if self.stopped else self.pending + self.detok.flush()
+        self.pending = ""
+        return out
+

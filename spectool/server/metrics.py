@@ -1,0 +1,49 @@
+"""What `/metrics` reports, in Prometheus's text format: the server's totals, and the corpus's gauges."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+
+@dataclass
+class Totals:
+    """The server's counters since it started (each reported as `spectool_NAME_total`)."""
+
+    requests: int = 0
+    requests_rejected: int = 0  # 503: the queue was full
+    requests_cancelled: int = 0  # the client went away mid-generation
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    decode_seconds: float = 0.0
+
+    def add(self, n_prompt: int, stats, cancelled: bool) -> None:
+        """One generation's counters (its Stats), and whether its client left before it ended."""
+        self.prompt_tokens += n_prompt
+        self.completion_tokens += stats.n_generated
+        self.drafted_tokens += stats.n_drafted
+        self.accepted_tokens += stats.n_accepted
+        self.decode_seconds += stats.decode_seconds
+        self.requests_cancelled += cancelled
+
+    def prometheus(self) -> str:
+        lines = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            value = round(value, 6) if isinstance(value, float) else value
+            lines += [f"# TYPE spectool_{f.name}_total counter", f"spectool_{f.name}_total {value}"]
+        return "\n".join(lines) + "\n"
+
+
+def corpus_metrics(corpus) -> str:
+    """The corpus's gauges: its size, and its recent disputes with the requests' own text (drafters/corpus.py:
+    decayed counts of those it won and lost, and whether it outranks the requests' own text now)."""
+    won, lost = corpus.won
+    return ("# TYPE spectool_lookup_corpus_tokens gauge\n"
+            f"spectool_lookup_corpus_tokens {len(corpus)}\n"
+            "# TYPE spectool_lookup_corpus_disputes gauge\n"
+            f'spectool_lookup_corpus_disputes{{result="won"}} {won:.3f}\n'
+            f'spectool_lookup_corpus_disputes{{result="lost"}} {lost:.3f}\n'
+            "# TYPE spectool_lookup_corpus_outranks gauge\n"
+            f"spectool_lookup_corpus_outranks {int(corpus.outranks())}\n")

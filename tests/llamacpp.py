@@ -1,0 +1,305 @@
+"""llama.cpp's own C++ tools as contenders: `llama-lookup` (its n-gram cache drafting), `llama-speculative-simple`
+with its self-speculative n-gram drafters (`--spec-type ngram-simple | ngram-map-k | ngram-mod`),
+`llama-completion` (plain decoding) and `llama-server` (Server: its /completion, for benchmarks/structured.py),
+built once from the llama.cpp sources vendored in the llama-cpp-python sdist that spectool runs on, so both tools
+run the same llama.cpp.
+
+    python tests/llamacpp.py                 # build (345 s on 2 cores, once; cached) and print the binaries
+
+The build goes to ~/.cache/spectool-bench/llama.cpp-<version>/ (SPECTOOL_BENCH_CACHE moves it): the sdist is
+fetched with pip, configured as a native Release build (as pip builds llama-cpp-python), and only these targets
+are compiled (llama-server only when asked for: `build(targets=SERVER)`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from spectool.options import CTX_SIZE  # the context spectool runs at, for like-for-like runs
+
+CACHE = Path(os.environ.get("SPECTOOL_BENCH_CACHE", Path.home() / ".cache" / "spectool-bench"))
+TARGETS = ("llama-lookup", "llama-completion", "llama-speculative-simple")
+SERVER = ("llama-server",)  # built only when asked for (benchmarks/structured.py), so TARGETS' build stays as it was
+
+
+def llama_cpp_version() -> str:
+    from importlib.metadata import version
+
+    return version("llama-cpp-python")
+
+
+def build(version: str | None = None, quiet: bool = False, targets: tuple[str, ...] = TARGETS) -> dict[str, Path]:
+    """Paths of the built tools, building them first when the cache lacks them."""
+    version = version or llama_cpp_version()
+    root = CACHE / f"llama.cpp-{version}"
+    bins = {t: root / "build" / "bin" / t for t in targets}
+    if all(b.exists() for b in bins.values()):
+        return bins
+    src = root / "src"
+    if not (src / "CMakeLists.txt").exists():
+        with tempfile.TemporaryDirectory() as tmp:
+            print(f"fetching the llama-cpp-python {version} sdist", file=sys.stderr, flush=True)
+            # the sdist of llama-cpp-python alone: with --no-binary :all: pip would also build its build requirements
+            # (CMake itself among them) from source to read the sdist's metadata
+            subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-binary", "llama-cpp-python", "--no-deps",
+                            "-d", tmp, f"llama-cpp-python=={version}"], check=True)
+            (sdist,) = Path(tmp).glob("llama_cpp_python-*.tar.gz")
+            with tarfile.open(sdist) as tar:
+                tar.extractall(tmp, filter="data")
+            vendored = next(Path(tmp).glob("llama_cpp_python-*/vendor/llama.cpp"))
+            root.mkdir(parents=True, exist_ok=True)
+            if src.exists():
+                subprocess.run(["rm", "-rf", str(src)], check=True)
+            vendored.rename(src)
+    out = None if not quiet else subprocess.DEVNULL
+    print(f"building {', '.join(targets)} from {src} (a few minutes, once)", file=sys.stderr, flush=True)
+    # the server's targets exist only when configured in; its web UI is left out (no npm, no download)
+    server = "ON" if "llama-server" in targets else "OFF"
+    subprocess.run(["cmake", "-S", str(src), "-B", str(root / "build"), "-DCMAKE_BUILD_TYPE=Release",
+                    "-DLLAMA_BUILD_TESTS=OFF", f"-DLLAMA_BUILD_SERVER={server}", "-DLLAMA_BUILD_UI=OFF",
+                    "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_CURL=OFF",
+                    "-DBUILD_SHARED_LIBS=OFF"], check=True, stdout=out)
+    subprocess.run(["cmake", "--build", str(root / "build"), "--config", "Release", "-j", str(os.cpu_count() or 2),
+                    "--target", *targets], check=True, stdout=out)
+    return bins
+
+
+@dataclass
+class Run:
+    text: str  # the generated text
+    tokens: int  # new tokens counted in `seconds`
+    seconds: float  # decode time, as the tool measures it (prompt processing excluded)
+    drafted: int = 0
+    accepted: int = 0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+
+def _common(model: Path, prompt_file: Path, tokens: int, threads: int, ctx: int, repack: bool,
+            gpu: bool = False) -> list[str]:
+    """The flags every tool gets: greedy, the same context and threads; every layer on the GPU with `gpu`."""
+    args = ["-m", str(model), "-f", str(prompt_file), "-n", str(tokens), "-t", str(threads), "-c", str(ctx),
+            "--temp", "0", "--seed", "0", "-ngl", "99" if gpu else "0"]
+    return args + ([] if repack else ["--no-repack"])
+
+
+def _prompt_file(directory: str, prompt: str) -> Path:
+    """llama.cpp's `-f` drops one trailing newline from the file: write one more, so it reads `prompt` as is."""
+    path = Path(directory) / "prompt.txt"
+    path.write_text(prompt + "\n" if prompt.endswith("\n") else prompt)
+    return path
+
+
+def lookup(binary: Path, model: Path, prompt: str, tokens: int, n_draft: int = 8, threads: int = 2,
+           ctx: int = CTX_SIZE, repack: bool = True, first_decode: float = 0.0, gpu: bool = False,
+           dynamic: Path | None = None) -> Run:
+    """`llama-lookup`, greedy, drafting at most `n_draft` tokens from its n-gram caches, asked for `tokens` new
+    tokens and timed as spectool is (see parse_lookup; `first_decode`: the seconds of one single-token decode at
+    this prompt, such as llama-completion's eval time per token). Its `-n` counts the first token and it stops after
+    the step that takes that count past `-n`: `-n tokens-1` ends with the step that brings token `tokens`.
+    `dynamic`: its dynamic n-gram cache file (-lcd), read and written back, kept across runs (agentic.py)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        # by default the dynamic cache file (-lcd) stays empty per run: only the prompt and the output are drafted from
+        args = [str(binary), *_common(model, _prompt_file(tmp, prompt), tokens - 1, threads, ctx, repack, gpu),
+                "--spec-draft-n-max", str(n_draft), "-lcd", str(dynamic or Path(tmp) / "dynamic.bin")]
+        p = subprocess.run(args, capture_output=True, text=True)
+    if p.returncode:
+        raise RuntimeError(f"llama-lookup failed ({p.returncode}): {p.stderr[-500:]}")
+    return parse_lookup(_generated(p.stdout, prompt), p.stdout + p.stderr, tokens, first_decode)
+
+
+def parse_lookup(text: str, log: str, asked: int | None = None, first_decode: float = 0.0) -> Run:
+    """llama-lookup's report (examples/lookup/lookup.cpp): `decoded N tokens in T seconds`, n_drafted, n_accept.
+
+    spectool's decoding is timed from the end of the prompt's first n-1 tokens until the `asked` new tokens are
+    out: its first step decodes the last prompt token with the first draft. llama-lookup decodes the last prompt
+    token before its clock starts and samples its first token from it, then counts that token in N; its last step
+    may run past `asked` (N is about 100 for 96 asked). Read alike: the `asked` tokens (N when fewer: the text
+    ended) in T plus `first_decode`, the time of the decode T leaves out."""
+    m = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", log)
+    drafted = int(re.search(r"n_drafted\s*=\s*(\d+)", log).group(1))
+    accepted = int(re.search(r"n_accept\s*=\s*(\d+)", log).group(1))
+    n = int(m.group(1))
+    return Run(text, n if asked is None else min(n, asked), float(m.group(2)) + first_decode, drafted, accepted)
+
+
+# llama.cpp's self-speculative n-gram drafters, sized for prompts of a few hundred tokens (their defaults, such as
+# ngram-simple's 12-token lookup and ngram-mod's 24-token match, are made for long contexts and rarely fire here)
+NGRAM = {
+    "ngram-simple": ["--spec-ngram-simple-size-n", "3", "--spec-ngram-simple-size-m", "8"],
+    "ngram-map-k": ["--spec-ngram-map-k-size-n", "3", "--spec-ngram-map-k-size-m", "8"],
+    "ngram-mod": ["--spec-ngram-mod-n-match", "4", "--spec-ngram-mod-n-min", "1", "--spec-ngram-mod-n-max", "16"],
+}
+
+
+def speculative_ngram(binary: Path, model: Path, prompt: str, tokens: int, kind: str, threads: int = 2,
+                      ctx: int = CTX_SIZE, repack: bool = True, gpu: bool = False) -> Run:
+    """`llama-speculative-simple --spec-type KIND` (examples/speculative-simple): drafts from the text so far, no
+    draft model. Its clock starts, as spectool's does, after the prompt's first n-1 tokens (the last one is decoded
+    with the first draft), and it counts every token it makes: with `-n tokens-1` it makes `tokens` (it stops
+    once its count passes -n), read as parse_lookup reads llama-lookup."""
+    with tempfile.TemporaryDirectory() as tmp:
+        args = [str(binary), *_common(model, _prompt_file(tmp, prompt), tokens - 1, threads, ctx, repack, gpu),
+                "--spec-type", kind, *NGRAM[kind]]
+        p = subprocess.run(args, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if p.returncode:
+        raise RuntimeError(f"llama-speculative-simple --spec-type {kind} failed ({p.returncode}): {p.stderr[-500:]}")
+    return parse_lookup(_generated(p.stdout, prompt), p.stdout + p.stderr, tokens)
+
+
+def completion(binary: Path, model: Path, prompt: str, tokens: int, threads: int = 2, ctx: int = CTX_SIZE,
+               repack: bool = True, gpu: bool = False) -> Run:
+    """`llama-completion`, greedy plain decoding; its decode time is the "eval time" of llama.cpp's perf report."""
+    with tempfile.TemporaryDirectory() as tmp:
+        args = [str(binary), *_common(model, _prompt_file(tmp, prompt), tokens, threads, ctx, repack, gpu),
+                "-no-cnv", "--simple-io"]
+        p = subprocess.run(args, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if p.returncode:
+        raise RuntimeError(f"llama-completion failed ({p.returncode}): {p.stderr[-500:]}")
+    return parse_completion(_generated(p.stdout, prompt), p.stderr)
+
+
+def parse_completion(text: str, log: str) -> Run:
+    """The `eval time = T ms / N runs` line of llama.cpp's perf report (the one after `prompt eval time`): N
+    single-token decodes, the first generated token coming from prompt processing."""
+    m = re.search(r"eval time =\s*([\d.]+) ms /\s*(\d+) runs", log.split("prompt eval time")[-1])
+    return Run(text, int(m.group(2)), float(m.group(1)) / 1000)
+
+
+def _generated(stdout: str, prompt: str) -> str:
+    """The generated text: the tools echo the prompt first."""
+    i = stdout.find(prompt)
+    return stdout[i + len(prompt):] if i >= 0 else stdout
+
+
+# the n-gram drafters llama-server has (`--spec-type`), sized as NGRAM sizes llama-speculative-simple's; ngram-cache
+# (llama-lookup's caches inside the server) takes no sizes
+SERVER_NGRAM = {**NGRAM, "ngram-map-k4v": ["--spec-ngram-map-k4v-size-n", "3", "--spec-ngram-map-k4v-size-m", "8"],
+                "ngram-cache": []}
+
+
+class Server:
+    """A `llama-server` on a free local port, asked for greedy completions of token ids on /completion
+    (tools/server/README.md). `extra`: more server flags, such as `--spec-type ngram-simple` and its sizes."""
+
+    def __init__(self, binary: Path, model: Path, threads: int = 2, ctx: int = CTX_SIZE, repack: bool = True,
+                 gpu: bool = False, extra: tuple[str, ...] | list[str] = (), ready_s: float = 180.0):
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.log = tempfile.TemporaryFile()
+        args = [str(binary), "-m", str(model), "-t", str(threads), "-c", str(ctx), "-ngl", "99" if gpu else "0",
+                "--host", "127.0.0.1", "--port", str(self.port), "--parallel", "1", "--no-webui", *extra]
+        self.proc = subprocess.Popen(args + ([] if repack else ["--no-repack"]), stdin=subprocess.DEVNULL,
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + ready_s
+        while not self._healthy():  # /health answers 503 while the model loads
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.close()
+                raise RuntimeError(f"llama-server {' '.join(extra)} did not start: {self.tail()}")
+            time.sleep(0.2)
+
+    def _healthy(self) -> bool:
+        import urllib.error
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def tail(self, n: int = 500) -> str:
+        self.log.seek(0)
+        return self.log.read().decode("utf-8", "replace")[-n:]
+
+    def complete(self, prompt: list[int], tokens: int, json_schema: dict | None = None) -> Run:
+        """Greedy completion of `prompt` (token ids: the server adds no BOS to them), at most `tokens` new ones,
+        constrained to `json_schema`. Timed as llama-server times it (`timings`): predicted_ms runs from the end
+        of prompt processing, whose last batch gives the first token, to the last token, so it covers
+        predicted_n - 1 tokens (its predicted_per_second); no prompt cache, so every prompt is processed whole."""
+        import json
+        import urllib.error
+        import urllib.request
+
+        body = {"prompt": prompt, "n_predict": tokens, "temperature": 0, "seed": 0, "cache_prompt": False}
+        if json_schema is not None:
+            body["json_schema"] = json_schema
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=600) as r:
+                out = json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            raise RuntimeError(f"llama-server answered {e.code}: {e.read()[:300].decode('utf-8', 'replace')}") from None
+        except (urllib.error.URLError, OSError) as e:
+            raise RuntimeError(f"llama-server failed ({e}): {self.tail()}") from None
+        t = out["timings"]
+        return Run(out["content"], max(0, t["predicted_n"] - 1), t["predicted_ms"] / 1000, t.get("draft_n", 0),
+                   t.get("draft_n_accepted", 0))
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def __enter__(self) -> "Server":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+        self.log.close()
+
+
+if __name__ == "__main__":
+    for name, path in build().items():
+        print(name, path)
+
+
+@dataclass
+class MtpStep:
+    draft: list[int]  # the tokens the MTP head proposed
+    accepted: int  # how many of them the target accepted
+    last: int  # the target's own token after them: the step's output is draft[:accepted] + [last]
+
+
+def draft_mtp(binary: Path, model: Path, prompt: str, tokens: int, n_draft: int = 3, threads: int = 2,
+              ctx: int = 512) -> list[MtpStep]:
+    """`llama-speculative-simple --spec-type draft-mtp` (common/speculative.cpp), greedy, step by step: each
+    draft's tokens (its debug log's "draft candidate 0" at each draft position, the head's top token) and how many
+    were accepted ("accepted A/B draft tokens")."""
+    with tempfile.TemporaryDirectory() as tmp:
+        args = [str(binary), *_common(model, _prompt_file(tmp, prompt), tokens, threads, ctx, True),
+                "--spec-type", "draft-mtp", "--spec-draft-n-max", str(n_draft), "-lv", "5"]
+        p = subprocess.run(args, capture_output=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"llama-speculative-simple --spec-type draft-mtp failed ({p.returncode}): "
+                           f"{p.stderr[-500:].decode(errors='replace')}")
+    steps, draft = [], []
+    for line in p.stderr.decode("utf-8", errors="replace").splitlines():
+        m = re.search(r"draft candidate +0, pos +(\d+): +(\d+)", line)
+        if m:
+            draft = [] if int(m.group(1)) == 0 else draft
+            draft.append(int(m.group(2)))
+            continue
+        m = re.search(r"accepted (\d+)/(\d+) draft tokens, the last target token is: \((\d+)\)", line)
+        if m:  # a draft past the token budget is cut to it after the head drafted it (common_speculative_draft)
+            steps.append(MtpStep(draft[: int(m.group(2))], int(m.group(1)), int(m.group(3))))
+            draft = []
+    return steps
