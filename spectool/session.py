@@ -1,8 +1,10 @@
-"""The session layer: typed options -> resolve -> download -> load -> vocabulary check -> pruned draft -> drafter
--> GenerationConfig, with the cost table kept between runs. `run`, `chat` and `bench` start here.
+"""The session layer: typed options -> resolve -> download -> load -> vocabulary check -> pruned
+draft -> drafter -> GenerationConfig, with the cost table kept between runs. `run`, `chat` and
+`bench` start here.
 
-Nothing here talks to the user directly: what needs the user comes in as `Hooks` (the download confirmation, a
-progress bar, a one-line message), so a command line and a server can both build on it.
+Nothing here talks to the user directly: what needs the user comes in as `Hooks` (the download
+confirmation, a progress bar, a one-line message), so a command line and a server can both build on
+it.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, ContextManager, Iterator, NamedTuple
 
-from spectool.options import DRAFT_MAX, Options, Mode, UserError  # noqa: F401 - the session layer's vocabulary
+# the session layer's vocabulary, re-exported
+from spectool.options import DRAFT_MAX, Mode, Options, UserError  # noqa: F401
 
 if TYPE_CHECKING:  # importing them would load llama.cpp before it is needed
     import numpy as np
@@ -44,8 +47,9 @@ class _NoBar:
 
 @dataclass
 class Hooks:
-    """What needs the user: `ask` confirms a download (None: refuse unless Options.yes), `bar(label, unit)` makes
-    a progress bar (a context manager with `fraction(x)` and `update(done, total)`), `say` prints a line."""
+    """What needs the user: `ask` confirms a download (None: refuse unless Options.yes), `bar(label,
+    unit)` makes a progress bar (a context manager with `fraction(x)` and `update(done, total)`),
+    `say` prints a line."""
 
     ask: Callable[[str], bool] | None = None
     bar: Callable[[str, str], ContextManager] = lambda label, unit: _NoBar()
@@ -78,13 +82,16 @@ class Session:
     mode: Mode  # what it drafts by (drafted_by)
     target_name: str
     draft_name: str | None
-    notices: list[str] = field(default_factory=list)  # one-line messages for the user (fallbacks, pruning)
+    controller: Controller  # the timed one that learns this machine's costs
+    # one-line messages for the user (fallbacks, pruning)
+    notices: list[str] = field(default_factory=list)
     draft_model: Model | None = None  # in use by the drafter, if any
-    controller: Controller | None = None  # the timed one that learns this machine's costs
     k_max: int = DRAFT_MAX
     k_min: int = 0
-    corpus: Corpus | None = None  # prompt lookup's corpus of earlier requests (--lookup-corpus), if on
-    drafter: Drafter | None = None  # what the session drafts with; each generation's is built around it
+    # prompt lookup's corpus of earlier requests (--lookup-corpus), if on
+    corpus: Corpus | None = None
+    # what the session drafts with; each generation's is built around it
+    drafter: Drafter | None = None
 
     @property
     def target(self) -> Model:
@@ -92,19 +99,23 @@ class Session:
 
     @property
     def offload(self) -> dict:
-        """Where the weights went: backend and layers of the target and of the draft model (Model.offload)."""
+        """Where the weights went: backend and layers of the target and of the draft model
+        (Model.offload)."""
         draft = self.draft_model
-        return {"target": self.gen.target.offload(), "draft": draft.offload() if draft is not None else None}
+        return {"target": self.gen.target.offload(), "draft": draft.offload() if draft is not None
+                else None}
 
 
 def fit_prompt(tokens: list[int], n_ctx: int, max_tokens: int, truncate: bool, bos: int,
                say: Callable[[str], None] = lambda line: None) -> list[int]:
-    """The prompt must leave room for at least one new token; `truncate` keeps its end (and the BOS)."""
+    """The prompt must leave room for at least one new token; `truncate` keeps its end (and the
+    BOS)."""
     if len(tokens) < n_ctx:
         return tokens
     if not truncate:
-        raise UserError(f"the prompt has {len(tokens)} tokens but the context holds {n_ctx} (-c/--ctx-size); "
-                        "raise -c or pass --truncate to keep the end of the prompt")
+        raise UserError(f"the prompt has {len(tokens)} tokens but the context holds {n_ctx} "
+                        "(-c/--ctx-size); raise -c or pass --truncate to keep the end of the "
+                        "prompt")
     keep = n_ctx - min(max_tokens, n_ctx // 2)
     head = tokens[:1] if tokens and tokens[0] == bos else []
     out = head + tokens[len(tokens) - (keep - len(head)):]
@@ -114,25 +125,27 @@ def fit_prompt(tokens: list[int], n_ctx: int, max_tokens: int, truncate: bool, b
 
 def text_completion(s: Session, text: str, stop, truncate: bool, interrupted,
                     say: Callable[[str], None] = lambda line: None):
-    """`spectool run`'s generation: (its Stats, filled as it goes, and the (text, Step) pairs of the completion of
-    `text`, see generate_text)."""
+    """`spectool run`'s generation: (its Stats, filled as it goes, and the (text, Step) pairs of the
+    completion of `text`, see generate_text)."""
     from spectool.generate.loop import generate_text
     from spectool.core.stats import Stats
 
     target = s.gen.target
-    tokens = fit_prompt(target.tokenize(text, add_special=True, parse_special=True), target.n_ctx, s.gen.max_tokens,
+    tokens = fit_prompt(target.tokenize(text, add_special=True, parse_special=True), target.n_ctx,
+                        s.gen.max_tokens,
                         truncate, target.vocab_info().bos, say)
     stats = Stats(mode=s.mode, target=s.target_name, draft=s.draft_name, offload=s.offload)
     return stats, generate_text(s.gen, tokens, stop or (), stats, interrupted)
 
 
 def generation(s: Session, o: Options, grammar: Grammar | None = None):
-    """The GenerationConfig that options `o` ask of a loaded session (a command line's, or a serve request's over
-    the server's): checked sampling, token budget and seed, a controller, the grammar (`grammar` if given, made
-    once: a serve request's, or the server's; else the one `o` asks for) and the drafter built whole for it
-    (drafters/builder.py: the session's drafter under that grammar, with the corpus). Greedy or unseeded generations share the
-    session's timed controller, which learns this machine's costs; seeded sampling gets an untimed one of its own,
-    so that k, and with it the use of random numbers, depends only on the tokens: the same seed gives the same
+    """The GenerationConfig that options `o` ask of a loaded session (a command line's, or a serve
+    request's over the server's): checked sampling, token budget and seed, a controller, the grammar
+    (`grammar` if given, made once: a serve request's, or the server's; else the one `o` asks for)
+    and the drafter built whole for it (drafters/builder.py: the session's drafter under that
+    grammar, with the corpus). Greedy or unseeded generations share the session's timed controller,
+    which learns this machine's costs; seeded sampling gets an untimed one of its own, so that k,
+    and with it the use of random numbers, depends only on the tokens: the same seed gives the same
     text after any earlier request and on any machine (controller.py)."""
     from spectool.core.controller import Controller
 
@@ -140,12 +153,14 @@ def generation(s: Session, o: Options, grammar: Grammar | None = None):
 
     sampling = o.sampling()
     ctl, corpus = s.controller, s.corpus
-    if o.seed is not None and not sampling.greedy:  # nor drafts from the corpus, which earlier requests made
+    # nor drafts from the corpus, which earlier requests made
+    if o.seed is not None and not sampling.greedy:
         ctl = Controller(k_max=s.k_max, k_min=s.k_min, adaptive=s.k_min != s.k_max, timed=False)
         corpus = None
     grammar = grammar if grammar is not None else o.grammar_spec()
     drafter = for_generation(s.drafter, grammar is not None, corpus, forced=s.target.can_rollback)
-    return replace(s.gen, drafter=drafter, sampling=sampling, controller=ctl, max_tokens=o.max_tokens,
+    return replace(s.gen, drafter=drafter, sampling=sampling, controller=ctl,
+                   max_tokens=o.max_tokens,
                    seed=o.seed, rng=None, on_prefill=None, grammar=grammar)
 
 
@@ -162,7 +177,8 @@ def resolve_models(o: Options) -> Refs:
         reg = registry.load()
         name = o.pair or reg.default
         if not name:
-            raise UserError("no model given: pass -m MODEL.gguf or --pair NAME (see `spectool models`)", code=2)
+            raise UserError("no model given: pass -m MODEL.gguf or --pair NAME (see `spectool "
+                            "models`)", code=2)
         pair = reg.get(name)
         target = pair.target
     draft = registry.parse_ref(o.model_draft) if o.model_draft else (pair.draft if pair else None)
@@ -171,9 +187,9 @@ def resolve_models(o: Options) -> Refs:
 
 def load_models(o: Options, stack: contextlib.ExitStack, refs: Refs, want_draft: bool,
                 hooks: Hooks = Hooks(), load_mtp: bool = False) -> Loaded:
-    """Download if needed and load the target and (when wanted) the draft of `refs` (from resolve_models);
-    check that they share a vocabulary. A draft that cannot be used is reported in `draft_error`, not raised:
-    the caller decides."""
+    """Download if needed and load the target and (when wanted) the draft of `refs` (from
+    resolve_models); check that they share a vocabulary. A draft that cannot be used is reported in
+    `draft_error`, not raised: the caller decides."""
     from spectool.llama import devices, engine
     from spectool.models import hub
     from spectool.models.compat import vocab_differences
@@ -195,7 +211,8 @@ def load_models(o: Options, stack: contextlib.ExitStack, refs: Refs, want_draft:
         path = hub.ensure(draft_ref, yes=o.yes, ask=hooks.ask)
         with hooks.bar(f"loading {Path(path).name}", "") as bar:
             draft = stack.enter_context(engine.Model(path, n_ctx=target.n_ctx, n_threads=o.threads,
-                                                     n_gpu_layers=o.gpu_layers_draft, local_only=True,
+                                                     n_gpu_layers=o.gpu_layers_draft,
+                                                     local_only=True,
                                                      progress=bar.fraction))
     except (engine.EngineError, hub.HubError) as e:
         out.draft_error, out.draft_notice = e, f"draft model not loaded ({e})"
@@ -210,32 +227,38 @@ def load_models(o: Options, stack: contextlib.ExitStack, refs: Refs, want_draft:
 
 
 def drafted_by(spec: Mode, draft_model: bool, mtp: bool) -> Mode:
-    """What `spec` drafts by, given whether there is a draft model and an MTP head: auto is hybrid with a draft
-    model, else the MTP head, else prompt lookup; hybrid pairs lookup with the draft model, or without one with
-    the MTP head; a mode whose model or head is missing is prompt lookup (build_drafter says whether that is a
-    fallback or an error)."""
+    """What `spec` drafts by, given whether there is a draft model and an MTP head: auto is hybrid
+    with a draft model, else the MTP head, else prompt lookup; hybrid pairs lookup with the draft
+    model, or without one with the MTP head; a mode whose model or head is missing is prompt lookup
+    (build_drafter says whether that is a fallback or an error)."""
     if spec is Mode.auto:
         return Mode.hybrid if draft_model else Mode.mtp if mtp else Mode.lookup
-    missing = {Mode.draft: not draft_model, Mode.mtp: not mtp, Mode.hybrid: not (draft_model or mtp)}
+    missing = {Mode.draft: not draft_model, Mode.mtp: not mtp,
+               Mode.hybrid: not (draft_model or mtp)}
     return Mode.lookup if missing.get(spec, False) else spec
 
 
 def drafts_by_mtp(mode: Mode, draft_model: bool) -> bool:
-    """Whether a resolved mode (drafted_by) drafts from the MTP head: mtp, or hybrid without a draft model."""
+    """Whether a resolved mode (drafted_by) drafts from the MTP head: mtp, or hybrid without a draft
+    model."""
     return mode is Mode.mtp or (mode is Mode.hybrid and not draft_model)
 
 
-def build_drafter(spec: Mode, draft_model: Model | None, p_min: float = 0.0, notices: list[str] | None = None,
-                  ids=None, n_target: int = 0, mtp: MtpContext | None = None) -> tuple[Drafter | None, Mode]:
-    """(drafter, the Mode it drafts by, see drafted_by) for a mode, made by drafters/builder.py (run, chat, serve,
-    bench, the tests). `mtp` is the target's MTP head when it has one. A mode that cannot have what it needs is a
-    UserError when the user demanded it (draft, mtp), else prompt lookup with a notice."""
+def build_drafter(spec: Mode, draft_model: Model | None, p_min: float = 0.0,
+                  notices: list[str] | None = None,
+                  ids=None, n_target: int = 0,
+                  mtp: MtpContext | None = None) -> tuple[Drafter | None, Mode]:
+    """(drafter, the Mode it drafts by, see drafted_by) for a mode, made by drafters/builder.py
+    (run, chat, serve, bench, the tests). `mtp` is the target's MTP head when it has one. A mode
+    that cannot have what it needs is a UserError when the user demanded it (draft, mtp), else
+    prompt lookup with a notice."""
     from spectool.core.evidence import Source
     from spectool.drafters.builder import build
 
     mode = drafted_by(spec, draft_model is not None, mtp is not None)
     if mode is Mode.lookup and spec is Mode.mtp:
-        raise UserError("--spec mtp needs a target with MTP heads (NextN layers; `spectool check MODEL` says)",
+        raise UserError("--spec mtp needs a target with MTP heads (NextN layers; `spectool check "
+                        "MODEL` says)",
                         code=2)
     if mode is Mode.lookup and spec is Mode.draft:
         raise UserError("--spec draft needs a draft model (-md MODEL.gguf)", code=2)
@@ -248,15 +271,16 @@ def build_drafter(spec: Mode, draft_model: Model | None, p_min: float = 0.0, not
 
 def open_corpus(o: Options, target: Model, drafter: Drafter | None,
                 notices: list[str]) -> tuple[Corpus | None, str | None]:
-    """(the corpus of earlier requests, the vocabulary tag of its --lookup-cache file) where --lookup-corpus is on
-    and the drafter drafts by prompt lookup (else None, None; the tag is None without a file). The file's
-    problems are notices: a broken or foreign file never stops a run."""
+    """(the corpus of earlier requests, the vocabulary tag of its --lookup-cache file) where
+    --lookup-corpus is on and the drafter drafts by prompt lookup (else None, None; the tag is None
+    without a file). The file's problems are notices: a broken or foreign file never stops a run."""
     from spectool.drafters.corpus import Corpus, vocab_tag
     from spectool.drafters.builder import lookup_of
 
     if not o.lookup_corpus or lookup_of(drafter) is None:
         if o.lookup_cache is not None:
-            notices.append(f"--lookup-cache {o.lookup_cache}: this mode does not draft by prompt lookup; not used")
+            notices.append(f"--lookup-cache {o.lookup_cache}: this mode does not draft by prompt "
+                           "lookup; not used")
         return None, None
     if o.lookup_cache is None:
         return Corpus(o.lookup_corpus_size), None
@@ -268,10 +292,11 @@ def open_corpus(o: Options, target: Model, drafter: Drafter | None,
     return corpus, vocab
 
 
-def pruned_draft(stack: contextlib.ExitStack, draft_model: Model, vocab: int, o: Options, hooks: Hooks = Hooks(),
+def pruned_draft(stack: contextlib.ExitStack, draft_model: Model, vocab: int, o: Options,
+                 hooks: Hooks = Hooks(),
                  keep_original: bool = False) -> tuple[Model, np.ndarray | None, str]:
-    """The loaded draft's copy pruned to `vocab` tokens (made on first use and cached), in its place unless
-    `keep_original`: (Model, kept ids, a notice)."""
+    """The loaded draft's copy pruned to `vocab` tokens (made on first use and cached), in its place
+    unless `keep_original`: (Model, kept ids, a notice)."""
     from spectool.llama import engine
     from spectool.drafters import prune
 
@@ -296,7 +321,8 @@ class Plan:
 
 
 def plan(o: Options) -> Plan:
-    """Bad sampling options, a bad grammar and bad draft lengths fail here, before anything loads."""
+    """Bad sampling options, a bad grammar and bad draft lengths fail here, before anything
+    loads."""
     o.sampling()
     grammar = o.grammar_spec()
     refs = resolve_models(o)
@@ -308,8 +334,9 @@ def plan(o: Options) -> Plan:
 
 @dataclass
 class Models:
-    """The loaded models a session drafts with: the target, the draft model (pruned where asked; None without one)
-    and its kept ids, the target's MTP head where it drafts, and the names to call them."""
+    """The loaded models a session drafts with: the target, the draft model (pruned where asked;
+    None without one) and its kept ids, the target's MTP head where it drafts, and the names to call
+    them."""
 
     target: Model
     draft: Model | None
@@ -319,10 +346,13 @@ class Models:
     draft_name: str | None
 
 
-def load_stage(o: Options, stack: contextlib.ExitStack, refs: Refs, hooks: Hooks, notices: list[str]) -> Models:
-    """The models the mode drafts with, loaded: the MTP heads only where they are to draft, a draft model that
-    cannot be used a notice (an error when --spec draft demands it), the draft pruned where --draft-vocab asks."""
-    planned = drafted_by(o.spec, refs.draft is not None, mtp=True)  # if the draft loads and the target has heads
+def load_stage(o: Options, stack: contextlib.ExitStack, refs: Refs, hooks: Hooks,
+               notices: list[str]) -> Models:
+    """The models the mode drafts with, loaded: the MTP heads only where they are to draft, a draft
+    model that cannot be used a notice (an error when --spec draft demands it), the draft pruned
+    where --draft-vocab asks."""
+    # if the draft loads and the target has heads
+    planned = drafted_by(o.spec, refs.draft is not None, mtp=True)
     use_mtp = drafts_by_mtp(planned, refs.draft is not None)
     m = load_models(o, stack, refs, want_draft=planned in (Mode.draft, Mode.hybrid), hooks=hooks,
                     load_mtp=use_mtp)
@@ -335,8 +365,9 @@ def load_stage(o: Options, stack: contextlib.ExitStack, refs: Refs, hooks: Hooks
         draft, ids, notice = pruned_draft(stack, draft, o.draft_vocab, o, hooks)
         notices.append(notice)
     if o.spec is Mode.mtp and target.n_nextn and not target.can_rollback:
-        raise UserError(f"{target.architecture} keeps a recurrent state that cannot drop rejected drafts: "
-                        "spectool cannot draft from its MTP heads (llama.cpp restores checkpoints instead)", code=2)
+        raise UserError(f"{target.architecture} keeps a recurrent state that cannot drop rejected "
+                        "drafts: spectool cannot draft from its MTP heads (llama.cpp restores "
+                        "checkpoints instead)", code=2)
     mtp = None
     if use_mtp and target.n_nextn and target.can_rollback:
         from spectool.drafters.mtp import MtpContext
@@ -347,45 +378,55 @@ def load_stage(o: Options, stack: contextlib.ExitStack, refs: Refs, hooks: Hooks
 
 
 def drafter_stage(o: Options, m: Models, notices: list[str]) -> tuple[Drafter | None, Mode]:
-    """The session's drafter and the mode it drafts by; plain decoding where the target cannot roll back."""
-    drafter, mode = build_drafter(o.spec, m.draft, o.draft_p_min, notices, m.ids, m.target.n_vocab, m.mtp)
+    """The session's drafter and the mode it drafts by; plain decoding where the target cannot roll
+    back."""
+    drafter, mode = build_drafter(o.spec, m.draft, o.draft_p_min, notices, m.ids, m.target.n_vocab,
+                                  m.mtp)
     if not m.target.can_rollback and drafter is not None:
         notices.append(f"{m.target.architecture} cannot roll back its cache: plain decoding")
         return None, Mode.none
     return drafter, mode
 
 
-def costs_stage(o: Options, m: Models, drafts: bool, notices: list[str]) -> tuple[Path | None, Costs | None]:
-    """The cost table kept between runs for these models and settings, where anything is drafted (the file, and
-    the table read from it): none where there is no usable cache folder (measured from scratch, kept nowhere)."""
+def costs_stage(o: Options, m: Models, drafts: bool,
+                notices: list[str]) -> tuple[Path | None, Costs]:
+    """The cost table kept between runs for these models and settings, where anything is drafted
+    (the file, and the table read from it): none where there is no usable cache folder (measured
+    from scratch, kept nowhere)."""
     from spectool import cost_files
+    from spectool.core.costs import Costs
 
     try:
-        path = cost_files.path_for(m.target, m.draft, o.threads, o.rpc, o.ctx_size) if drafts else None
+        path = cost_files.path_for(m.target, m.draft, o.threads, o.rpc,
+                                   o.ctx_size) if drafts else None
     except (OSError, RuntimeError):
         path = None
     costs, warning = cost_files.load(path, max_batch=m.target.n_ctx)
     if warning:
         notices.append(warning)
-    return path, costs
+    return path, costs if costs is not None else Costs()
 
 
 def save_stage(o: Options, s: Session, m: Models, costs_file: Path | None, vocab: str | None,
                say: Callable[[str], None]) -> None:
-    """What a session keeps when it closes: the lookup cache (--lookup-cache) and the measured batch costs."""
+    """What a session keeps when it closes: the lookup cache (--lookup-cache) and the measured batch
+    costs."""
     from spectool import cost_files
 
-    if vocab is not None and s.corpus is not None and (warning := s.corpus.save(o.lookup_cache, vocab)):
+    if vocab is not None and s.corpus is not None and o.lookup_cache is not None \
+            and (warning := s.corpus.save(o.lookup_cache, vocab)):
         say(warning)
-    if costs_file is not None and s.controller is not None and s.controller.costs.verify:
+    if costs_file is not None and s.controller.costs.verify:
         draft = str(Path(m.draft.path).resolve()) if m.draft is not None else None
         cost_files.save(costs_file, s.controller.costs, {
-            "target": str(Path(m.target.path).resolve()), "threads": o.threads, "ctx": o.ctx_size, "draft": draft})
+            "target": str(Path(m.target.path).resolve()), "threads": o.threads, "ctx": o.ctx_size,
+            "draft": draft})
 
 
 @contextlib.contextmanager
 def open_session(o: Options, hooks: Hooks = Hooks()) -> Iterator[Session]:
-    """Load the models of `o` and yield a ready Session; what it measured is kept when it closes (save_stage)."""
+    """Load the models of `o` and yield a ready Session; what it measured is kept when it closes
+    (save_stage)."""
     from spectool.core.controller import Controller
     from spectool.generate.loop import GenerationConfig
 
@@ -394,13 +435,16 @@ def open_session(o: Options, hooks: Hooks = Hooks()) -> Iterator[Session]:
     with contextlib.ExitStack() as stack:
         m = load_stage(o, stack, p.refs, hooks, notices)
         drafter, mode = drafter_stage(o, m, notices)
-        drafts = drafter is not None or (p.grammar is not None and m.target.can_rollback)  # a grammar's forced
+        # a grammar's forced
+        drafts = drafter is not None or (p.grammar is not None and m.target.can_rollback)
         costs_file, costs = costs_stage(o, m, drafts, notices)  # tokens are drafts too
-        controller = Controller(k_max=p.k_max, k_min=o.draft_min, adaptive=o.draft_min != p.k_max, costs=costs)
+        controller = Controller(k_max=p.k_max, k_min=o.draft_min, adaptive=o.draft_min != p.k_max,
+                                costs=costs)
         corpus, vocab = open_corpus(o, m.target, drafter, notices)
         draft_model = m.draft if mode in (Mode.draft, Mode.hybrid) else None
-        s = Session(GenerationConfig(m.target, controller=controller), mode, m.target_name, m.draft_name, notices,
-                    draft_model, controller, p.k_max, o.draft_min, corpus, drafter)
+        s = Session(GenerationConfig(m.target, controller=controller), mode, m.target_name,
+                    m.draft_name,
+                    controller, notices, draft_model, p.k_max, o.draft_min, corpus, drafter)
         s.gen = generation(s, o, p.grammar)
         try:
             yield s

@@ -232,7 +232,7 @@ def test_sampled_runs_learn_acceptance_apart_from_greedy_ones(target):
 def test_a_draft_stops_at_the_token_whose_evidence_is_weak():
     """Each token on offer is priced by its own key (PromptLookup.keys): a stretch of strong tokens is drafted up
     to a weak one once the controller has learnt that such tokens fail, and through it once they hold."""
-    keys = [Evidence.lookup(8), Evidence.lookup(8, Agreement.agreed, 1), Evidence.lookup(8, Agreement.agreed, 2), Evidence.lookup(1, Agreement.split), Evidence.lookup(1, Agreement.split, 1), Evidence.lookup(1, Agreement.split, 2)]
+    keys = [Evidence.lookup(8), Evidence.lookup(8, Agreement.agreed, 1), Evidence.lookup(8, Agreement.agreed, 2), Evidence.lookup(1, Agreement.contested), Evidence.lookup(1, Agreement.contested, 1), Evidence.lookup(1, Agreement.contested, 2)]
     ctl = Controller(k_max=8, costs=Costs(verify={b: 1 + 0.1 * (b - 1) for b in range(1, 10)}))
     for _ in range(40):
         ctl.observe_accept(keys, 6, 3)  # the stretch accepted, the weak token rejected
@@ -306,7 +306,7 @@ def test_a_lazy_offer_is_drawn_from_only_as_far_as_the_choice_needs():
     and noisy cost tables, lookup and draft-model keys, k_min 0 and 2. On CPU-like costs most offers are cut
     short."""
     rng = random.Random(1)
-    keys_pool = [Evidence.lookup(n, agr, pos) for n in (1, 2, 3, 4, 8) for agr in (Agreement.agreed, Agreement.mostly, Agreement.split)
+    keys_pool = [Evidence.lookup(n, agr, pos) for n in (1, 2, 3, 4, 8) for agr in (Agreement.agreed, Agreement.mostly, Agreement.contested)
                  for pos in range(4)] + [DRAFT]
     drawn_total = offered_total = 0
     for trial in range(600):

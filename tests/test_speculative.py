@@ -385,7 +385,7 @@ def test_hybrid_hands_over_to_the_draft_model_where_lookup_is_worth_less(draft):
     history = [1, 2, 3, 4, 5, 9] + [1, 2, 3, 4, 6, 9, 8] + [1, 2]  # lookup: 3, 4, then "1 2 3 4" went two ways
     worth = {DRAFT: 0.5}
     h = Hybrid(PromptLookup(), DraftModel(draft))
-    keys = h.peek(history, 8, lambda key: worth.get(key, 0.1 if key.agreement == Agreement.split else 0.9))
+    keys = h.peek(history, 8, lambda key: worth.get(key, 0.1 if key.agreement == Agreement.contested else 0.9))
     assert list(map(str, keys)) == ["lookup:2", "lookup:2+1"] + ["draft"] * 6
     d = h.propose(history, 5, Sampling(), np.random.default_rng(0))
     assert d.tokens[:2] == [3, 4] and len(d.tokens) == 5 and d.source == "hybrid" and d.q is None

@@ -1,5 +1,5 @@
-"""The command line: the Typer app and its commands, one-line errors, the chat REPL, the live display, signals and
-`info`. Nothing else in spectool imports it."""
+"""The command line: the Typer app and its commands, one-line errors, the chat REPL, the live
+display, signals and `info`. Nothing else in spectool imports it."""
 
 from spectool.cli.commands import app, main
 

@@ -1,8 +1,9 @@
-"""A chat's conversation (`Chat`): multi-turn history kept in the KV cache (repl.py is `spectool chat` over it).
+"""A chat's conversation (`Chat`): multi-turn history kept in the KV cache (repl.py is `spectool
+chat` over it).
 
-The conversation is kept as tokens too: a new turn appends only the tokens of the text the template adds after
-the last reply (end-of-turn markers, the new user message, the generation prompt), so the target prefills just
-those, and prompt lookup searches the earlier turns.
+The conversation is kept as tokens too: a new turn appends only the tokens of the text the template
+adds after the last reply (end-of-turn markers, the new user message, the generation prompt), so the
+target prefills just those, and prompt lookup searches the earlier turns.
 """
 
 from __future__ import annotations
@@ -46,14 +47,16 @@ class Chat:
         msgs = self.messages + [{"role": "user", "content": user}]
         text = render(self.template, msgs, add_generation_prompt=True, bos=self.bos, eos=self.eos)
         m = self.gen.target
-        if self.anchor and text.startswith(self.anchor):  # only what the template added since the last reply
-            return self.tokens + m.tokenize(text[len(self.anchor):], add_special=False, parse_special=True), text
+        # only what the template added since the last reply
+        if self.anchor and text.startswith(self.anchor):
+            return self.tokens + m.tokenize(text[len(self.anchor):], add_special=False,
+                                            parse_special=True), text
         return tokenize_rendered(m, text, self.bos), text
 
     def _fit(self, user: str) -> tuple[list[int], str, int]:
-        """The prompt for `user` after dropping the oldest turns, as ollama does (never the system prompt), until
-        it leaves room for a reply: (tokens, rendered text, turns dropped). An error only when the new message
-        alone (with the system prompt) cannot fit."""
+        """The prompt for `user` after dropping the oldest turns, as ollama does (never the system
+        prompt), until it leaves room for a reply: (tokens, rendered text, turns dropped). An error
+        only when the new message alone (with the system prompt) cannot fit."""
         n_ctx = self.gen.target.n_ctx
         room = min(self.gen.max_tokens, n_ctx // 4)
         first = 1 if self.messages and self.messages[0]["role"] == "system" else 0
@@ -63,21 +66,25 @@ class Chat:
             if len(prompt) + room <= n_ctx or (len(self.messages) <= first and len(prompt) < n_ctx):
                 return prompt, rendered, dropped
             if len(self.messages) <= first:
-                raise EngineError(f"the message has {len(prompt)} tokens with the chat template but the context "
-                                  f"holds {n_ctx}: shorten it, or raise -c/--ctx-size")
+                raise EngineError(f"the message has {len(prompt)} tokens with the chat template "
+                                  f"but the context holds {n_ctx}: shorten it, or raise "
+                                  "-c/--ctx-size")
             end = first + 1  # the oldest turn: a user message and what answered it
             while end < len(self.messages) and self.messages[end]["role"] != "user":
                 end += 1
             del self.messages[first:end]
-            self.tokens, self.anchor = [], ""  # re-rendered: the KV cache keeps the common prefix (Model.sync)
+            # re-rendered: the KV cache keeps the common prefix (Model.sync)
+            self.tokens, self.anchor = [], ""
             dropped += 1
 
-    def send(self, user: str, interrupted: Callable[[], bool] = lambda: False) -> Iterator[tuple[str, Step]]:
-        """Stream the reply to `user`. The turn is kept, also when interrupted, with the text produced. When the
-        conversation outgrows the context, its oldest turns are dropped, and the first step says so."""
+    def send(self, user: str,
+             interrupted: Callable[[], bool] = lambda: False) -> Iterator[tuple[str, Step]]:
+        """Stream the reply to `user`. The turn is kept, also when interrupted, with the text
+        produced. When the conversation outgrows the context, its oldest turns are dropped, and the
+        first step says so."""
         prompt, rendered, dropped = self._fit(user)
-        notice = (f"the conversation outgrew the context ({self.gen.target.n_ctx} tokens): dropped the "
-                  f"{dropped} oldest turn{'s' if dropped > 1 else ''}") if dropped else None
+        notice = (f"the conversation outgrew the context ({self.gen.target.n_ctx} tokens): dropped "
+                  f"the {dropped} oldest turn{'s' if dropped > 1 else ''}") if dropped else None
         stats = Stats(mode=self.mode, target=str(self.gen.target.path), offload=self.offload)
         self.turns.append(stats)
         reply: list[str] = []
@@ -91,8 +98,11 @@ class Chat:
                 yield text, step
         finally:
             out = "".join(reply)
-            self.messages += [{"role": "user", "content": user}, {"role": "assistant", "content": out}]
-            if self.gen.target.detokenize(generated) == out:  # tokens and text agree: extend next turn
+            self.messages += [{"role": "user", "content": user},
+                              {"role": "assistant", "content": out}]
+            # tokens and text agree: extend next turn
+            if self.gen.target.detokenize(generated) == out:
                 self.tokens, self.anchor = prompt + generated, rendered + out
-            else:  # cut by a stop string: re-tokenize next turn (the KV cache prefix is still reused)
+            # cut by a stop string: re-tokenize next turn (the KV cache prefix is still reused)
+            else:
                 self.tokens, self.anchor = [], ""

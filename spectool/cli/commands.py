@@ -1,8 +1,9 @@
-"""The command line: Typer declarations and printing. Options are declared once in options.py, errors become one
-line in cli_errors.py; the work is done by the session layer (run, chat, serve, bench), chat.py (the REPL),
-bench.py and devices.py (info, worker).
+"""The command line: Typer declarations and printing. Options are declared once in options.py,
+errors become one line in errors.py; the work is done by the session layer (run, chat, serve,
+bench), repl.py (the REPL), bench.py and devices.py (info, worker).
 
-Heavy modules (llama_cpp, numpy, huggingface_hub) are imported inside commands so `spectool --help` is instant.
+Heavy modules (llama_cpp, numpy, huggingface_hub) are imported inside commands so `spectool --help`
+is instant.
 """
 
 from __future__ import annotations
@@ -19,8 +20,23 @@ import typer
 
 from spectool import __version__
 from spectool.cli.errors import cli_errors
-from spectool.options import COMMON, DRAFTING, GENERATION, GRAMMAR, HARDWARE, LLAMA_CPP_TEMP, LOOKUP_CACHE, MODELS, \
-    SAMPLING, SERVE, Options, UserError, is_loopback, takes, with_corpus_default
+from spectool.options import (
+    COMMON,
+    DRAFTING,
+    GENERATION,
+    GRAMMAR,
+    HARDWARE,
+    LLAMA_CPP_TEMP,
+    LOOKUP_CACHE,
+    MODELS,
+    SAMPLING,
+    SERVE,
+    Options,
+    UserError,
+    is_loopback,
+    takes,
+    with_corpus_default,
+)
 from spectool.cli.signals import SigintFlag, on_sigterm
 
 app = typer.Typer(
@@ -34,11 +50,25 @@ app = typer.Typer(
 
 # options that are not about models or generation, each declared once
 AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
-Host = Annotated[str, typer.Option("--host", help="Address to listen on (127.0.0.1: this machine only).")]
+Host = Annotated[str,
+                 typer.Option("--host",
+                              help="Address to listen on (127.0.0.1: this machine only).")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No summary on stderr.")]
+Prompt = Annotated[Optional[str],
+                  typer.Argument(help="The prompt; piped stdin is read and joined with it.")]
+PromptOption = Annotated[Optional[str], typer.Option(
+    "--prompt", "-p", help="The prompt, as llama.cpp's -p (instead of PROMPT).")]
+Stop = Annotated[Optional[list[str]],
+                 typer.Option("--stop", help="Stop when this text appears (repeatable).")]
+Truncate = Annotated[bool, typer.Option(
+    "--truncate", help="Keep the end of a prompt too long for the context.")]
+StatsJson = Annotated[Optional[Path],
+                      typer.Option("--stats-json", help="Write generation statistics here.")]
 ColorDrafts = Annotated[bool, typer.Option(
-    "--color-drafts", help="Colour text from accepted drafts (green: lookup, bright green: lookup in the corpus, cyan: "
-    "draft model, yellow: MTP head, magenta: a hybrid step's drafts, blue: tokens a grammar forced).")]
+    "--color-drafts",
+    help="Colour text from accepted drafts (green: lookup, bright green: lookup in the corpus, "
+    "cyan: draft model, yellow: MTP head, magenta: a hybrid step's drafts, blue: tokens a grammar "
+    "forced).")]
 
 
 def _version(value: bool) -> None:
@@ -50,13 +80,16 @@ def _version(value: bool) -> None:
 @app.callback()
 def _root(
     version: Annotated[
-        bool, typer.Option("--version", callback=_version, is_eager=True, help="Show the version and exit.")
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True,
+                     help="Show the version and exit.")
     ] = False,
 ) -> None:
     """Fast local LLM generation with speculative decoding over llama.cpp."""
 
 
-# -- helpers -----------------------------------------------------------------------------------------------------
+# -- helpers
+# --------------------------------------------------------------------------------------------------
 def say(line: str) -> None:
     print(f"spectool: {line}", file=sys.stderr, flush=True)
 
@@ -82,9 +115,9 @@ def read_prompt(prompt: str | None) -> str:
 
 
 def writable(path: Path, flag: str) -> None:
-    """A file a command writes when it ends, checked before anything loads, so that a bad path costs no
-    generation: a directory, a missing folder, a folder it cannot write in, or a read-only file (replacing it
-    would drop its mode) is one line naming the path as given."""
+    """A file a command writes when it ends, checked before anything loads, so that a bad path costs
+    no generation: a directory, a missing folder, a folder it cannot write in, or a read-only file
+    (replacing it would drop its mode) is one line naming the path as given."""
     if path.is_dir():
         raise UserError(f"{flag} {path}: is a directory", code=2)
     if path.exists() and (not os.access(path, os.W_OK) or not path.stat().st_mode & 0o222):
@@ -96,7 +129,8 @@ def writable(path: Path, flag: str) -> None:
     try:  # what saving will do: make a file in that folder
         tempfile.TemporaryFile(dir=path.parent).close()
     except OSError as e:
-        raise UserError(f"{flag} {path}: cannot write in {path.parent} ({e.strerror})", code=2) from None
+        raise UserError(f"{flag} {path}: cannot write in {path.parent} "
+                        f"({e.strerror})", code=2) from None
 
 
 def save_stats(stats, path: Path | None) -> None:
@@ -114,12 +148,13 @@ def _confirm(question: str) -> bool:
 
 
 def hooks():
-    """What the session layer asks of the user, answered on the terminal: download confirmations (only when
-    stdin is one), progress bars and one-line messages on stderr."""
+    """What the session layer asks of the user, answered on the terminal: download confirmations
+    (only when stdin is one), progress bars and one-line messages on stderr."""
     from spectool.session import Hooks
     from spectool.cli.display import WaitBar
 
-    return Hooks(ask=_confirm if sys.stdin.isatty() else None, bar=lambda label, unit: WaitBar(label, unit=unit),
+    return Hooks(ask=_confirm if sys.stdin.isatty() else None, bar=lambda label,
+                 unit: WaitBar(label, unit=unit),
                  say=say)
 
 
@@ -133,7 +168,8 @@ def session(o: Options):
         yield s
 
 
-# -- run ---------------------------------------------------------------------------------------------------------
+# -- run
+# --------------------------------------------------------------------------------------------------
 @app.command(epilog="Examples:\n\n"
              "  spectool run -m model.gguf \"Write a haiku about autumn\"\n\n"
              "  cat notes.md | spectool run -m model.gguf \"Summarize:\"\n\n"
@@ -141,20 +177,16 @@ def session(o: Options):
 @takes(MODELS, DRAFTING, GENERATION, SAMPLING, GRAMMAR, HARDWARE, LOOKUP_CACHE, COMMON)
 def run(
     o: Options,
-    prompt: Annotated[Optional[str], typer.Argument(help="The prompt; piped stdin is read and joined with it.")] = None,
-    prompt_option: Annotated[Optional[str], typer.Option(
-        "--prompt", "-p", help="The prompt, as llama.cpp's -p (instead of PROMPT).")] = None,
-    stop: Annotated[Optional[list[str]], typer.Option("--stop", help="Stop when this text appears (repeatable).")]
-    = None,
-    truncate: Annotated[bool, typer.Option("--truncate", help="Keep the end of a prompt too long for the context.")]
-    = False,
+    prompt: Prompt = None,
+    prompt_option: PromptOption = None,
+    stop: Stop = None,
+    truncate: Truncate = False,
     color_drafts: ColorDrafts = False,
-    stats_json: Annotated[Optional[Path], typer.Option("--stats-json", help="Write generation statistics here.")]
-    = None,
+    stats_json: StatsJson = None,
     quiet: Quiet = False,
 ) -> None:
-    """Generate text once: stream it to stdout, live statistics to stderr. Greedy unless --temp is given, so that
-    pipes and code edits reproduce."""
+    """Generate text once: stream it to stdout, live statistics to stderr. Greedy unless --temp is
+    given, so that pipes and code edits reproduce."""
     with cli_errors(o.debug):
         from spectool.session import text_completion
         from spectool.cli.display import Display
@@ -174,7 +206,8 @@ def run(
                         display.stream(pieces)
                     except KeyboardInterrupt:  # a second Ctrl-C, or one during the prompt
                         stats.finish_reason = "interrupted"
-            except BrokenPipeError:  # the reader went away (`| head`): the statistics are written all the same
+            # the reader went away (`| head`): the statistics are written all the same
+            except BrokenPipeError:
                 stats.finish_reason = stats.finish_reason or "interrupted"
                 save_stats(stats, stats_json)
                 raise
@@ -186,78 +219,94 @@ def run(
                 raise typer.Exit(interrupted.exit_code)
 
 
-# -- chat --------------------------------------------------------------------------------------------------------
+# -- chat
+# --------------------------------------------------------------------------------------------------
 @app.command(epilog="Examples:\n\n  spectool chat --pair demo-chat\n\n"
              "  spectool chat -m model.gguf --system \"You are terse.\"",
-             help="Chat in the terminal, with the model's chat template and the conversation kept in the KV cache. "
-             f"Samples with llama.cpp's defaults (temperature {LLAMA_CPP_TEMP:g}); --temp 0 for greedy. /help lists "
-             "the commands.")
-@takes(MODELS, DRAFTING, GENERATION, SAMPLING, GRAMMAR, HARDWARE, COMMON, temp=LLAMA_CPP_TEMP, max_tokens=512)
+             help="Chat in the terminal, with the model's chat template and the conversation kept "
+             "in the KV cache. Samples with llama.cpp's defaults (temperature "
+             f"{LLAMA_CPP_TEMP:g}); --temp 0 for greedy. /help lists the commands.")
+@takes(MODELS, DRAFTING, GENERATION, SAMPLING, GRAMMAR, HARDWARE, COMMON, temp=LLAMA_CPP_TEMP,
+       max_tokens=512)
 def chat(
     o: Options,
     system: Annotated[Optional[str], typer.Option("--system", help="System prompt.")] = None,
     color_drafts: ColorDrafts = False,
     quiet: Quiet = False,
 ) -> None:
-    """Chat in the terminal (the help is the decorator's: it names llama.cpp's temperature from options.py)."""
+    """Chat in the terminal (the help is the decorator's: it names llama.cpp's temperature from
+    options.py)."""
     from spectool.cli.repl import repl
 
-    with cli_errors(o.debug), session(with_corpus_default(o, True)) as s:  # the corpus: every conversation's
+    # the corpus: every conversation's
+    with cli_errors(o.debug), session(with_corpus_default(o, True)) as s:
         code = repl(s, system, color_drafts, quiet, say)
     if code:
         raise typer.Exit(code)
 
 
-# -- serve -------------------------------------------------------------------------------------------------------
-@app.command(epilog="Examples:\n\n  spectool serve --pair demo-chat\n\n"
-             "  spectool serve -m big.gguf -md small.gguf --host 0.0.0.0 --port 8080 --api-key SECRET")
+# -- serve
+# --------------------------------------------------------------------------------------------------
+@app.command(epilog="Examples:\n\n  spectool serve --pair demo-chat\n\n  spectool serve -m "
+             "big.gguf -md small.gguf --host 0.0.0.0 --port 8080 --api-key SECRET")
 @takes(MODELS, DRAFTING, GENERATION, SAMPLING, GRAMMAR, HARDWARE, SERVE, COMMON)
 def serve(
     o: Options,
     host: Host = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Port to listen on.")] = 8080,
+    port: Annotated[int,
+                    typer.Option("--port", min=1, max=65535, help="Port to listen on.")] = 8080,
     api_key: Annotated[Optional[str], typer.Option(
-        "--api-key", envvar="SPECTOOL_API_KEY", help="Require 'Authorization: Bearer KEY' on every request.")] = None,
+        "--api-key", envvar="SPECTOOL_API_KEY",
+        help="Require 'Authorization: Bearer KEY' on every request.")] = None,
 ) -> None:
-    """An OpenAI-compatible server (/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics) with
-    speculative decoding. The generation options are the defaults of requests that do not set them (greedy unless
-    --temp or a request's temperature says otherwise)."""
+    """An OpenAI-compatible server (/v1/chat/completions, /v1/completions, /v1/models, /health,
+    /metrics) with speculative decoding. The generation options are the defaults of requests that do
+    not set them (greedy unless --temp or a request's temperature says otherwise)."""
     with cli_errors(o.debug):
-        try:  # before the model loads: a missing server library is one line, not a wait and then a failure
+        # before the model loads: a missing server library is one line, not a wait and then a
+        # failure
+        try:
             import starlette  # noqa: F401
             import uvicorn  # noqa: F401
         except ImportError as e:
-            raise UserError(f"spectool serve needs uvicorn and starlette ({e.name or e} is missing): "
-                            "pip install uvicorn starlette") from None
+            raise UserError(f"spectool serve needs uvicorn and starlette ({e.name or e} is "
+                            "missing): pip install uvicorn starlette") from None
         from spectool.server.app import check_api_key, serve as run_server
 
         check_api_key(api_key)  # an empty key is refused before the model loads
-        with session(with_corpus_default(o, is_loopback(host))) as s:  # off where others reach it (serve.md)
+        # off where others reach it (serve.md)
+        with session(with_corpus_default(o, is_loopback(host))) as s:
             model_id = o.pair or Path(str(s.gen.target.path)).stem
             run_server(s, o, model_id, host, port, api_key, say=say)
 
 
-# -- bench -------------------------------------------------------------------------------------------------------
+# -- bench
+# --------------------------------------------------------------------------------------------------
 @app.command(epilog="Examples:\n\n  spectool bench --pair demo\n\n"
              "  spectool bench -m big.gguf -md small.gguf --prompts prompts.txt --plot speed.png")
 @takes(MODELS, GENERATION, HARDWARE, COMMON, max_tokens=96)
 def bench(
     o: Options,
     prompts: Annotated[Optional[Path], typer.Option(
-        "--prompts", help="Prompts: JSON lines, or text with prompts separated by lines of '---'.")] = None,
+        "--prompts",
+        help="Prompts: JSON lines, or text with prompts separated by lines of '---'.")] = None,
     draft_vocab: Annotated[int, typer.Option(
-        "--draft-vocab", min=0, help="Also try the draft pruned to this many tokens (0 = not).")] = 65536,
-    plot: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG chart of the speedups.")] = None,
+        "--draft-vocab", min=0,
+        help="Also try the draft pruned to this many tokens (0 = not).")] = 65536,
+    plot: Annotated[Optional[Path],
+                    typer.Option("--plot", help="Write a PNG chart of the speedups.")] = None,
     as_json: AsJson = False,
     sampled: Annotated[bool, typer.Option(
-        "--sampled/--greedy-only", help=f"Also measure sampling at temperature {LLAMA_CPP_TEMP:g} with llama.cpp's "
+        "--sampled/--greedy-only",
+        help=f"Also measure sampling at temperature {LLAMA_CPP_TEMP:g} with llama.cpp's "
         "defaults, against llama-cpp-python's own plain sampling.")] = True,
     reset_costs: Annotated[bool, typer.Option(
-        "--reset-costs", help="First remove the target's saved cost tables (what `run` learnt this machine "
+        "--reset-costs",
+        help="First remove the target's saved cost tables (what `run` learnt this machine "
         "charges): later runs measure afresh.")] = False,
 ) -> None:
-    """Plain vs speculative decoding on this machine, side by side, with your model(s) and prompts: greedy, and
-    sampled (llama.cpp's defaults) against llama-cpp-python's own sampler."""
+    """Plain vs speculative decoding on this machine, side by side, with your model(s) and prompts:
+    greedy, and sampled (llama.cpp's defaults) against llama-cpp-python's own sampler."""
     with cli_errors(o.debug):
         from rich.console import Console
         from rich.progress import Progress
@@ -269,31 +318,38 @@ def bench(
             raise UserError(f"no prompts in {prompts}", code=2)
         with Progress(console=Console(stderr=True), transient=True) as progress:
             task = progress.add_task("benchmarking")
-            c = B.compare(o, texts, draft_vocab, sampled, hooks(), lambda description, advance, total: progress.update(
-                task, advance=advance, total=total, description=description), reset_costs=reset_costs)
+            c = B.compare(o, texts, draft_vocab, sampled, hooks(), lambda description, advance,
+                          total: progress.update(
+                task, advance=advance, total=total, description=description),
+                reset_costs=reset_costs)
         if plot:
-            B.plot({"greedy": c.results, f"temperature {B.LLAMA_CPP_SAMPLING.temp:g}": c.sampled} if c.sampled
+            B.plot({"greedy": c.results, f"temperature {B.LLAMA_CPP_SAMPLING.temp:g}": c.sampled}
+                   if c.sampled
                    else {c.model_name: c.results}, str(plot))
         print(json.dumps(c.to_json(), indent=2) if as_json else B.report(c, reset_costs))
 
 
-# -- check -------------------------------------------------------------------------------------------------------
-@app.command(epilog="Examples:\n\n  spectool check big.gguf small.gguf\n\n  spectool check model.gguf")
+# -- check
+# --------------------------------------------------------------------------------------------------
+@app.command(epilog="Examples:\n\n  spectool check big.gguf small.gguf\n\n  spectool check "
+                    "model.gguf")
 @takes("debug")
 def check(
     o: Options,
     target: Annotated[str, typer.Argument(help="Target model (.gguf).")],
     draft: Annotated[Optional[str], typer.Argument(help="Draft model (.gguf).")] = None,
 ) -> None:
-    """What TARGET (and DRAFT) are: vocabulary and MTP heads; with DRAFT, whether it can draft for TARGET by
-    llama.cpp's vocabulary rule (exit 0 if so, 1 if not)."""
+    """What TARGET (and DRAFT) are: vocabulary and MTP heads; with DRAFT, whether it can draft for
+    TARGET by llama.cpp's vocabulary rule (exit 0 if so, 1 if not)."""
     with cli_errors(o.debug):
         from spectool.models.compat import check_files
 
         facts, problems = check_files(target, draft, o.debug)
-    for role, path, (v, heads) in zip(("target:", "draft: "), (target, draft), facts):
-        print(f"{role} {Path(path).name}: {v.n_tokens} tokens, type {v.type}, BOS {v.bos}, EOS {v.eos}; "
-              + (f"{heads} MTP head{'s' if heads > 1 else ''} (NextN layers)" if heads else "no MTP heads"))
+    for role, path, (v, heads) in zip(("target:", "draft: "), (target, draft or ""), facts):
+        print(f"{role} {Path(path).name}: {v.n_tokens} tokens, type {v.type}, BOS {v.bos}, EOS "
+              f"{v.eos}; "
+              + (f"{heads} MTP head{'s' if heads > 1 else ''} (NextN "
+                 "layers)" if heads else "no MTP heads"))
     if draft is None:
         return
     if not problems:
@@ -305,15 +361,18 @@ def check(
     raise typer.Exit(1)
 
 
-# -- pull / models ---------------------------------------------------------------------------------------------
+# -- pull / models
+# ---------------------------------------------------------------------------------------------
 @app.command(epilog="Examples:\n\n  spectool pull qwen2.5-7b\n\n"
              "  spectool pull hf:Qwen/Qwen2.5-0.5B-Instruct-GGUF/qwen2.5-0.5b-instruct-q8_0.gguf")
 @takes("yes", "debug")
 def pull(
     o: Options,
-    name: Annotated[str, typer.Argument(help="A pair from models.toml, or hf:OWNER/REPO/FILE[@REVISION].")],
+    name: Annotated[str, typer.Argument(help="A pair from models.toml, or "
+                                             "hf:OWNER/REPO/FILE[@REVISION].")],
 ) -> None:
-    """Download a pair (or one model) into the Hugging Face cache; files already there are not fetched again."""
+    """Download a pair (or one model) into the Hugging Face cache; files already there are not
+    fetched again."""
     with cli_errors(o.debug):
         from spectool.models import hub
 
@@ -325,8 +384,8 @@ def pull(
 @app.command()
 @takes("debug")
 def models(o: Options, as_json: AsJson = False) -> None:
-    """The curated pairs: sizes, memory needed, licences, and whether they are downloaded (from the local cache
-    only)."""
+    """The curated pairs: sizes, memory needed, licences, and whether they are downloaded (from the
+    local cache only)."""
     with cli_errors(o.debug):
         from spectool.models.hub import catalogue
 
@@ -339,12 +398,14 @@ def models(o: Options, as_json: AsJson = False) -> None:
     pairs_table(rows)
 
 
-# -- info and worker ---------------------------------------------------------------------------------------------
-@app.command(epilog="Examples:\n\n  spectool info\n\n  spectool info --json --rpc 192.168.1.20:50052")
+# -- info and worker
+# ---------------------------------------------------------------------------------------------
+@app.command(epilog="Examples:\n\n  spectool info\n\n  spectool info --json --rpc "
+                    "192.168.1.20:50052")
 @takes("rpc", "debug")
 def info(o: Options, as_json: AsJson = False) -> None:
-    """What this installation can do: versions, CPU features, backends and devices, GPU offload and RPC, threads,
-    and the folders spectool uses."""
+    """What this installation can do: versions, CPU features, backends and devices, GPU offload and
+    RPC, threads, and the folders spectool uses."""
     with cli_errors(o.debug):
         from spectool import cost_files
         from spectool.cli.info import installation_info
@@ -362,30 +423,36 @@ def info(o: Options, as_json: AsJson = False) -> None:
         print(line)
 
 
-@app.command(epilog="Examples:\n\n  spectool worker\n\n  spectool worker --host 0.0.0.0 --port 50052 -t 8\n\n"
-             "then, on the machine that runs the models:  spectool run --rpc HOST:50052 ...")
+@app.command(epilog="Examples:\n\n  spectool worker\n\n  spectool worker --host 0.0.0.0 --port "
+             "50052 -t 8\n\nthen, on the machine that runs the models:  spectool run --rpc "
+             "HOST:50052 ...")
 @takes("threads", "debug")
 def worker(
     o: Options,
     host: Host = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Port to listen on.")] = 50052,
+    port: Annotated[int,
+                    typer.Option("--port", min=1, max=65535, help="Port to listen on.")] = 50052,
 ) -> None:
-    """Lend this machine's GPUs (else its CPU) to `spectool run --rpc` elsewhere: llama.cpp's RPC server."""
+    """Lend this machine's GPUs (else its CPU) to `spectool run --rpc` elsewhere: llama.cpp's RPC
+    server."""
     with cli_errors(o.debug):
         from spectool.llama import devices
 
         devices.set_verbose(o.debug)
-        devices.run_worker(host, port, o.threads, lambda line: print(f"spectool worker: {line}", file=sys.stderr,
+        devices.run_worker(host, port, o.threads, lambda line: print("spectool worker: "
+                                                                     f"{line}", file=sys.stderr,
                                                                      flush=True))
 
 
 def main() -> None:
     signal.signal(signal.SIGTERM, on_sigterm)
-    for arg in sys.argv[1:]:  # bytes that are not UTF-8 arrive as surrogates, and fail deep inside: say so here
+    # bytes that are not UTF-8 arrive as surrogates, and fail deep inside: say so here
+    for arg in sys.argv[1:]:
         try:
             arg.encode("utf-8")
         except UnicodeEncodeError:
-            print(f"error: an argument is not valid UTF-8: {os.fsencode(arg)[:60]!r} (spectool reads UTF-8 text)",
+            print(f"error: an argument is not valid UTF-8: {os.fsencode(arg)[:60]!r} (spectool "
+                  "reads UTF-8 text)",
                   file=sys.stderr)
             sys.exit(2)
     app()

@@ -1,12 +1,12 @@
-"""Presentation: streams text to stdout and shows live statistics on stderr. It never reaches into the loop: it
-consumes the (text, step) events the loop yields and the Stats object it fills.
+"""Presentation: streams text to stdout and shows live statistics on stderr. It never reaches into
+the loop: it consumes the (text, step) events the loop yields and the Stats object it fills.
 
-- stderr a terminal: a Rich Live panel (tokens/s, acceptance, tokens per step, acceptance by draft position,
-  lookup vs draft-model share, the draft length in use, elapsed), refreshed 5 times a second (a small share of the
-  loop, docs/performance.md), then a small summary table.
+- stderr a terminal: a Rich Live panel (tokens/s, acceptance, tokens per step, acceptance by draft
+  position, lookup vs draft-model share, the draft length in use, elapsed), refreshed 5 times a
+  second (a small share of the loop, research/notes/2026-12-02-lab.md), then a small summary table.
 - stderr not a terminal: no live panel; a one-line summary at the end.
-- stdout carries only the generated text; when stdout is a terminal, tokens from accepted drafts can be
-  coloured (`--color-drafts`).
+- stdout carries only the generated text; when stdout is a terminal, tokens from accepted drafts can
+  be coloured (`--color-drafts`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,15 @@ from typing import IO
 
 from rich.console import Console, Group
 from rich.live import Live
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TaskProgressColumn, TextColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    TaskID,
+    TaskProgressColumn,
+    TextColumn,
+)
 from rich.table import Table
 from rich.text import Text
 
@@ -25,10 +33,12 @@ from spectool.core.evidence import Source
 from spectool.core.stats import Stats
 from spectool.options import CTX_SIZE
 
-# ANSI colours of accepted-draft text, one for every source a step's drafts can come from: green (lookup), bright
-# green (lookup in the corpus of earlier requests), cyan (draft model), yellow (MTP head), magenta for a hybrid
-# step's drafts (lookup's tokens, then the others'), and blue for the tokens a grammar forced
-SOURCE_STYLE = {Source.lookup: 32, Source.corpus: 92, Source.draft: 36, Source.mtp: 33, Source.hybrid: 35,
+# ANSI colours of accepted-draft text, one for every source a step's drafts can come from: green
+# (lookup), bright green (lookup in the corpus of earlier requests), cyan (draft model), yellow (MTP
+# head), magenta for a hybrid step's drafts (lookup's tokens, then the others'), and blue for the
+# tokens a grammar forced
+SOURCE_STYLE = {Source.lookup: 32, Source.corpus: 92, Source.draft: 36, Source.mtp: 33,
+                Source.hybrid: 35,
                 Source.grammar: 34}
 
 
@@ -39,13 +49,19 @@ def sources_text(st: Stats, shares: bool = True) -> str:
 
 
 def summary_line(st: Stats) -> str:
-    # the sources, where the mode does not name them all: `[lookup] ... drafted 58 (grammar 20, lookup 38)`
-    sources = f" ({sources_text(st, shares=False)})" if st.by_source and set(st.by_source) != {st.mode} else ""
+    # the sources, where the mode does not name them all: `[lookup] ... drafted 58 (grammar 20,
+    # lookup 38)`
+    sources = (
+        f" ({sources_text(st, shares=False)})"
+        if st.by_source and set(st.by_source) != {st.mode}
+        else ""
+    )
     return (
-        f"[{st.mode}] {st.n_generated} tokens in {st.decode_seconds:.2f}s = {st.tokens_per_second:.1f} tok/s; "
-        f"drafted {st.n_drafted}{sources}, accepted {st.n_accepted} ({100 * st.acceptance_rate:.0f}%); "
-        f"{st.mean_accepted_length:.2f} tokens/step; prompt {st.n_prompt_tokens} tokens in "
-        f"{st.prompt_seconds:.2f}s; finish: {st.finish_reason}"
+        f"[{st.mode}] {st.n_generated} tokens in {st.decode_seconds:.2f}s = "
+        f"{st.tokens_per_second:.1f} tok/s; drafted {st.n_drafted}{sources}, accepted "
+        f"{st.n_accepted} ({100 * st.acceptance_rate:.0f}%); {st.mean_accepted_length:.2f} "
+        f"tokens/step; prompt {st.n_prompt_tokens} tokens in {st.prompt_seconds:.2f}s; finish: "
+        f"{st.finish_reason}"
     )
 
 
@@ -69,17 +85,20 @@ def stats_table(st: Stats, elapsed: float | None = None) -> Table:
     t.add_column(style="bold")
     t.add_column()
     t.add_row("mode", st.mode + (f"  (draft length {st.last_k})" if st.mode != "none" else ""))
-    t.add_row("speed", f"{st.tokens_per_second:.1f} tok/s  ({st.n_generated} tokens, {st.n_steps} steps)")
+    t.add_row("speed",
+              f"{st.tokens_per_second:.1f} tok/s  ({st.n_generated} tokens, {st.n_steps} steps)")
     if st.offload:
         t.add_row("backend", offload_text(st.offload))
     if st.n_drafted:
         t.add_row("accepted", f"{100 * st.acceptance_rate:.0f}%  of {st.n_drafted} drafted;  "
                   f"{st.mean_accepted_length:.2f} tokens/step")
         t.add_row("drafts from", sources_text(st))
-        for i, (d, a) in enumerate(zip(st.drafted_per_position, st.accepted_per_position + [0] * 64)):
+        for i, (d,
+                a) in enumerate(zip(st.drafted_per_position, st.accepted_per_position + [0] * 64)):
             if i >= 8:
                 break
-            t.add_row(f"  position {i + 1}", f"{_bar(a / d if d else 0)} {100 * a / d if d else 0:3.0f}%  ({d})")
+            t.add_row(f"  position {i + 1}",
+                      f"{_bar(a / d if d else 0)} {100 * a / d if d else 0:3.0f}%  ({d})")
     if elapsed is not None:
         t.add_row("elapsed", f"{elapsed:.1f}s")
     return t
@@ -101,14 +120,16 @@ class Display:
         self.live: Live | None = None
         self.t0 = time.perf_counter()
         self.render_seconds = 0.0
-        self.partial = ""  # the unfinished line, shown in the live panel when stdout shares its terminal
+        # the unfinished line, shown in the live panel when stdout shares its terminal
+        self.partial = ""
         self.share_terminal = False
-        self.prompt_bar: Progress | None = None  # prompt processing, shown in the live panel while it lasts
+        # prompt processing, shown in the live panel while it lasts
+        self.prompt_bar: Progress | None = None
 
     def __enter__(self) -> "Display":
         if self.live_on:
-            # when stdout is the same terminal, Live takes it over and prints finished lines above the panel;
-            # the unfinished line is shown inside the panel
+            # when stdout is the same terminal, Live takes it over and prints finished lines above
+            # the panel; the unfinished line is shown inside the panel
             self.share_terminal = self.out_console.is_terminal
             self.live = Live(console=self.err_console, refresh_per_second=5, transient=True,
                              redirect_stdout=self.share_terminal, redirect_stderr=False,
@@ -133,7 +154,8 @@ class Display:
     def _render(self):
         t = time.perf_counter()
         parts = [Text.from_ansi(self.partial)] if self.partial else []
-        parts += [Text("── spectool ──", style="bold magenta"), stats_table(self.stats, t - self.t0)]
+        parts += [Text("── spectool "
+                       "──", style="bold magenta"), stats_table(self.stats, t - self.t0)]
         if self.prompt_bar is not None:
             parts.append(self.prompt_bar)
         self.render_seconds += time.perf_counter() - t
@@ -142,22 +164,27 @@ class Display:
     def text(self, piece: str, source: Source = Source.none) -> None:
         if not piece:
             return
-        if self.color and source in SOURCE_STYLE:  # colour each line, so no escape code spans a newline
+        # colour each line, so no escape code spans a newline
+        if self.color and source in SOURCE_STYLE:
             code = SOURCE_STYLE[source]
-            piece = "\n".join(f"\x1b[{code}m{line}\x1b[0m" if line else "" for line in piece.split("\n"))
+            piece = "\n".join(f"\x1b[{code}m{line}\x1b[0m" if line else ""
+                              for line in piece.split("\n"))
         self.out.write(piece)
-        if not self.share_terminal:  # Rich's proxy would print a flushed partial line as a line of its own
+        # Rich's proxy would print a flushed partial line as a line of its own
+        if not self.share_terminal:
             self.out.flush()
         self.ended_with_newline = piece.endswith("\n")
         if self.live is not None and self.share_terminal:
             self.partial = (self.partial + piece).rsplit("\n", 1)[-1]
 
     def prefill(self, done: int, total: int) -> None:
-        """Prompt processing has reached `done` of `total` tokens: a bar with the rate in the live panel."""
+        """Prompt processing has reached `done` of `total` tokens: a bar with the rate in the live
+        panel."""
         if self.live is None:
             return
         if self.prompt_bar is None:
-            self.prompt_bar = Progress(TextColumn("prompt"), BarColumn(), MofNCompleteColumn(), TextColumn("tokens"),
+            self.prompt_bar = Progress(TextColumn("prompt"), BarColumn(), MofNCompleteColumn(),
+                                       TextColumn("tokens"),
                                        _Rate("tokens"))
             self.prompt_bar.add_task("prompt", total=total)
         self.prompt_bar.update(self.prompt_bar.task_ids[0], completed=done, total=total)
@@ -165,8 +192,8 @@ class Display:
             self.prompt_bar = None
 
     def stream(self, pieces) -> None:
-        """Show (text, Step) pairs as they come (speculative.generate_text): each step's notice, then its text, the
-        part that came from accepted drafts in its source's colour."""
+        """Show (text, Step) pairs as they come (speculative.generate_text): each step's notice,
+        then its text, the part that came from accepted drafts in its source's colour."""
         for piece, step in pieces:
             if step.notice:
                 self.notice(step.notice)
@@ -186,17 +213,18 @@ class Display:
 
 
 class WaitBar:
-    """A progress bar on stderr for a wait that can be long: processing a long prompt, loading large weights,
-    preparing a pruned draft. It appears only when stderr is a terminal and the wait has lasted `delay` seconds,
-    and it leaves nothing behind. `update(done, total)` counts `unit`s (with their rate); `fraction(f)` takes a
-    share of 1 (llama.cpp's loading progress)."""
+    """A progress bar on stderr for a wait that can be long: processing a long prompt, loading large
+    weights, preparing a pruned draft. It appears only when stderr is a terminal and the wait has
+    lasted `delay` seconds, and it leaves nothing behind. `update(done, total)` counts `unit`s (with
+    their rate); `fraction(f)` takes a share of 1 (llama.cpp's loading progress)."""
 
-    def __init__(self, description: str, unit: str = "tokens", delay: float = 1.0, console: Console | None = None):
+    def __init__(self, description: str, unit: str = "tokens", delay: float = 1.0,
+                 console: Console | None = None):
         self.description, self.unit, self.delay = description, unit, delay
         self.console = console or Console(stderr=True)
         self.t0 = time.perf_counter()
-        self.progress = None
-        self.task = None
+        self.progress: Progress | None = None
+        self.task = TaskID(0)
 
     def update(self, done: float, total: float) -> None:
         if not self.console.is_terminal or done >= total and self.progress is None:
@@ -204,8 +232,10 @@ class WaitBar:
         if self.progress is None:
             if time.perf_counter() - self.t0 < self.delay:
                 return
-            counted = [MofNCompleteColumn(), TextColumn(self.unit), _Rate(self.unit)] if self.unit else []
-            self.progress = Progress(TextColumn(self.description), BarColumn(), TaskProgressColumn(), *counted,
+            counted = [MofNCompleteColumn(), TextColumn(self.unit),
+                       _Rate(self.unit)] if self.unit else []
+            self.progress = Progress(TextColumn(self.description), BarColumn(),
+                                     TaskProgressColumn(), *counted,
                                      console=self.console, transient=True)
             self.progress.start()
             self.task = self.progress.add_task(self.description, total=total)
@@ -236,14 +266,19 @@ class _Rate(ProgressColumn):
         self.unit = unit
 
     def render(self, task) -> Text:
-        return Text(f"{task.speed:.0f} {self.unit}/s" if task.speed else "", style="progress.data.speed")
+        return Text(f"{task.speed:.0f} "
+                    f"{self.unit}/s" if task.speed else "", style="progress.data.speed")
 
 
 def pairs_table(rows: list[dict]) -> None:
-    """`spectool models` on the terminal: a table, or a block of short lines per pair when it is narrow."""
+    """`spectool models` on the terminal: a table, or a block of short lines per pair when it is
+    narrow."""
     console = Console()
-    caption = f"* the default pair.  memory: RAM (or VRAM) to run it at -c {CTX_SIZE}.  spectool pull NAME;  " \
-              "spectool run --pair NAME"
+    caption = (
+        f"* the default pair.  memory: RAM (or VRAM) to run it at -c {CTX_SIZE}.  "
+        "spectool pull NAME;  "
+        "spectool run --pair NAME"
+    )
 
     def memory(r: dict) -> str:
         return f"{r['memory_gb']:.1f} GB" if r["memory_gb"] else "?"
@@ -252,9 +287,11 @@ def pairs_table(rows: list[dict]) -> None:
         width = max(len(r["name"]) for r in rows) + 2
         for r in rows:
             name = r["name"] + (" *" if r["default"] else "")
-            console.print(f"{name:<{width}} {r['size_gb']:>5.2f} GB, needs {memory(r)}  {r['status']:<10}  "
-                          f"{r['disk_bytes'] / 1e9:.2f} GB on disk", style="bold", markup=False, highlight=False)
-            for label, value in (("target", r["target"].split("/")[-1]), ("draft", r["draft"].split("/")[-1]),
+            console.print(f"{name:<{width}} {r['size_gb']:>5.2f} GB, needs {memory(r)}  "
+                          f"{r['status']:<10}  {r['disk_bytes'] / 1e9:.2f} GB on "
+                          "disk", style="bold", markup=False, highlight=False)
+            for label, value in (("target", r["target"].split("/")[-1]),
+                                 ("draft", r["draft"].split("/")[-1]),
                                  ("licence", r["license"])):
                 console.print(f"  {label:<8}{value}", markup=False, highlight=False, soft_wrap=True)
         console.print(caption, style="dim")
@@ -271,22 +308,27 @@ def pairs_table(rows: list[dict]) -> None:
 
 
 def info_lines(data: dict) -> list[str]:
-    """`spectool info` on the terminal: one aligned line per fact of devices.installation_info (and the cost
-    tables)."""
+    """`spectool info` on the terminal: one aligned line per fact of devices.installation_info (and
+    the cost tables)."""
     from spectool.llama.devices import REINSTALL_RPC
 
     mib = 1 << 20
     rows = [("spectool", data["spectool"]),
-            ("llama.cpp", f"llama-cpp-python {data['llama_cpp_python']}, ggml {data['ggml']} ({data['ggml_commit']})"),
+            ("llama.cpp",
+             f"llama-cpp-python {data['llama_cpp_python']}, ggml {data['ggml']} "
+             f"({data['ggml_commit']})"),
             ("CPU", data["system_info"]),
             ("GPU offload", "yes: -ngl auto offloads every layer" if data["gpu_offload"] else
-             "no GPU device (a CPU-only build, or no driver): -ngl auto keeps the layers on the CPU"),
+             "no GPU device (a CPU-only build, or no driver): -ngl auto keeps the layers on the "
+             "CPU"),
             ("RPC", "built in (spectool worker, --rpc)" if data["rpc"] else REINSTALL_RPC),
             ("threads", f"{data['threads']} by default (-t)")]
     rows += [(f"device {d['name']}", f"{d['type']}, {d['backend']}: {d['description']}; "
-              f"{d['memory_total'] // mib} MiB, {d['memory_free'] // mib} MiB free") for d in data["devices"]]
+              f"{d['memory_total'] // mib} MiB, {d['memory_free'] // mib} MiB "
+              "free") for d in data["devices"]]
     rows += [(f"{k} folder", v) for k, v in data["paths"].items()]
-    rows += [("cost table", t) for t in data["cost_tables"] or ["none saved yet (spectool run measures and keeps "
-                                                                 "this machine's costs; bench --reset-costs clears)"]]
+    rows += [("cost table", t) for t in data["cost_tables"]
+             or ["none saved yet (spectool run measures and keeps this machine's costs; bench "
+                                                                 "--reset-costs clears)"]]
     width = max(len(k) for k, _ in rows)
     return [f"{k:<{width}}  {v}" for k, v in rows]

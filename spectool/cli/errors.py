@@ -1,5 +1,5 @@
-"""How the command line ends on an error: one line on stderr (with a hint where one helps) and an exit code, never
-a traceback unless --debug; Ctrl-C exits 130, SIGTERM 143, a closed pipe 141."""
+"""How the command line ends on an error: one line on stderr (with a hint where one helps) and an
+exit code, never a traceback unless --debug; Ctrl-C exits 130, SIGTERM 143, a closed pipe 141."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from spectool.cli.signals import Terminated
 
 
 def error_hints() -> dict[type[BaseException], str]:
-    """The errors a command may end with, each with its hint ("" for none), the first match wins; any other
-    error's hint is to run with --debug."""
+    """The errors a command may end with, each with its hint ("" for none), the first match wins;
+    any other error's hint is to run with --debug."""
     from spectool.llama.engine import DecodeError, DoesNotFit, ModelLoadError
     from spectool.llama.devices import RpcError
     from spectool.models.hub import HubError
@@ -40,8 +40,10 @@ def cli_errors(debug: bool):
     except KeyboardInterrupt as e:
         print("spectool: interrupted", file=sys.stderr)
         raise typer.Exit(143 if isinstance(e, Terminated) else 130) from None
-    except BrokenPipeError:  # the reader went away (`| head`): stop at once and say nothing, as cat does
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
+    # the reader went away (`| head`): stop at once and say nothing, as cat does
+    except BrokenPipeError:
+        # nothing left to flush at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise typer.Exit(141) from None
     except Exception as e:  # noqa: BLE001 - mapped to one line by the error table
         if debug:

@@ -1,5 +1,5 @@
-"""`spectool chat`'s REPL: read a line, stream the reply to stdout, its summary and messages to stderr; the slash
-commands."""
+"""`spectool chat`'s REPL: read a line, stream the reply to stdout, its summary and messages to
+stderr; the slash commands."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ HELP = """commands:
 LEAVE = object()  # what a command answers to end the session
 
 
-def repl(s: Session, system: str | None, color_drafts: bool, quiet: bool, say: Callable[[str], None]) -> int:
+def repl(s: Session, system: str | None, color_drafts: bool, quiet: bool,
+         say: Callable[[str], None]) -> int:
     """`spectool chat` over a loaded Session. Returns the exit code (0; 143 after SIGTERM)."""
     try:
         import readline  # noqa: F401 - line editing and history for input()
@@ -32,15 +33,16 @@ def repl(s: Session, system: str | None, color_drafts: bool, quiet: bool, say: C
     chat = Chat(s.gen, system=system, mode=s.mode, offload=s.offload)
     if chat.template is None:
         say("the model has no chat template; using a plain User:/Assistant: format")
-    print(f"spectool chat: {s.gen.target.path.name} ({s.mode}, {offload_text(s.offload)}). /help for commands, "
-          "/exit to leave.", file=sys.stderr)
+    print(f"spectool chat: {s.gen.target.path.name} ({s.mode}, {offload_text(s.offload)}). /help "
+          "for commands, /exit to leave.", file=sys.stderr)
     while True:
         try:
             line = input("> ")
         except EOFError:
             print(file=sys.stderr)
             return 0
-        except KeyboardInterrupt as e:  # Ctrl-C at the prompt: a fresh line; SIGTERM: leave, as during a reply
+        # Ctrl-C at the prompt: a fresh line; SIGTERM: leave, as during a reply
+        except KeyboardInterrupt as e:
             print(file=sys.stderr)
             if isinstance(e, Terminated):
                 return 143
@@ -76,9 +78,10 @@ def command(chat: Chat, line: str, say: Callable[[str], None]):
     return None
 
 
-def reply(chat: Chat, line: str, color_drafts: bool, quiet: bool, say: Callable[[str], None]) -> int:
-    """The reply to one message, streamed; a Ctrl-C stops it and keeps the session. The exit code where the
-    session ends (143 after SIGTERM), else 0."""
+def reply(chat: Chat, line: str, color_drafts: bool, quiet: bool,
+          say: Callable[[str], None]) -> int:
+    """The reply to one message, streamed; a Ctrl-C stops it and keeps the session. The exit code
+    where the session ends (143 after SIGTERM), else 0."""
     display = Display(Stats(), quiet=True, color_drafts=color_drafts, live=False)
     bar = WaitBar("prompt")  # a long pasted message takes a while
     chat.gen.on_prefill = bar.update
@@ -106,9 +109,10 @@ def show_stats(chat: Chat) -> None:
         console.print("no replies yet")
         return
     last = chat.turns[-1]
-    console.print(f"last reply: prompt {last.n_prompt_tokens} tokens, {last.n_prefilled} of them prefilled")
+    console.print(f"last reply: prompt {last.n_prompt_tokens} tokens, {last.n_prefilled} of them "
+                  "prefilled")
     console.print(stats_table(last))
     n = sum(t.n_generated for t in chat.turns)
     secs = sum(t.decode_seconds for t in chat.turns)
-    console.print(f"session: {len(chat.turns)} replies, {n} tokens, {n / secs if secs else 0:.1f} tok/s, "
-                  f"{len(chat.gen.target.tokens)} tokens in the KV cache")
+    console.print(f"session: {len(chat.turns)} replies, {n} tokens, {n / secs if secs else 0:.1f} "
+                  f"tok/s, {len(chat.gen.target.tokens)} tokens in the KV cache")

@@ -1,4 +1,5 @@
-"""Ctrl-C and SIGTERM: a generation stops between steps and keeps its text; a second signal stops at once."""
+"""Ctrl-C and SIGTERM: a generation stops between steps and keeps its text; a second signal stops at
+once."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ def on_sigterm(signum, frame):
 
 
 class SigintFlag:
-    """Ctrl-C (or SIGTERM) sets a flag the loop checks between steps, so no cache is left half-updated and
-    the text so far is kept; a second signal raises at once."""
+    """Ctrl-C (or SIGTERM) sets a flag the loop checks between steps, so no cache is left
+    half-updated and the text so far is kept; a second signal raises at once."""
 
     def __init__(self):
         self.set = False

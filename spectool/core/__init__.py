@@ -1,1 +1,2 @@
-"""The speculative step and what it needs: sampling and acceptance, the controller, its costs, keys, stats."""
+"""The speculative step and what it needs: sampling and acceptance, the controller, its costs, keys,
+stats."""

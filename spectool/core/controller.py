@@ -1,26 +1,29 @@
-"""Chooses the draft length k of each step from what this machine charges and how often drafts are accepted.
+"""Chooses the draft length k of each step from what this machine charges and how often drafts are
+accepted.
 
-A drafter offers tokens with a key each, naming the evidence behind that token ("draft"; for prompt lookup the
-match it came from, see PromptLookup.key). With a_i the estimated chance that token i is accepted given that
-1..i-1 were (learnt online per key), a step with k drafts yields on average E(k) = 1 + sum_{i<=k} prod_{j<=i} a_j
-tokens and costs verify(k+1) plus drafting. The controller picks the k in [k_min, k_max] with the best
-E(k) / cost; k = 0 is plain decoding. A draft therefore stops at the token whose evidence is too weak for what the
-next batched token costs, and runs long where every token's evidence holds. A key held at k = 0 is re-probed
-with a short draft now and then so that its estimate can recover.
+A drafter offers tokens with a key each, naming the evidence behind that token ("draft"; for prompt
+lookup the match it came from, see PromptLookup.key). With a_i the estimated chance that token i is
+accepted given that 1..i-1 were (learnt online per key), a step with k drafts yields on average E(k)
+= 1 + sum_{i<=k} prod_{j<=i} a_j tokens and costs verify(k+1) plus drafting. The controller picks
+the k in [k_min, k_max] with the best E(k) / cost; k = 0 is plain decoding. A draft therefore stops
+at the token whose evidence is too weak for what the next batched token costs, and runs long where
+every token's evidence holds. A key held at k = 0 is re-probed with a short draft now and then so
+that its estimate can recover.
 
-Costs belong to the model and the machine, not to one generation: a `Costs` table can be shared by every
-controller that drives the same target (the turns of a chat, the prompts of a benchmark), so that batch sizes
-measured once keep their price. llama.cpp's CPU kernels make some sizes much cheaper than their neighbours,
-which only measurement finds (docs/performance.md, "Draft sizes").
+Costs belong to the model and the machine, not to one generation: a `Costs` table can be shared by
+every controller that drives the same target (the turns of a chat, the prompts of a benchmark), so
+that batch sizes measured once keep their price. llama.cpp's CPU kernels make some sizes much
+cheaper than their neighbours, which only measurement finds (docs/performance.md, "How the draft
+length is chosen").
 
-Measured timings make the choice of k, and so the use of random numbers, vary from run to run. For seeded
-sampling that must reproduce exactly, `timed=False` keeps the cost model at its priors: k then depends only on
-the tokens seen.
+Measured timings make the choice of k, and so the use of random numbers, vary from run to run. For
+seeded sampling that must reproduce exactly, `timed=False` keeps the cost model at its priors: k
+then depends only on the tokens seen.
 """
 
 from __future__ import annotations
 
-from dataclasses import InitVar, dataclass, field
+from dataclasses import dataclass, field
 from itertools import chain, islice, repeat
 from typing import Iterable, Sequence
 
@@ -28,36 +31,42 @@ from spectool.core.costs import Costs
 from spectool.core.evidence import BUCKETS, DRAFT, GRAMMAR, MTP, Agreement, Evidence
 from spectool.core.evidence import Source
 
-# How many tokens a step may draft when a pair does not say (models.toml's draft_max says it per pair): lookup's
-# controller keeps drafts short where their evidence is weak, so the cap only bounds the long copies.
+# How many tokens a step may draft when a pair does not say (models.toml's draft_max says it per
+# pair): lookup's controller keeps drafts short where their evidence is weak, so the cap only bounds
+# the long copies.
 DRAFT_MAX = 32
 
 
-# Prompt lookup's prior acceptance by agreement, for each match length of BUCKETS (see PromptLookup.key): the
-# acceptance of a drafted token, given that the tokens before it were accepted, by its own evidence; measured on
-# Gemma 3 270M (docs/performance.md, "Lookup's priors"). Longer matches, and followers that agreed, are right far
-# more often.
-LOOKUP_PRIORS = {Agreement.agreed: (0.4, 0.7, 0.8, 0.9, 0.97), Agreement.mostly: (0.6, 0.4, 0.5, 0.7, 0.5),
-                 Agreement.split: (0.15, 0.25, 0.25, 0.3, 0.2)}
+# Prompt lookup's prior acceptance by agreement, for each match length of BUCKETS (see
+# PromptLookup.key): the acceptance of a drafted token, given that the tokens before it were
+# accepted, by its own evidence; measured on Gemma 3 270M (research/notes/2026-12-02-lab.md,
+# "Lookup's priors"). Longer matches, and followers that agreed, are right far more often.
+LOOKUP_PRIORS = {Agreement.agreed: (0.4, 0.7, 0.8, 0.9, 0.97),
+                 Agreement.mostly: (0.6, 0.4, 0.5, 0.7, 0.5),
+                 Agreement.contested: (0.15, 0.25, 0.25, 0.3, 0.2)}
 
 
-# The corpus of earlier requests (drafters/corpus.py) starts from lookup's priors with this weight: a corpus that
-# does not fit the requests is learnt within a few short drafts under its own keys
+# The corpus of earlier requests (drafters/corpus.py) starts from lookup's priors with this weight:
+# a corpus that does not fit the requests is learnt within a few short drafts under its own keys
 CORPUS_PRIOR_WEIGHT = 4.0
 
 
 def _default_priors() -> dict[Evidence, tuple[float, float]]:
-    lookup = {Evidence.lookup(b, agreement, source=source): (a, 8.0 if source is Source.lookup else CORPUS_PRIOR_WEIGHT)
+    lookup = {Evidence.lookup(b, agreement, source=source): (a, 8.0 if source is Source.lookup
+                                                             else CORPUS_PRIOR_WEIGHT)
               for source in (Source.lookup, Source.corpus)
-              for agreement, row in LOOKUP_PRIORS.items() for b, a in zip(BUCKETS, row, strict=True)}
-    # a draft model's and an MTP head's: a guess that their first observations replace. A grammar's forced tokens
-    # are the text's own unless the model spells them with other tokens than the grammar's canonical ones
+              for agreement, row in LOOKUP_PRIORS.items() for b,
+              a in zip(BUCKETS, row, strict=True)}
+    # a draft model's and an MTP head's: a guess that their first observations replace. A grammar's
+    # forced tokens are the text's own unless the model spells them with other tokens than the
+    # grammar's canonical ones
     return {**lookup, DRAFT: (0.6, 2.0), MTP: (0.6, 2.0), GRAMMAR: (0.95, 8.0)}
 
 
 @dataclass(slots=True)
 class _Acceptance:
-    prior: float  # the key's prior acceptance (a continuation's is the estimate for the token before it) ...
+    # the key's prior acceptance (a continuation's is the estimate for the token before it) ...
+    prior: float
     weight: float  # ... and its weight in observations
     tries: float = 0.0  # decayed counts of the tokens drafted under a key that were verified ...
     hits: float = 0.0  # ... and accepted
@@ -66,52 +75,62 @@ class _Acceptance:
 
 @dataclass
 class Controller:
-    k_max: int = DRAFT_MAX  # the most tokens a step may draft (a pair's draft_max where it gives one)
+    # the most tokens a step may draft (a pair's draft_max where it gives one)
+    k_max: int = DRAFT_MAX
     k_min: int = 0
     adaptive: bool = True
     decay: float = 0.99  # weight kept by older acceptance observations at each update
-    priors: dict[Evidence, tuple[float, float]] = field(default_factory=_default_priors)  # key -> (acceptance, weight)
+    # key -> (acceptance, weight)
+    priors: dict[Evidence, tuple[float, float]] = field(default_factory=_default_priors)
     prior_other: tuple[float, float] = (0.5, 2.0)  # for other keys
-    # a sampled run's keys carry its temperature ("lookup:3@T0.8"): what greedy runs learnt does not carry over.
-    # Their prior is the greedy one raised to this power, with at most this weight in observations (at temperature
-    # 0.8 lookup's acceptance was close to the square of the greedy one: docs/performance.md, "Lookup's priors")
+    # a sampled run's keys carry its temperature ("lookup:3@T0.8"): what greedy runs learnt does not
+    # carry over. Their prior is the greedy one raised to this power, with at most this weight in
+    # observations (at temperature 0.8 lookup's acceptance was close to the square of the greedy
+    # one: research/notes/2026-12-02-lab.md, "Lookup's priors")
     sampled_prior: tuple[float, float] = (2.0, 4.0)
     # keys whose quality is unknown until tried (a user's draft model): draft this many times first
     explore: dict[Source, int] = field(default_factory=lambda: {Source.draft: 2, Source.mtp: 2})
     explore_k: int = 4
     probe_every: int = 32
-    draft_cost_prior: float = 0.15  # a draft-model token relative to one target decode, until measured
-    costs: Costs | None = None  # shared with other controllers of the same target; None: a table of our own
-    timed: InitVar[bool] = True  # False: an untimed copy of `costs`, at its priors (see the module docstring)
+    # a draft-model token relative to one target decode, until measured
+    draft_cost_prior: float = 0.15
+    costs: Costs = field(default_factory=Costs)  # shared with other controllers of the same target
+    # False: an untimed copy of `costs`, at its priors (see the module docstring); then, whether
+    timed: bool = True
+    # timings count (the cost table's to say)
     _acc: dict[Evidence, _Acceptance] = field(default_factory=dict)
     _memo: dict[Evidence, float] = field(default_factory=dict)
 
-    def __post_init__(self, timed: bool):
-        if self.costs is None:
-            self.costs = Costs()
-        if not timed:
-            self.costs = Costs(self.costs.jump_prior, self.costs.slope_prior, unmeasured=1.0, timed=False)
+    def __post_init__(self):
+        if not self.timed:
+            self.costs = Costs(self.costs.jump_prior, self.costs.slope_prior, unmeasured=1.0,
+                               timed=False)
+        self.timed = self.costs.timed
 
-    # -- what the loop tells us ----------------------------------------------------------------------------
+    # -- what the loop tells us
+    # ----------------------------------------------------------------------------
     def observe_verify(self, batch_size: int, seconds: float) -> None:
         self.costs.observe_verify(batch_size, seconds)
 
     def observe_draft(self, keys: Sequence[Evidence], seconds: float) -> None:
-        """Drafting the tokens under `keys` took `seconds`, charged to the source of the last: a hybrid draft's
-        lookup tokens cost next to nothing beside its draft-model tokens."""
+        """Drafting the tokens under `keys` took `seconds`, charged to the source of the last: a
+        hybrid draft's lookup tokens cost next to nothing beside its draft-model tokens."""
         last = keys[-1].source
         n = len(keys) if keys[0].source is last else sum(k.source is last for k in keys)
         self.costs.observe_draft(keys[-1].cost_key, n, seconds)
 
     def observe_accept(self, keys: Sequence[Evidence], drafted: int, accepted: int) -> None:
-        """A step drafted `drafted` tokens, under keys[i] each, and the first `accepted` were accepted."""
+        """A step drafted `drafted` tokens, under keys[i] each, and the first `accepted` were
+        accepted."""
         self._memo.clear()
-        for i in range(min(drafted, accepted + 1)):  # token i was tried: all before it were accepted
+        # token i was tried: all before it were accepted
+        for i in range(min(drafted, accepted + 1)):
             a = self._acc.get(keys[i]) or self._stats(keys[i])
             a.tries = a.tries * self.decay + 1.0
             a.hits = a.hits * self.decay + (1.0 if i < accepted else 0.0)
 
-    # -- estimates -----------------------------------------------------------------------------------------
+    # -- estimates
+    # -----------------------------------------------------------------------------------------
     def _stats(self, key: Evidence) -> _Acceptance:
         a = self._acc.get(key)
         if a is None:
@@ -122,21 +141,22 @@ class Controller:
         return a
 
     def acceptance(self, key: Evidence) -> float:
-        """Estimated chance that a token drafted under `key` is accepted, given that the tokens before it were:
-        its observations after a prior worth `weight` observations. The prior is the key's own (`priors`, by its
-        stretch's start), or for a continuation ("lookup:2+3", see PromptLookup) what the controller now estimates
-        for the token before it in its stretch."""
+        """Estimated chance that a token drafted under `key` is accepted, given that the tokens
+        before it were: its observations after a prior worth `weight` observations. The prior is the
+        key's own (`priors`, by its stretch's start), or for a continuation ("lookup:2+3", see
+        PromptLookup) what the controller now estimates for the token before it in its stretch."""
         est = self._memo.get(key)
         if est is None:
             a = self._acc.get(key) or self._stats(key)
             prior = a.prior if key.before is None else self.acceptance(key.before)
-            est = self._memo[key] = (a.hits + a.weight * prior) / (a.tries + a.weight)  # until the next observation
+            # until the next observation
+            est = self._memo[key] = (a.hits + a.weight * prior) / (a.tries + a.weight)
         return est
 
     def worth(self, key: Evidence, temp: float = 0.0) -> float:
-        """What a token drafted under greedy `key` is worth at sampling temperature `temp`, in tokens: its
-        estimated acceptance less what drafting it costs, counted in single target steps (nothing for a lookup
-        token; a draft-model token on a CPU can cost half a target step)."""
+        """What a token drafted under greedy `key` is worth at sampling temperature `temp`, in
+        tokens: its estimated acceptance less what drafting it costs, counted in single target steps
+        (nothing for a lookup token; a draft-model token on a CPU can cost half a target step)."""
         key = key.at(temp) if temp else key
         one = self.costs.verify_costs(1)[1]
         return self.acceptance(key) - self.draft_cost(key, one) / one
@@ -145,30 +165,37 @@ class Controller:
         return self.costs.verify_cost(batch_size)
 
     def draft_cost(self, key: Evidence, one: float) -> float:
-        """Seconds to draft one token under `key`: measured per source, else a guess (`draft_cost_prior` target
-        steps a draft-model token, nothing for a lookup)."""
+        """Seconds to draft one token under `key`: measured per source, else a guess
+        (`draft_cost_prior` target steps a draft-model token, nothing for a lookup)."""
         cost = self.costs.draft.get(key.cost_key)
         if cost is None:
             cost = self.draft_cost_prior * one if key.source in (Source.draft, Source.mtp) else 0.0
         return cost
 
-    # -- the decision --------------------------------------------------------------------------------------
+    # -- the decision
+    # --------------------------------------------------------------------------------------
     def pick(self, offer: Iterable[Evidence], temp: float = 0.0) -> list[Evidence]:
-        """The keys of the tokens to draft at sampling temperature `temp`: the first k of the greedy keys on offer,
-        each at `temp`, k as the module docstring says. `offer` may be lazy (PromptLookup.peek): it is drawn from
-        only while a longer draft could still do better than the best so far, since each further token adds at
-        most the chance of reaching it and no drafting cost."""
+        """The keys of the tokens to draft at sampling temperature `temp`: the first k of the greedy
+        keys on offer, each at `temp`, k as the module docstring says. `offer` may be lazy
+        (PromptLookup.peek): it is drawn from only while a longer draft could still do better than
+        the best so far, since each further token adds at most the chance of reaching it and no
+        drafting cost."""
         offer = map(Evidence.at, offer, repeat(temp)) if temp else iter(offer)
-        keys = list(islice(offer, self.k_max if not self.adaptive else min(self.k_max, self.k_min + 1)))
+        keys = list(islice(offer, self.k_max if not self.adaptive
+                           else min(self.k_max, self.k_min + 1)))
         if not self.adaptive or len(keys) <= self.k_min:
             return keys
         a = self._stats(keys[0])
         if a.tries < self.explore.get(keys[0].source, 0):
-            return keys + list(islice(offer, max(0, min(self.k_max, max(self.k_min, self.explore_k)) - len(keys))))
+            return keys + list(islice(offer,
+                                      max(0,
+                                          min(self.k_max,
+                                              max(self.k_min, self.explore_k)) - len(keys))))
         costs = self.costs.verify_costs(self.k_max + 1)
         k_best, best = 0, 1.0 / costs[1]  # E(0) / cost(0)
         expected, run, drafting = 1.0, 1.0, 0.0
-        drafter, per_token = None, 0.0  # a draft's tokens come from one or two drafters: priced once each
+        # a draft's tokens come from one or two drafters: priced once each
+        drafter, per_token = None, 0.0
         for k, key in enumerate(chain(keys, offer), 1):
             run *= self.acceptance(key)
             expected += run
@@ -180,13 +207,15 @@ class Controller:
             ratio = expected / (costs[k + 1] + drafting)
             if ratio > best or k == self.k_min:
                 k_best, best = k, ratio
-            elif k > self.k_min and self._no_longer_draft_pays(costs, k, expected, run, drafting, best):
+            elif k > self.k_min and self._no_longer_draft_pays(costs, k, expected, run, drafting,
+                                                               best):
                 break
             if k == self.k_max:
                 break
         if k_best == 0:
             a.zero_streak += 1
-            if a.zero_streak >= self.probe_every:  # re-probe: a short draft keeps the estimate honest
+            # re-probe: a short draft keeps the estimate honest
+            if a.zero_streak >= self.probe_every:
                 a.zero_streak = 0
                 n = min(self.k_max, self.explore_k)
                 return keys[:n] + list(islice(offer, max(0, n - len(keys))))
@@ -194,16 +223,14 @@ class Controller:
             a.zero_streak = 0
         return keys[:k_best]
 
-    def _no_longer_draft_pays(self, costs: list[float], k: int, expected: float, run: float, drafting: float,
+    def _no_longer_draft_pays(self, costs: list[float], k: int, expected: float, run: float,
+                              drafting: float,
                               best: float) -> bool:
-        """Whether no draft longer than k can beat the ratio `best`: each further token adds at most `run`
-        expected tokens (acceptances are at most 1) and no drafting cost."""
+        """Whether no draft longer than k can beat the ratio `best`: each further token adds at most
+        `run` expected tokens (acceptances are at most 1) and no drafting cost."""
         for cost in costs[k + 2 : self.k_max + 2]:  # verifying k + 2, k + 3, ... tokens
             expected += run
             if expected > best * (cost + drafting):
                 return False
         return True
 
-
-# `timed` is only the constructor's switch (an InitVar): whether timings count is the cost table's to say
-Controller.timed = property(lambda ctl: ctl.costs.timed)

@@ -1,8 +1,10 @@
-"""What the controller learns acceptance by: the evidence behind one drafted token, as a small typed value.
+"""What the controller learns acceptance by: the evidence behind one drafted token, as a small typed
+value.
 
-A drafter names each token it offers with a `Evidence`: its source, for prompt lookup the match behind it (the n-gram
-length bucket and whether that n-gram's followers agreed) and how far along its stretch it is, and the sampling
-temperature it will be verified at (acceptance is learnt per temperature).
+A drafter names each token it offers with a `Evidence`: its source, for prompt lookup the match
+behind it (the n-gram length bucket and whether that n-gram's followers agreed) and how far along
+its stretch it is, and the sampling temperature it will be verified at (acceptance is learnt per
+temperature).
 """
 
 from __future__ import annotations
@@ -13,9 +15,9 @@ from typing import ClassVar
 
 
 class Source(StrEnum):
-    """Where a step's drafts came from: nothing drafted, prompt lookup, prompt lookup in the corpus of earlier
-    requests (drafters/corpus.py), a draft model, the target's own MTP heads, lookup's tokens then the draft model's
-    or the MTP head's, or the tokens a grammar forces."""
+    """Where a step's drafts came from: nothing drafted, prompt lookup, prompt lookup in the corpus
+    of earlier requests (drafters/corpus.py), a draft model, the target's own MTP heads, lookup's
+    tokens then the draft model's or the MTP head's, or the tokens a grammar forces."""
 
     none = "none"
     lookup = "lookup"
@@ -27,13 +29,15 @@ class Source(StrEnum):
 
 
 class Agreement(StrEnum):
-    """How the followers of lookup's n-gram agreed on the token drafted (its value is how a key prints it)."""
+    """How the followers of lookup's n-gram agreed on the token drafted (its value is how a key
+    prints it)."""
 
     agreed = ""  # the n-gram was always followed by this token
     mostly = "~"  # by others too, but mostly by this one
-    split = "?"  # not mostly by this one
+    contested = "?"  # not mostly by this one
 
-BUCKETS = (1, 2, 3, 4, 8)  # the n-gram match lengths lookup's keys keep apart: 1, 2, 3, 4-7, 8 and more
+# the n-gram match lengths lookup's keys keep apart: 1, 2, 3, 4-7, 8 and more
+BUCKETS = (1, 2, 3, 4, 8)
 _BUCKET_OF = [max((b for b in BUCKETS if b <= n), default=0) for n in range(BUCKETS[-1] + 1)]
 
 
@@ -44,9 +48,9 @@ def bucket(n: int) -> int:
 
 @dataclass(frozen=True, slots=True, eq=False, repr=False)
 class Evidence:
-    """The evidence behind one drafted token: its key in the controller's tables. Made by `Evidence.of` (or
-    `Evidence.lookup`), which interns keys: one object per distinct key, so keys compare and hash by identity,
-    cheaply."""
+    """The evidence behind one drafted token: its key in the controller's tables. Made by
+    `Evidence.of` (or `Evidence.lookup`), which interns keys: one object per distinct key, so keys
+    compare and hash by identity, cheaply."""
 
     source: Source  # Source.lookup, Source.corpus, Source.draft or Source.mtp
     match: int = 0  # lookup: the n-gram length bucket (BUCKETS); 0 otherwise
@@ -54,17 +58,22 @@ class Evidence:
     pos: int = 0  # lookup: tokens after the start of its stretch (0: the start itself)
     temp: float = 0.0  # sampling temperature; 0 = greedy
     # derived when interned (each key they name is made first, and none refers back to this one):
-    before: Evidence | None = field(init=False)  # the key of the token before it in its stretch (pos - 1), None at 0
-    stretch_start: Evidence = field(init=False)  # the greedy start of its stretch: whose prior it starts from
-    cost_key: Evidence = field(init=False)  # the key drafting costs are kept under: its source at its temperature
-    # keys found from this one as they are first asked for (.next, .at): interning hashes `source`, an enum
+    # the key of the token before it in its stretch (pos - 1), None at 0
+    before: Evidence | None = field(init=False)
+    # the greedy start of its stretch: whose prior it starts from
+    stretch_start: Evidence = field(init=False)
+    # the key drafting costs are kept under: its source at its temperature
+    cost_key: Evidence = field(init=False)
+    # keys found from this one as they are first asked for (.next, .at): interning hashes `source`,
+    # an enum
     _next: Evidence | None = field(init=False, default=None)
     _at: dict[float, Evidence] = field(init=False, default_factory=dict)
 
     _interned: ClassVar[dict[tuple, Evidence]] = {}
 
     @classmethod
-    def of(cls, source: Source, match: int = 0, agreement: Agreement = Agreement.agreed, pos: int = 0, temp: float = 0.0) -> Evidence:
+    def of(cls, source: Source, match: int = 0, agreement: Agreement = Agreement.agreed,
+           pos: int = 0, temp: float = 0.0) -> Evidence:
         """The one key with these fields."""
         ident = (source, match, agreement, pos, temp)
         key = cls._interned.get(ident)
@@ -73,16 +82,23 @@ class Evidence:
         return key
 
     @classmethod
-    def lookup(cls, match: int, agreement: Agreement = Agreement.agreed, pos: int = 0, source: Source = Source.lookup) -> Evidence:
-        """A greedy prompt-lookup key (`source`: Source.lookup, or Source.corpus for a match in the corpus);
-        `match` is one of BUCKETS (see `bucket`)."""
+    def lookup(cls, match: int, agreement: Agreement = Agreement.agreed, pos: int = 0,
+               source: Source = Source.lookup) -> Evidence:
+        """A greedy prompt-lookup key (`source`: Source.lookup, or Source.corpus for a match in the
+        corpus); `match` is one of BUCKETS (see `bucket`)."""
         return cls.of(source, match, agreement, pos)
 
     def __post_init__(self):
-        source, match, agreement, pos, temp = self.source, self.match, self.agreement, self.pos, self.temp  # (read)
+        source = self.source
+        match = self.match
+        agreement = self.agreement
+        pos = self.pos
+        temp = self.temp
         derive = object.__setattr__  # how a frozen dataclass sets the fields it derives
-        derive(self, "before", Evidence.of(source, match, agreement, pos - 1, temp) if pos > 0 else None)
-        derive(self, "stretch_start", Evidence.of(source, match, agreement) if pos or temp else self)
+        derive(self, "before", Evidence.of(source, match, agreement, pos - 1, temp) if pos > 0
+               else None)
+        derive(self, "stretch_start", Evidence.of(source, match, agreement) if pos or temp
+               else self)
         plain = match == 0 and agreement is Agreement.agreed and pos == 0
         derive(self, "cost_key", self if plain else Evidence.of(source, temp=temp))
 
@@ -90,7 +106,8 @@ class Evidence:
         """This key at sampling temperature `temp` (0: greedy)."""
         key = self._at.get(temp)
         if key is None:
-            key = self._at[temp] = Evidence.of(self.source, self.match, self.agreement, self.pos, temp)
+            key = self._at[temp] = Evidence.of(self.source, self.match, self.agreement, self.pos,
+                                               temp)
         return key
 
     @property

@@ -1,11 +1,13 @@
-"""Grammars: which tokens a constrained generation may take next, from llguidance (the library llama.cpp itself
-builds on under LLAMA_LLGUIDANCE): GBNF, Lark or a JSON schema compiled once, a matcher per generation that
-follows the accepted tokens, rolls back drafted ones, and names the tokens the grammar forces.
+"""Grammars: which tokens a constrained generation may take next, from llguidance (the library
+llama.cpp itself builds on under LLAMA_LLGUIDANCE): GBNF, Lark or a JSON schema compiled once, a
+matcher per generation that follows the accepted tokens, rolls back drafted ones, and names the
+tokens the grammar forces.
 
-The constrained target distribution is llama.cpp's `grammar_first`: the mask applied to the row, then the sampler
-chain (penalties, top-k, top-p, min-p, temperature) on what is left (verify.distribution with `banned`). At
-temperature 0 that is the argmax among the allowed tokens, the same token llama.cpp's default (sample, and
-resample with the grammar applied when the token is invalid) gives.
+The constrained target distribution is llama.cpp's `grammar_first`: the mask applied to the row,
+then the sampler chain (penalties, top-k, top-p, min-p, temperature) on what is left
+(verify.distribution with `banned`). At temperature 0 that is the argmax among the allowed tokens,
+the same token llama.cpp's default (sample, and resample with the grammar applied when the token is
+invalid) gives.
 """
 
 from __future__ import annotations
@@ -13,20 +15,24 @@ from __future__ import annotations
 import json
 import weakref
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
-from spectool.llama import native  # noqa: F401, I001 - llama.cpp's libraries before numpy (native.py)
+from spectool.llama import native  # noqa: F401, I001 - llama.cpp before numpy (native.py)
 import numpy as np  # noqa: E402
+
+if TYPE_CHECKING:
+    from llguidance import LLTokenizer
 
 from spectool.core.verify import Dist, Sampling, dist_at, token_at
 
-# The tokens a grammar allows are those whose bytes it allows, however the text is split into tokens, as in
-# llama.cpp's grammar sampler. (By default llguidance allows only the canonical tokenization of the bytes a grammar
-# forces: a narrower distribution than llama.cpp's.)
+# The tokens a grammar allows are those whose bytes it allows, however the text is split into
+# tokens, as in llama.cpp's grammar sampler. (By default llguidance allows only the canonical
+# tokenization of the bytes a grammar forces: a narrower distribution than llama.cpp's.)
 NO_FORCING = '%llguidance {"no_forcing": true}\n'
 
-# llama.cpp's whitespace between JSON tokens (common/json-schema-to-grammar.cpp, SPACE_RULE): none, one space, or
-# one or two newlines and an indent of up to 20. Unbounded whitespace lets a small model pad forever.
+# llama.cpp's whitespace between JSON tokens (common/json-schema-to-grammar.cpp, SPACE_RULE): none,
+# one space, or one or two newlines and an indent of up to 20. Unbounded whitespace lets a small
+# model pad forever.
 JSON_WHITESPACE = r"(?: |\n{1,2}[ \t]{0,20})?"
 
 
@@ -40,8 +46,8 @@ def _one_line(message: str) -> str:
 
 @dataclass(frozen=True)
 class Grammar:
-    """A grammar compiled for llguidance (`source`, its JSON form), checked without a model; `kind` says what the
-    user gave ("gbnf", "lark", "json_schema")."""
+    """A grammar compiled for llguidance (`source`, its JSON form), checked without a model; `kind`
+    says what the user gave ("gbnf", "lark", "json_schema")."""
 
     source: str
     kind: str
@@ -59,7 +65,9 @@ class Grammar:
     def _from_lark(cls, lark: str, kind: str) -> Grammar:
         from llguidance import LLMatcher
 
-        return cls._checked(LLMatcher.grammar_from_lark(NO_FORCING + lark.replace("%llguidance {}", "", 1)), kind)
+        return cls._checked(
+            LLMatcher.grammar_from_lark(NO_FORCING + lark.replace("%llguidance {}", "", 1)), kind
+        )
 
     @classmethod
     def gbnf(cls, text: str) -> Grammar:
@@ -78,9 +86,9 @@ class Grammar:
 
     @classmethod
     def json_schema(cls, schema: str | dict) -> Grammar:
-        """A JSON schema (its text or the parsed object), read as llama.cpp reads one (common/json-schema.cpp): its
-        whitespace between tokens, and an object that lists its properties has no others unless
-        `additionalProperties` says so."""
+        """A JSON schema (its text or the parsed object), read as llama.cpp reads one
+        (common/json-schema.cpp): its whitespace between tokens, and an object that lists its
+        properties has no others unless `additionalProperties` says so."""
         from llguidance import LLMatcher
 
         if isinstance(schema, str):
@@ -90,7 +98,9 @@ class Grammar:
                 raise GrammarError(f"the JSON schema is not valid JSON: {e}") from None
         if not isinstance(schema, dict):
             raise GrammarError("a JSON schema must be a JSON object")
-        closed = {**_closed(schema), "x-guidance": {**schema.get("x-guidance", {}), "whitespace_pattern": JSON_WHITESPACE}}
+        closed = {**_closed(schema),
+                  "x-guidance": {**schema.get("x-guidance", {}),
+                                 "whitespace_pattern": JSON_WHITESPACE}}
         try:  # checked on its own first, for the library's own words about what is wrong with it
             cls._checked(LLMatcher.grammar_from_json_schema(closed), "json_schema")
         except ValueError as e:
@@ -114,8 +124,8 @@ class Grammar:
 
 
 def _closed(schema):
-    """The schema with `"additionalProperties": false` on every object that lists properties and says nothing
-    about others (llama.cpp's reading; JSON Schema's own default would allow any)."""
+    """The schema with `"additionalProperties": false` on every object that lists properties and
+    says nothing about others (llama.cpp's reading; JSON Schema's own default would allow any)."""
     if isinstance(schema, list):
         return [_closed(v) for v in schema]
     if not isinstance(schema, dict):
@@ -127,9 +137,11 @@ def _closed(schema):
 
 
 def lark_json(schema: dict) -> str:
-    """A JSON schema as a Lark grammar's `%json` item, read as Grammar.json_schema reads it (closed objects,
-    llama.cpp's whitespace): for a grammar that wraps JSON in text of its own (a tool call's markers)."""
-    closed = {**_closed(schema), "x-guidance": {**schema.get("x-guidance", {}), "whitespace_pattern": JSON_WHITESPACE}}
+    """A JSON schema as a Lark grammar's `%json` item, read as Grammar.json_schema reads it (closed
+    objects, llama.cpp's whitespace): for a grammar that wraps JSON in text of its own (a tool
+    call's markers)."""
+    closed = {**_closed(schema),
+              "x-guidance": {**schema.get("x-guidance", {}), "whitespace_pattern": JSON_WHITESPACE}}
     return "%json " + json.dumps(closed)
 
 
@@ -138,22 +150,23 @@ _TOKENIZERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 @dataclass(frozen=True)
 class Vocabulary:
-    """llguidance's tokenizer of a model, and the tokens that spell the same bytes as others (`members`, each
-    with the index of its group in `group`): llguidance's mask allows one token per spelling, llama.cpp's grammar
-    every token whose bytes fit, so the mask is widened to each allowed token's twins (a byte-fallback token
-    beside an ordinary one)."""
+    """llguidance's tokenizer of a model, and the tokens that spell the same bytes as others
+    (`members`, each with the index of its group in `group`): llguidance's mask allows one token per
+    spelling, llama.cpp's grammar every token whose bytes fit, so the mask is widened to each
+    allowed token's twins (a byte-fallback token beside an ordinary one)."""
 
-    tokenizer: object
+    tokenizer: LLTokenizer
     members: np.ndarray
     group: np.ndarray
     n_groups: int
     eog: frozenset[int]  # end-of-generation tokens: allowed where the grammar may end
-    spaced: dict[int, int]  # a token -> the token that spells the same with a space before it (" x" for "x")
+    # a token -> the token that spells the same with a space before it (" x" for "x")
+    spaced: dict[int, int]
 
 
 def tokenizer_for(model) -> Vocabulary:
-    """llguidance's tokenizer for a model's vocabulary, built once per model (seconds for 262k tokens) and kept
-    while the model lives; its end-of-generation tokens end a completed grammar."""
+    """llguidance's tokenizer for a model's vocabulary, built once per model (seconds for 262k
+    tokens) and kept while the model lives; its end-of-generation tokens end a completed grammar."""
     vocabulary = _TOKENIZERS.get(model)
     if vocabulary is None:
         import warnings
@@ -163,7 +176,8 @@ def tokenizer_for(model) -> Vocabulary:
         lib = native.lib()
         vocab = lib.llama_model_get_vocab(model.llama_model)
         eog = [t for t in range(model.n_vocab) if model.is_eog(t)] or [lib.llama_vocab_eos(vocab)]
-        with warnings.catch_warnings():  # llguidance reads each token's attributes by a deprecated name
+        # llguidance reads each token's attributes by a deprecated name
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
             tok = lltokenizer_from_vocab(vocab, n_vocab=model.n_vocab, eos_token=eog)
         spellings: dict[bytes, list[int]] = {}
@@ -174,20 +188,27 @@ def tokenizer_for(model) -> Vocabulary:
         twins = [ids for ids in spellings.values() if len(ids) > 1]
         members = np.array([t for ids in twins for t in ids], np.int64)
         group = np.repeat(np.arange(len(twins)), [len(ids) for ids in twins])
-        spaced = {ids[0]: spellings[b" " + s][0] for s, ids in spellings.items() if b" " + s in spellings}
-        vocabulary = _TOKENIZERS[model] = Vocabulary(tok, members, group, len(twins), frozenset(eog), spaced)
+        spaced = {ids[0]: spellings[b" " + s][0] for s, ids in spellings.items()
+                  if b" " + s in spellings}
+        vocabulary = _TOKENIZERS[model] = Vocabulary(tok, members, group, len(twins),
+                                                     frozenset(eog), spaced)
     return vocabulary
 
 
 class Constraint:
-    """One generation's grammar state: the tokens accepted so far, and drafted ones pushed while a draft or a
-    verification looks ahead (`push`, `pop`). End-of-generation tokens are counted, not given to the matcher
-    (llguidance takes one of them, and none once its grammar is complete): the generation ends there anyway."""
+    """One generation's grammar state: the tokens accepted so far, and drafted ones pushed while a
+    draft or a verification looks ahead (`push`, `pop`). End-of-generation tokens are counted, not
+    given to the matcher (llguidance takes one of them, and none once its grammar is complete): the
+    generation ends there anyway."""
 
     def __init__(self, matcher, n_vocab: int, vocabulary: Vocabulary):
-        self.m, self.n_vocab, self.vocabulary, self.eog = matcher, n_vocab, vocabulary, vocabulary.eog
+        self.m = matcher
+        self.n_vocab = n_vocab
+        self.vocabulary = vocabulary
+        self.eog = vocabulary.eog
         self._banned: np.ndarray | None = None  # the mask of the current state, until it moves
-        self._ended = 0  # end-of-generation tokens pushed (and not popped) after the matcher's last token
+        # end-of-generation tokens pushed (and not popped) after the matcher's last token
+        self._ended = 0
 
     def allows(self, token: int) -> bool:
         if token in self.eog:
@@ -206,11 +227,13 @@ class Constraint:
         return end + self._after(tokens[:end], self.m.is_accepting)
 
     def _first_end(self, tokens: Sequence[int]) -> int:
-        """The index of the first end-of-generation token in `tokens` (their length where there is none)."""
+        """The index of the first end-of-generation token in `tokens` (their length where there is
+        none)."""
         return next((i for i, t in enumerate(tokens) if t in self.eog), len(tokens))
 
     def _after(self, tokens: Sequence[int], ask):
-        """What `ask()` says of the grammar's state after `tokens` (each allowed), the state left as it was."""
+        """What `ask()` says of the grammar's state after `tokens` (each allowed), the state left as
+        it was."""
         self.m.consume_tokens(list(tokens))
         answer = ask()
         self.m.rollback(len(tokens))
@@ -230,10 +253,11 @@ class Constraint:
         return self._banned
 
     def forced(self) -> list[int]:
-        """The bytes the grammar forces from here, as the tokenizer splits them (the model may split them
-        otherwise: a draft, not a certainty), up to the first token the grammar would not take, and but the last
-        unless the grammar ends there: a model likes to spell the end of forced text together with what follows
-        (`":"` and a value's first letters in one token), so that token is its choice, not a draft."""
+        """The bytes the grammar forces from here, as the tokenizer splits them (the model may split
+        them otherwise: a draft, not a certainty), up to the first token the grammar would not take,
+        and but the last unless the grammar ends there: a model likes to spell the end of forced
+        text together with what follows (`":"` and a value's first letters in one token), so that
+        token is its choice, not a draft."""
         forced = self.m.compute_ff_bytes() if not self._ended else b""
         if not forced:
             return []
@@ -242,7 +266,8 @@ class Constraint:
         return tokens if tokens and self._after(tokens, self.m.is_stopped) else tokens[:-1]
 
     def push(self, tokens: Sequence[int]) -> bool:
-        """Advance over `tokens` (each allowed); false when one was not (the matcher is then in error)."""
+        """Advance over `tokens` (each allowed); false when one was not (the matcher is then in
+        error)."""
         if not tokens:
             return True
         self._banned = None
@@ -271,9 +296,11 @@ class NothingAllowed(GrammarError):
     """The grammar admits no token here (a state it cannot leave): the generation ends."""
 
 
-def mask_for(c: Constraint, to_target: np.ndarray | None = None, banned: np.ndarray | None = None) -> np.ndarray:
-    """The tokens a model may not take next under `c`, in the model's ids (`to_target`: a draft's id -> the
-    target's, see VocabMap), with the ids `banned` besides; NothingAllowed when that is every token."""
+def mask_for(c: Constraint, to_target: np.ndarray | None = None,
+             banned: np.ndarray | None = None) -> np.ndarray:
+    """The tokens a model may not take next under `c`, in the model's ids (`to_target`: a draft's id
+    -> the target's, see VocabMap), with the ids `banned` besides; NothingAllowed when that is every
+    token."""
     mask = c.banned() if to_target is None else c.banned()[to_target]
     if banned is not None:
         mask = mask.copy() if to_target is None else mask
@@ -283,15 +310,18 @@ def mask_for(c: Constraint, to_target: np.ndarray | None = None, banned: np.ndar
     return mask
 
 
-def token_under(model, i: int, s: Sampling, recent: Sequence[int], c: Constraint, to_target=None, banned=None) -> int:
-    """The chain's token at temperature 0 for output i, among the tokens `c` allows: the row's own when the grammar
-    allows it (one cheap check), else the argmax of the masked row."""
+def token_under(model, i: int, s: Sampling, recent: Sequence[int], c: Constraint, to_target=None,
+                banned=None) -> int:
+    """The chain's token at temperature 0 for output i, among the tokens `c` allows: the row's own
+    when the grammar allows it (one cheap check), else the argmax of the masked row."""
     t = token_at(model, i, s, recent, banned)
     if c.allows(t if to_target is None else int(to_target[t])):
         return t
     return token_at(model, i, s, recent, mask_for(c, to_target, banned))
 
 
-def dist_under(model, i: int, s: Sampling, recent: Sequence[int], c: Constraint, to_target=None, banned=None) -> Dist:
-    """The chain's distribution for output i on the row with the grammar's mask applied first (grammar_first)."""
+def dist_under(model, i: int, s: Sampling, recent: Sequence[int], c: Constraint, to_target=None,
+               banned=None) -> Dist:
+    """The chain's distribution for output i on the row with the grammar's mask applied first
+    (grammar_first)."""
     return dist_at(model, i, s, recent, mask_for(c, to_target, banned))

@@ -1,15 +1,17 @@
 """The drafter protocol: what the speculative loop asks of any drafter, and the Draft it hands back.
 
-A generation begins with `start(history, constraint)`: the prompt (a draft model prefills it) and, under a
-grammar, the grammar's state the drafts must follow. Then once a step: `peek(history, k_max, estimate)` offers up
-to k_max tokens cheaply, as one key per token (evidence.py: the evidence the controller keeps acceptance
-statistics under), possibly lazily (prompt lookup predicts a token only when the controller draws its key); the
-controller picks how many to draft (Controller.pick); then `propose(history, k, sampling, rng)`, with the history
-peeked at, drafts the first k tokens of that offer. A draft holds the drafter's probability rows q when it samples
-(None, or None for a token, means deterministic: q is one-hot on that token). Under a grammar (drafters/grammar.py)
-the history peeked at may end with tokens the grammar forces that are not final yet (`final`: how many of it are),
-and `propose` gets the grammar's state (`constraint`): a drafter that draws from rows draws from the grammar's
-masked rows, so that q stays what it drew from. The generation ends with `finish(history)`.
+A generation begins with `start(history, constraint)`: the prompt (a draft model prefills it) and,
+under a grammar, the grammar's state the drafts must follow. Then once a step: `peek(history, k_max,
+estimate)` offers up to k_max tokens cheaply, as one key per token (evidence.py: the evidence the
+controller keeps acceptance statistics under), possibly lazily (prompt lookup predicts a token only
+when the controller draws its key); the controller picks how many to draft (Controller.pick); then
+`propose(history, k, sampling, rng)`, with the history peeked at, drafts the first k tokens of that
+offer. A draft holds the drafter's probability rows q when it samples (None, or None for a token,
+means deterministic: q is one-hot on that token). Under a grammar (drafters/grammar.py) the history
+peeked at may end with tokens the grammar forces that are not final yet (`final`: how many of it
+are), and `propose` gets the grammar's state (`constraint`): a drafter that draws from rows draws
+from the grammar's masked rows, so that q stays what it drew from. The generation ends with
+`finish(history)`.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable, Protocol, Sequence
 
-from spectool.llama import native  # noqa: F401, I001 - llama.cpp's libraries before numpy (native.py)
+from spectool.llama import native  # noqa: F401, I001 - llama.cpp before numpy (native.py)
 import numpy as np  # noqa: E402
 
 from spectool.core.evidence import Evidence, Source
@@ -28,25 +30,31 @@ from spectool.core.verify import Dist, Sampling
 @dataclass
 class Draft:
     tokens: list[int]
-    q: list[Dist | None] | None  # the drafter's rows, on the target's vocabulary (None: one-hot)
+    # the drafter's rows, on the target's vocabulary (None: one-hot)
+    q: Sequence[Dist | None] | None
     source: Source
     catch_up_seconds: float = 0.0  # time a drafter spent catching up on tokens it missed while idle
-    forced: int = 0  # of the tokens, this many were forced by a grammar (Source.grammar; the rest: source's)
-    notice: str | None = None  # a one-line message for the user: the drafter changed its plan (drafters/builder.py)
+    # of the tokens, this many were forced by a grammar (Source.grammar; the rest: source's)
+    forced: int = 0
+    # a one-line message for the user: the drafter changed its plan (drafters/builder.py)
+    notice: str | None = None
 
 
 EMPTY = Draft([], None, Source.none)
 
 
-Estimate = Callable[[Evidence], float]  # key -> what the controller thinks a token drafted under it is worth
+# key -> what the controller thinks a token drafted under it is worth
+Estimate = Callable[[Evidence], float]
 
 
 class Drafter(Protocol):
-    """What proposes tokens (see the module). A class that subclasses it keeps `finish`'s default."""
+    """What proposes tokens (see the module). A class that subclasses it keeps `finish`'s
+    default."""
 
     def start(self, history: Sequence[int], constraint: Constraint | None = None) -> str | None:
-        """A generation begins over `history`, under the grammar's state `constraint` where it has one; a one-line
-        notice for the user where the drafter had to change its plan (None: nothing to say)."""
+        """A generation begins over `history`, under the grammar's state `constraint` where it has
+        one; a one-line notice for the user where the drafter had to change its plan (None: nothing
+        to say)."""
         ...
 
     def peek(self, history: Sequence[int], k_max: int, estimate: Estimate | None = None,
@@ -57,11 +65,12 @@ class Drafter(Protocol):
 
     def finish(self, history: Sequence[int]) -> None:
         """The generation ended: `history` is its prompt and output."""
+        return None
 
 
 def no_grammar(constraint: Constraint | None) -> None:
-    """What a drafter that knows no grammar says to one: under a grammar a generation's drafter is built whole
-    (drafters/builder.py wraps it in a GrammarDrafter), never handed one bare."""
+    """What a drafter that knows no grammar says to one: under a grammar a generation's drafter is
+    built whole (drafters/builder.py wraps it in a GrammarDrafter), never handed one bare."""
     if constraint is not None:
         raise TypeError("this drafter drafts under no grammar: build the generation's drafter with "
                         "drafters.builder.for_generation")

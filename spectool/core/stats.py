@@ -6,8 +6,9 @@ from dataclasses import dataclass, field
 
 
 class Rates:
-    """Acceptance, tokens per step and speed from a generation's counters: Stats keeps one generation's,
-    bench.Result a contender's over its prompts; each says in `counters` which fields hold them."""
+    """Acceptance, tokens per step and speed from a generation's counters: Stats keeps one
+    generation's, bench.Result a contender's over its prompts; each says in `counters` which fields
+    hold them."""
 
     def counters(self) -> tuple[int, int, int, int, int, float]:
         """(drafted, accepted, generated, steps, tokens timed, their seconds)."""
@@ -41,7 +42,8 @@ class Stats(Rates):
     n_steps: int = 0
     n_drafted: int = 0
     n_accepted: int = 0
-    _drafted: list[int] = field(default_factory=list)  # steps with a draft, by how many tokens they drafted ...
+    # steps with a draft, by how many tokens they drafted ...
+    _drafted: list[int] = field(default_factory=list)
     _accepted: list[int] = field(default_factory=list)  # ... and by how many of them were accepted
     by_source: dict[str, int] = field(default_factory=dict)  # drafted tokens per source
     prompt_seconds: float = 0.0
@@ -69,9 +71,10 @@ class Stats(Rates):
 
     @classmethod
     def summed(cls, runs: list[Stats]) -> Stats:
-        """The counters of several generations of one prompt added up (serve's `n` choices): the prompt as the
-        first processed it, the rest summed."""
-        total = cls(mode=runs[0].mode, n_prompt_tokens=runs[0].n_prompt_tokens, n_prefilled=runs[0].n_prefilled,
+        """The counters of several generations of one prompt added up (serve's `n` choices): the
+        prompt as the first processed it, the rest summed."""
+        total = cls(mode=runs[0].mode, n_prompt_tokens=runs[0].n_prompt_tokens,
+                    n_prefilled=runs[0].n_prefilled,
                     prompt_seconds=runs[0].prompt_seconds, finish_reason=runs[-1].finish_reason)
         for s in runs:
             for name in ("n_generated", "n_steps", "n_drafted", "n_accepted", "decode_seconds"):
@@ -92,7 +95,14 @@ class Stats(Rates):
 
     def counters(self) -> tuple[int, int, int, int, int, float]:
         """Speed is every generated token over the decode time (prompt processing apart)."""
-        return self.n_drafted, self.n_accepted, self.n_generated, self.n_steps, self.n_generated, self.decode_seconds
+        return (
+            self.n_drafted,
+            self.n_accepted,
+            self.n_generated,
+            self.n_steps,
+            self.n_generated,
+            self.decode_seconds,
+        )
 
     def to_json(self) -> dict:
         return {

@@ -1,16 +1,18 @@
-"""llama.cpp's sampler chain on the few candidates that survive it, and the acceptance rules of speculative
-decoding.
+"""llama.cpp's sampler chain on the few candidates that survive it, and the acceptance rules of
+speculative decoding.
 
-Notation (Leviathan et al. 2023, Chen et al. 2023): p is the TARGET's distribution, q the DRAFTER's; d_1..d_k are
-the drafted tokens. A draft token is accepted with probability min(1, p(d)/q(d)); at the first rejection the
-token is resampled from max(0, p - q), renormalised; when all k are accepted one bonus token comes from p. The
-output then follows p exactly. At temperature 0 this reduces to: accept while argmax p == d.
+Notation (Leviathan et al. 2023, Chen et al. 2023): p is the TARGET's distribution, q the DRAFTER's;
+d_1..d_k are the drafted tokens. A draft token is accepted with probability min(1, p(d)/q(d)); at
+the first rejection the token is resampled from max(0, p - q), renormalised; when all k are accepted
+one bonus token comes from p. The output then follows p exactly. At temperature 0 this reduces to:
+accept while argmax p == d.
 
-The chain is llama.cpp's default (common/common.h, `common_params_sampling::samplers`, and llama-cpp-python's
-`Llama` builds the same): penalties -> top-k -> top-p -> min-p -> temperature -> draw, with the definitions of
-src/llama-sampler.cpp. Every stage after the penalties keeps a prefix of the candidates sorted by logit, so a
-row's distribution lives on a few tokens near its maximum: `distribution` finds them with one threshold pass
-over the vocabulary and does the rest on them (a 262k-token row costs a fraction of a millisecond).
+The chain is llama.cpp's default (common/common.h, `common_params_sampling::samplers`, and
+llama-cpp-python's `Llama` builds the same): penalties -> top-k -> top-p -> min-p -> temperature ->
+draw, with the definitions of src/llama-sampler.cpp. Every stage after the penalties keeps a prefix
+of the candidates sorted by logit, so a row's distribution lives on a few tokens near its maximum:
+`distribution` finds them with one threshold pass over the vocabulary and does the rest on them (a
+262k-token row costs a fraction of a millisecond).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, NamedTuple, Sequence
 
-from spectool.llama import native  # noqa: F401, I001 - llama.cpp's libraries before numpy (native.py)
+from spectool.llama import native  # noqa: F401, I001 - llama.cpp before numpy (native.py)
 import numpy as np  # noqa: E402
 
 from spectool.llama.outputs import IDS, ROWS, Kind, Output
@@ -29,8 +31,9 @@ WHOLE_HISTORY = 1 << 30
 
 @dataclass(frozen=True)
 class Sampling:
-    """llama.cpp's sampling flags, with its meanings: top_k 0, top_p 1, min_p 0 and the penalties' neutral values
-    turn a stage off; repeat_last_n is how many recent tokens the penalties look at (-1: the whole history)."""
+    """llama.cpp's sampling flags, with its meanings: top_k 0, top_p 1, min_p 0 and the penalties'
+    neutral values turn a stage off; repeat_last_n is how many recent tokens the penalties look at
+    (-1: the whole history)."""
 
     temp: float = 0.0
     top_k: int = 0
@@ -47,7 +50,8 @@ class Sampling:
 
     @property
     def window(self) -> int:
-        """How many recent tokens the penalties read (0: penalties off, as llama.cpp's `is_disabled`)."""
+        """How many recent tokens the penalties read (0: penalties off, as llama.cpp's
+        `is_disabled`)."""
         if self.repeat_last_n == 0 or (self.repeat_penalty == 1.0 and self.frequency_penalty == 0.0
                                        and self.presence_penalty == 0.0):
             return 0
@@ -56,7 +60,8 @@ class Sampling:
 
 @dataclass(frozen=True)
 class Dist:
-    """A sparse distribution over a vocabulary of `n` tokens: token ids[j] has probability p[j] (ids sorted)."""
+    """A sparse distribution over a vocabulary of `n` tokens: token ids[j] has probability p[j] (ids
+    sorted)."""
 
     ids: np.ndarray
     p: np.ndarray
@@ -76,9 +81,11 @@ class Dist:
         return cls(np.array([token], np.int64), np.ones(1), n)
 
 
-def penalize(logits: np.ndarray, s: Sampling, recent: Sequence[int], banned: np.ndarray | None = None) -> np.ndarray:
-    """The row after llama.cpp's penalties sampler over the last `s.window` tokens of `recent` (a copy when
-    anything changes; the input is left as it is). `banned` tokens get -inf (a draft's tokens the target lacks)."""
+def penalize(logits: np.ndarray, s: Sampling, recent: Sequence[int],
+             banned: np.ndarray | None = None) -> np.ndarray:
+    """The row after llama.cpp's penalties sampler over the last `s.window` tokens of `recent` (a
+    copy when anything changes; the input is left as it is). `banned` tokens get -inf (a draft's
+    tokens the target lacks)."""
     window = s.window
     counts = Counter(recent[-window:]) if window and len(recent) else None
     if not counts and banned is None:
@@ -102,7 +109,8 @@ def greedy_token(logits: np.ndarray, s: Sampling, recent: Sequence[int] = (), ba
 
 
 class _Threshold:
-    """How far below a row's maximum the top-k candidates reach, remembered between rows (they look alike)."""
+    """How far below a row's maximum the top-k candidates reach, remembered between rows (they look
+    alike)."""
 
     delta = 8.0
 
@@ -126,8 +134,9 @@ def _top(z: np.ndarray, k: int) -> np.ndarray:
 
 
 def distribution(logits: np.ndarray, s: Sampling, recent: Sequence[int] = (), banned=None) -> Dist:
-    """The distribution llama.cpp's chain draws from for this row: penalties -> top-k -> top-p -> min-p ->
-    temperature. Arithmetic is float32 where llama.cpp's is, so boundaries fall where they fall there."""
+    """The distribution llama.cpp's chain draws from for this row: penalties -> top-k -> top-p ->
+    min-p -> temperature. Arithmetic is float32 where llama.cpp's is, so boundaries fall where they
+    fall there."""
     z = penalize(logits, s, recent, banned)
     n, f32 = len(z), np.float32
     if s.temp <= 0:  # llama.cpp's temperature sampler at 0 keeps the maximum alone
@@ -137,11 +146,13 @@ def distribution(logits: np.ndarray, s: Sampling, recent: Sequence[int] = (), ba
         c = _top(z, s.top_k)
     else:
         m = f32(z.max())
-        if s.top_p < 1.0:  # llama.cpp's softmax: float32 terms summed in index order (np.cumsum is sequential)
+        # llama.cpp's softmax: float32 terms summed in index order (np.cumsum is sequential)
+        if s.top_p < 1.0:
             norm = np.cumsum(np.exp(z - m))[-1]
         if s.min_p > 0.0:  # every survivor of min-p is within -log(min_p) of the maximum
             c = np.flatnonzero(z >= m + f32(np.log(f32(s.min_p))))
-        elif s.top_p < 1.0:  # the survivors of top-p are a head of the row holding top_p of its mass
+        # the survivors of top-p are a head of the row holding top_p of its mass
+        elif s.top_p < 1.0:
             c = _head_with_mass(z, m, norm, s.top_p)
         else:
             c = None  # every token
@@ -155,8 +166,9 @@ def distribution(logits: np.ndarray, s: Sampling, recent: Sequence[int] = (), ba
 
 
 def _rest_of_chain(c: np.ndarray, zc: np.ndarray, s: Sampling, norm, n: int) -> Dist:
-    """top-p -> min-p -> temperature on the candidates `c` (ids in increasing order) with logits `zc`; `norm` is
-    top-p's softmax normaliser over the whole row, or None when top-k ran before (then over the candidates)."""
+    """top-p -> min-p -> temperature on the candidates `c` (ids in increasing order) with logits
+    `zc`; `norm` is top-p's softmax normaliser over the whole row, or None when top-k ran before
+    (then over the candidates)."""
     f32 = np.float32
     if s.top_p < 1.0:
         c, zc = _top_p(c, zc, s.top_p, norm)
@@ -171,15 +183,17 @@ def _rest_of_chain(c: np.ndarray, zc: np.ndarray, s: Sampling, norm, n: int) -> 
     return Dist(c[order].astype(np.int64), (w / w.sum())[order], n)
 
 
-# -- reading a model's outputs: whole rows, or what llama.cpp sampled inside its graph ---------------------------
+# -- reading a model's outputs: whole rows, or what llama.cpp sampled inside its graph
+# ---------------------------
 
 
 def backend_chain(s: Sampling, banned=None) -> Output:
-    """How much of the chain llama.cpp can run inside its graph with the result unchanged (Model.sample_on_backend):
-    IDS, the argmax, at temperature 0; top-k, the k best candidates on which the host finishes the chain, when
-    top-k is on. ROWS (whole rows to the host) when penalties are on (their history holds drafts the graph never
-    saw), when tokens are banned (a draft's tokens the target lacks), or without top-k (top-p's normaliser then
-    runs over the whole row)."""
+    """How much of the chain llama.cpp can run inside its graph with the result unchanged
+    (Model.sample_on_backend): IDS, the argmax, at temperature 0; top-k, the k best candidates on
+    which the host finishes the chain, when top-k is on. ROWS (whole rows to the host) when
+    penalties are on (their history holds drafts the graph never saw), when tokens are banned (a
+    draft's tokens the target lacks), or without top-k (top-p's normaliser then runs over the whole
+    row)."""
     if s.window or banned is not None:
         return ROWS
     if s.greedy:
@@ -188,8 +202,9 @@ def backend_chain(s: Sampling, banned=None) -> Output:
 
 
 def greedy_rows(model, s: Sampling, recent: Sequence[int], draft: Sequence[int]):
-    """The chain's token at temperature 0 for each output of a verification [x[-1], d_1..d_k] (output i follows
-    x + d_1..d_i), lazily: the ids llama.cpp's graph picked, or the argmax of each penalised row."""
+    """The chain's token at temperature 0 for each output of a verification [x[-1], d_1..d_k]
+    (output i follows x + d_1..d_i), lazily: the ids llama.cpp's graph picked, or the argmax of each
+    penalised row."""
     if model.output is IDS:  # ids only: nothing to build per row
         return model.sampled_tokens()
     return (token_at(model, i, s, [*recent, *draft[:i]]) for i in range(len(draft) + 1))
@@ -203,8 +218,8 @@ def token_at(model, i: int, s: Sampling, recent: Sequence[int] = (), banned=None
 
 
 def dist_at(model, i: int, s: Sampling, recent: Sequence[int] = (), banned=None) -> Dist:
-    """The chain's distribution for output i of the model's last decode: the rest of the chain on the top-k
-    candidates llama.cpp picked in its graph, or the whole chain on the row."""
+    """The chain's distribution for output i of the model's last decode: the rest of the chain on
+    the top-k candidates llama.cpp picked in its graph, or the whole chain on the row."""
     if model.output.kind is Kind.TOP_K:
         ids, z = model.candidates(i)
         order = np.argsort(ids)  # ties between equal logits fall as on the host path: by id
@@ -213,8 +228,9 @@ def dist_at(model, i: int, s: Sampling, recent: Sequence[int] = (), banned=None)
 
 
 def _head_with_mass(z: np.ndarray, m, norm, top_p: float) -> np.ndarray:
-    """The ids of the tokens within some distance of the maximum m whose softmax mass (normaliser `norm`) reaches
-    top_p with a margin for float32 rounding: a superset of what top-p keeps, found without sorting the row."""
+    """The ids of the tokens within some distance of the maximum m whose softmax mass (normaliser
+    `norm`) reaches top_p with a margin for float32 rounding: a superset of what top-p keeps, found
+    without sorting the row."""
     delta = 4.0
     while True:
         c = np.flatnonzero(z >= m - np.float32(delta))
@@ -224,10 +240,11 @@ def _head_with_mass(z: np.ndarray, m, norm, top_p: float) -> np.ndarray:
 
 
 def _top_p(c: np.ndarray, zc: np.ndarray, top_p: float, norm) -> tuple[np.ndarray, np.ndarray]:
-    """The smallest head of the candidates, by logit, whose probability reaches top_p (llama.cpp's top-p with
-    min_keep 0 or 1). The softmax is llama.cpp's, in float32: over the whole row with its normaliser `norm`, or,
-    with `norm` None, over the candidates (top-k ran before), summed in sorted order. Of a long candidate list
-    the best 256 are sorted first, and the rest only when they do not reach top_p, as llama.cpp does."""
+    """The smallest head of the candidates, by logit, whose probability reaches top_p (llama.cpp's
+    top-p with min_keep 0 or 1). The softmax is llama.cpp's, in float32: over the whole row with its
+    normaliser `norm`, or, with `norm` None, over the candidates (top-k ran before), summed in
+    sorted order. Of a long candidate list the best 256 are sorted first, and the rest only when
+    they do not reach top_p, as llama.cpp does."""
     f32 = np.float32
     head = 256 if norm is not None and len(c) > 1024 else len(c)
     while True:
@@ -235,7 +252,8 @@ def _top_p(c: np.ndarray, zc: np.ndarray, top_p: float, norm) -> tuple[np.ndarra
         part = part[np.argsort(-zc[part], kind="stable")]
         e = np.exp(zc[part] - zc[part[0]])
         p = e / (np.cumsum(e)[-1] if norm is None else norm)
-        hit = np.flatnonzero(np.cumsum(p) >= f32(top_p))  # float32, sequential, like llama.cpp's loop
+        # float32, sequential, like llama.cpp's loop
+        hit = np.flatnonzero(np.cumsum(p) >= f32(top_p))
         if len(hit) or head >= len(c):
             keep = part[: int(hit[0]) + 1] if len(hit) else part
             return c[keep], zc[keep]
@@ -243,8 +261,8 @@ def _top_p(c: np.ndarray, zc: np.ndarray, top_p: float, norm) -> tuple[np.ndarra
 
 
 def accept_greedy(target_argmax, draft: Sequence[int]) -> tuple[int, int]:
-    """(number of draft tokens accepted, the target's next token) at temperature 0. `target_argmax` may be
-    lazy: nothing past the first mismatch is read."""
+    """(number of draft tokens accepted, the target's next token) at temperature 0. `target_argmax`
+    may be lazy: nothing past the first mismatch is read."""
     for n, t in enumerate(target_argmax):
         if n == len(draft) or draft[n] != t:
             return n, int(t)
@@ -268,14 +286,17 @@ def _on(d: Dist, ids: np.ndarray) -> np.ndarray:
 
 def accept_sampled(p: Callable[[int], Dist], q: Sequence[Dist | None] | None, draft: Sequence[int],
                    rng: np.random.Generator) -> tuple[int, int]:
-    """Rejection sampling. p(i) is the target's row after the first i drafts, computed only when reached; q has
-    len(draft) rows, or is None for a deterministic drafter (prompt lookup), whose q is one-hot on each draft (a
-    row of None: that one token is deterministic, as the lookup tokens of a hybrid draft)."""
+    """Rejection sampling. p(i) is the target's row after the first i drafts, computed only when
+    reached; q has len(draft) rows, or is None for a deterministic drafter (prompt lookup), whose q
+    is one-hot on each draft (a row of None: that one token is deterministic, as the lookup tokens
+    of a hybrid draft)."""
     for i, d in enumerate(draft):
         p_i = p(i)
-        q_i = Dist.one_hot(d, p_i.n) if q is None or q[i] is None else q[i]
+        drawn = q[i] if q is not None else None
+        q_i = Dist.one_hot(d, p_i.n) if drawn is None else drawn
         if q_i.n != p_i.n or not 0 <= d < p_i.n:
-            raise ValueError(f"draft row {i} lives on {q_i.n} tokens (draft token {d}) but the target has {p_i.n}")
+            raise ValueError(f"draft row {i} lives on {q_i.n} tokens (draft token {d}) but the "
+                             f"target has {p_i.n}")
         if rng.random() * q_i.prob(d) < p_i.prob(d):  # accept with probability min(1, p(d)/q(d))
             continue
         return i, residual(p_i, q_i).sample(rng)
@@ -283,16 +304,18 @@ def accept_sampled(p: Callable[[int], Dist], q: Sequence[Dist | None] | None, dr
 
 
 class TokenLogprob(NamedTuple):
-    """A final token's log-probability under the target's raw distribution (the log-softmax of its logits row,
-    before any sampler stage or grammar mask), and the `n` most likely tokens' (id, log-probability), best first."""
+    """A final token's log-probability under the target's raw distribution (the log-softmax of its
+    logits row, before any sampler stage or grammar mask), and the `n` most likely tokens' (id,
+    log-probability), best first."""
 
     logprob: float
     top: list[tuple[int, float]]
 
 
 def token_logprob(row: np.ndarray, token: int, n: int) -> TokenLogprob:
-    """`token`'s TokenLogprob in a logits row, with its n best alternatives (ties by id). The normaliser is numpy's
-    pairwise float32 sum (relative error ~1e-7 over 262k terms, and a third faster than a float64 one)."""
+    """`token`'s TokenLogprob in a logits row, with its n best alternatives (ties by id). The
+    normaliser is numpy's pairwise float32 sum (relative error ~1e-7 over 262k terms, and a third
+    faster than a float64 one)."""
     m = row.max()
     lse = float(m) + float(np.log(np.exp(row - m).sum()))
     top: list[tuple[int, float]] = []
@@ -304,6 +327,7 @@ def token_logprob(row: np.ndarray, token: int, n: int) -> TokenLogprob:
 
 
 def top_probability(logits: np.ndarray) -> float:
-    """Softmax probability of the most likely token (for the draft's early stop at temperature 0)."""
+    """Softmax probability of the most likely token (for the draft's early stop at temperature
+    0)."""
     m = logits.max()
     return float(1.0 / np.exp(logits - m, dtype=np.float32).sum())

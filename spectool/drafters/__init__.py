@@ -1,1 +1,2 @@
-"""What proposes tokens for the target to verify: prompt lookup, a draft model, MTP heads, hybrids."""
+"""What proposes tokens for the target to verify: prompt lookup, a draft model, MTP heads,
+hybrids."""

@@ -1,12 +1,12 @@
-"""The one place drafters are made and combined: the session's drafter for a mode (`build`), and each generation's
-drafter built whole around it (`for_generation`: the grammar, the corpus, the fallback). The loop takes what this
-module builds and decides nothing of it."""
+"""The one place drafters are made and combined: the session's drafter for a mode (`build`), and
+each generation's drafter built whole around it (`for_generation`: the grammar, the corpus, the
+fallback). The loop takes what this module builds and decides nothing of it."""
 
 from __future__ import annotations
 
 from typing import Iterable, Sequence
 
-from spectool.llama import native  # noqa: F401, I001 - llama.cpp's libraries before numpy (native.py)
+from spectool.llama import native  # noqa: F401, I001 - llama.cpp before numpy (native.py)
 import numpy as np  # noqa: E402
 
 from spectool.core.evidence import Evidence, Source
@@ -24,11 +24,13 @@ from spectool.llama.engine import EngineError, Model
 KINDS = (Source.lookup, Source.draft, Source.mtp, Source.hybrid)  # what `build` makes
 
 
-def build(kind: Source, draft_model: Model | None = None, mtp: MtpContext | None = None, p_min: float = 0.0,
+def build(kind: Source, draft_model: Model | None = None, mtp: MtpContext | None = None,
+          p_min: float = 0.0,
           ids: np.ndarray | None = None, n_target: int = 0) -> Drafter:
-    """The session's drafter of `kind` (one of KINDS): prompt lookup, the draft model (`ids`: a pruned draft's
-    kept target ids, see prune.py), the target's MTP head, or a hybrid of prompt lookup and the draft model, or,
-    without one, of prompt lookup and the MTP head. Its parts are shared by the session's generations."""
+    """The session's drafter of `kind` (one of KINDS): prompt lookup, the draft model (`ids`: a
+    pruned draft's kept target ids, see prune.py), the target's MTP head, or a hybrid of prompt
+    lookup and the draft model, or, without one, of prompt lookup and the MTP head. Its parts are
+    shared by the session's generations."""
     if kind is Source.lookup:
         return PromptLookup()
     if kind is Source.mtp or (kind is Source.hybrid and draft_model is None):
@@ -51,26 +53,28 @@ def lookup_of(drafter: Drafter | None) -> PromptLookup | None:
 
 def for_generation(base: Drafter | None, grammar: bool, corpus: Corpus | None = None,
                    forced: bool = True) -> Drafter | None:
-    """A generation's drafter around the session's `base` (see Drafting), None where it drafts nothing: no drafter
-    and no grammar whose forced tokens it could draft (`forced`: they may be, where rejected drafts can be
-    dropped)."""
+    """A generation's drafter around the session's `base` (see Drafting), None where it drafts
+    nothing: no drafter and no grammar whose forced tokens it could draft (`forced`: they may be,
+    where rejected drafts can be dropped)."""
     if base is None and not (grammar and forced):
         return None
     return Drafting(base, corpus, forced)
 
 
 class Drafting(Drafter):
-    """One generation's drafter, built whole for it: the session's `base` drafter (shared by its generations: a
-    draft model's cache, lookup's index), under the generation's grammar where it has one (GrammarDrafter, which
-    drafts the tokens the grammar forces too where `forced`), its prompt lookup drafting from `corpus` as well
-    where there is one (the generation's text joins the corpus when it ends), and prompt lookup instead, under the
-    same grammar, where a draft model fails: a notice says so, and the output stays the target's."""
+    """One generation's drafter, built whole for it: the session's `base` drafter (shared by its
+    generations: a draft model's cache, lookup's index), under the generation's grammar where it has
+    one (GrammarDrafter, which drafts the tokens the grammar forces too where `forced`), its prompt
+    lookup drafting from `corpus` as well where there is one (the generation's text joins the corpus
+    when it ends), and prompt lookup instead, under the same grammar, where a draft model fails: a
+    notice says so, and the output stays the target's."""
 
     def __init__(self, base: Drafter | None, corpus: Corpus | None = None, forced: bool = True):
         self.base = base
         self.corpus = corpus
         self.forced = forced
-        self.inner: Drafter | None = None  # what drafts now: the base under the grammar, or the fallback
+        # what drafts now: the base under the grammar, or the fallback
+        self.inner: Drafter | None = None
         self.constraint: Constraint | None = None
 
     def start(self, history: Sequence[int], constraint: Constraint | None = None) -> str | None:
@@ -92,7 +96,8 @@ class Drafting(Drafter):
         return GrammarDrafter(drafter, self.constraint, self.forced)
 
     def fall_back(self, history: Sequence[int], error: Exception) -> str:
-        """Prompt lookup in place of a draft model that failed, under the grammar where there is one."""
+        """Prompt lookup in place of a draft model that failed, under the grammar where there is
+        one."""
         lookup = PromptLookup()
         lookup.start(history)
         self.inner = self.under_grammar(lookup)

@@ -1,4 +1,5 @@
-"""A small draft model with its own KV cache, on the target's vocabulary or mapped onto it (VocabMap)."""
+"""A small draft model with its own KV cache, on the target's vocabulary or mapped onto it
+(VocabMap)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
-from spectool.llama import native  # noqa: F401, I001 - llama.cpp's libraries before numpy (native.py)
+from spectool.llama import native  # noqa: F401, I001 - llama.cpp before numpy (native.py)
 import numpy as np  # noqa: E402
 
 from spectool.llama.engine import Model
@@ -21,10 +22,11 @@ from spectool.drafters.draw import draw
 
 @dataclass
 class VocabMap:
-    """Token ids between a draft's vocabulary and the target's, for drafts whose vocabulary is not the target's
-    id for id: a pruned draft (see prune.py: its token i is the target's ids[i]) or a draft with a few tokens more
-    or fewer (llama.cpp accepts sizes within 128). Draft tokens the target lacks are never proposed; target tokens
-    the draft lacks reach it as its token 0 (a special token in both)."""
+    """Token ids between a draft's vocabulary and the target's, for drafts whose vocabulary is not
+    the target's id for id: a pruned draft (see prune.py: its token i is the target's ids[i]) or a
+    draft with a few tokens more or fewer (llama.cpp accepts sizes within 128). Draft tokens the
+    target lacks are never proposed; target tokens the draft lacks reach it as its token 0 (a
+    special token in both)."""
 
     to_target: np.ndarray  # draft id -> target id, -1 where the target has no such token
     to_draft: np.ndarray  # target id -> draft id (0 where the draft has no such token)
@@ -32,11 +34,12 @@ class VocabMap:
 
     @classmethod
     def between(cls, n_draft: int, n_target: int, ids: np.ndarray | None = None) -> VocabMap | None:
-        """The map for a draft of `n_draft` tokens (`ids`: a pruned draft's kept target ids), or None when the
-        two vocabularies are the same id for id."""
+        """The map for a draft of `n_draft` tokens (`ids`: a pruned draft's kept target ids), or
+        None when the two vocabularies are the same id for id."""
         if ids is None and n_draft == n_target:
             return None
-        to_target = np.arange(n_draft, dtype=np.int64) if ids is None else np.asarray(ids, np.int64).copy()
+        to_target = np.arange(n_draft,
+                              dtype=np.int64) if ids is None else np.asarray(ids, np.int64).copy()
         to_target[to_target >= n_target] = -1
         ok = np.flatnonzero(to_target >= 0)
         to_draft = np.zeros(n_target, np.int64)
@@ -45,11 +48,13 @@ class VocabMap:
 
 
 class DraftModel(Drafter):
-    """A small model with its own KV cache, kept in step with the accepted tokens by `Model.sync`. Its rows go
-    through the same sampler chain as the target's, penalties included, so q is the distribution each draft was
-    drawn from, on the target's vocabulary (see VocabMap for drafts with another one)."""
+    """A small model with its own KV cache, kept in step with the accepted tokens by `Model.sync`.
+    Its rows go through the same sampler chain as the target's, penalties included, so q is the
+    distribution each draft was drawn from, on the target's vocabulary (see VocabMap for drafts with
+    another one)."""
 
-    def __init__(self, model: Model, p_min: float = 0.0, ids: np.ndarray | None = None, n_target: int = 0):
+    def __init__(self, model: Model, p_min: float = 0.0, ids: np.ndarray | None = None,
+                 n_target: int = 0):
         self.model = model
         self.p_min = p_min
         self.n_target = n_target or model.n_vocab
@@ -92,19 +97,22 @@ class DraftModel(Drafter):
         # llama.cpp samples in the graph, but p_min at temperature 0 needs the whole row's softmax
         on_graph = ROWS if (sampling.greedy and self.p_min > 0) or constraint is not None else \
             backend_chain(sampling, banned)  # a grammar's mask needs the whole row too
-        # usually 1-2 new tokens (the target's own, after the accepted drafts); many after steps without drafts
+        # usually 1-2 new tokens (the target's own, after the accepted drafts); many after steps
+        # without drafts
         mapped = self._map(history)
         caught_up = m.sync(mapped, output=on_graph)
         catch_up = time.perf_counter() - t0 if caught_up > 2 else 0.0
         recent = mapped[-sampling.window:] if sampling.window else []
-        tokens, qs = draw(m, -1, k, lambda t, i: m.eval([t], output=on_graph), sampling, rng, recent, self.p_min,
-                          banned, constraint, None if self.map is None else self.map.to_target)  # in the draft's ids
+        tokens, qs = draw(m, -1, k, lambda t, i: m.eval([t], output=on_graph), sampling, rng,
+                          recent, self.p_min,
+                          # in the draft's ids
+                          banned, constraint, None if self.map is None else self.map.to_target)
         if self.map is not None:  # back to the target's ids
             tokens = self.map.to_target[tokens].tolist()
-            qs = [self._on_target(q) for q in qs]
+            qs = [self._on_target(q, self.map) for q in qs]
         return Draft(tokens, None if sampling.greedy else qs, Source.draft, catch_up)
 
-    def _on_target(self, q: Dist) -> Dist:
-        ids = self.map.to_target[q.ids]
+    def _on_target(self, q: Dist, vocab_map: VocabMap) -> Dist:
+        ids = vocab_map.to_target[q.ids]
         order = np.argsort(ids)
         return Dist(ids[order], q.p[order], self.n_target)

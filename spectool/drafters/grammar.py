@@ -1,11 +1,12 @@
-"""Drafting under a grammar: the tokens it forces first, then the drafter's own, up to the first one it rejects."""
+"""Drafting under a grammar: the tokens it forces first, then the drafter's own, up to the first one
+it rejects."""
 
 from __future__ import annotations
 
 from itertools import chain
 from typing import Iterable, Sequence
 
-from spectool.llama import native  # noqa: F401, I001 - llama.cpp's libraries before numpy (native.py)
+from spectool.llama import native  # noqa: F401, I001 - llama.cpp before numpy (native.py)
 import numpy as np  # noqa: E402
 
 from spectool.core.grammar import Constraint
@@ -17,19 +18,22 @@ from spectool.drafters.lookup import PromptLookup
 
 
 class GrammarDrafter(Drafter):
-    """Any drafter (or none) under one generation's grammar. Prompt lookup and the grammar take turns: lookup's
-    tokens up to the first one the grammar rejects, the tokens it forces from there (its fast-forward tokens,
-    under the key GRAMMAR: no drafting, and accepted unless the model spells the same text with other tokens),
-    lookup again after them, and so on. Another drafter's offer starts with the forced tokens, then its own,
-    peeked at after them and cut at the first token the grammar rejects. A draft model or MTP head draws from
-    the grammar's masked rows (drafters/draw.py), so its q is what it drew from and rejection sampling stays
-    exact."""
+    """Any drafter (or none) under one generation's grammar. Prompt lookup and the grammar take
+    turns: lookup's tokens up to the first one the grammar rejects, the tokens it forces from there
+    (its fast-forward tokens, under the key GRAMMAR: no drafting, and accepted unless the model
+    spells the same text with other tokens), lookup again after them, and so on. Another drafter's
+    offer starts with the forced tokens, then its own, peeked at after them and cut at the first
+    token the grammar rejects. A draft model or MTP head draws from the grammar's masked rows
+    (drafters/draw.py), so its q is what it drew from and rejection sampling stays exact."""
 
     def __init__(self, inner: Drafter | None, constraint: Constraint, forced: bool = True):
         self.inner, self.constraint, self.force = inner, constraint, forced
-        self._taken: list[tuple[int, bool]] = []  # the tokens offered ahead of the inner drafter's: (token, forced)
-        self._keys: list[Evidence] = []  # lookup's and the grammar's keys of them, in turn (their sources)
-        self._ahead: list[int] | None = None  # the history the inner drafter peeked at: the real one + forced
+        # the tokens offered ahead of the inner drafter's: (token, forced)
+        self._taken: list[tuple[int, bool]] = []
+        # lookup's and the grammar's keys of them, in turn (their sources)
+        self._keys: list[Evidence] = []
+        # the history the inner drafter peeked at: the real one + forced
+        self._ahead: Sequence[int] | None = None
 
     def start(self, history: Sequence[int], constraint: Constraint | None = None) -> None:
         """(It drafts under its own grammar state: `constraint` is the same one, or None.)"""
@@ -41,7 +45,7 @@ class GrammarDrafter(Drafter):
         self._taken = []
         if isinstance(self.inner, PromptLookup):
             self._ahead = None
-            return self._lookup_and_forced(history, k_max)
+            return self._lookup_and_forced(self.inner, history, k_max)
         ff = self.constraint.forced()[:k_max] if self.force else []
         self._taken, self._ahead = [(t, True) for t in ff], None
         keys = [GRAMMAR] * len(ff)
@@ -50,14 +54,16 @@ class GrammarDrafter(Drafter):
         self._ahead = ahead = [*history, *ff] if ff else history
         return chain(keys, self.inner.peek(ahead, k_max - len(ff), estimate, final=len(history)))
 
-    def _lookup_and_forced(self, history: Sequence[int], k_max: int) -> list[Evidence]:
-        """Prompt lookup and the grammar in turn, up to k_max tokens (see the class). Lookup goes first where its
-        next token fits: it splits a text into tokens as that text was split before. In JSON a value copied from
-        the prompt ends where the prompt's text goes on otherwise, the grammar forces the next key's name, and
-        lookup copies the punctuation around it as the output wrote it so far. A string's first word follows its
-        quote, not the space it had in the text: where lookup finds nothing after the history's last token, it
-        looks again as if that token had its space (" max" for "max": the tokenizer's twin, Vocabulary.spaced)."""
-        c, lookup, taken, keys = self.constraint, self.inner, self._taken, []
+    def _lookup_and_forced(self, lookup: PromptLookup, history: Sequence[int],
+                           k_max: int) -> list[Evidence]:
+        """Prompt lookup and the grammar in turn, up to k_max tokens (see the class). Lookup goes
+        first where its next token fits: it splits a text into tokens as that text was split before.
+        In JSON a value copied from the prompt ends where the prompt's text goes on otherwise, the
+        grammar forces the next key's name, and lookup copies the punctuation around it as the
+        output wrote it so far. A string's first word follows its quote, not the space it had in the
+        text: where lookup finds nothing after the history's last token, it looks again as if that
+        token had its space (" max" for "max": the tokenizer's twin, Vocabulary.spaced)."""
+        c, taken, keys = self.constraint, self._taken, []
         try:
             while len(taken) < k_max and not (taken and taken[-1][0] in c.eog):
                 room = k_max - len(taken)
@@ -65,7 +71,8 @@ class GrammarDrafter(Drafter):
                 tokens, new_keys = lookup.lookup(ahead, room, final=len(history))
                 n = c.valid(tokens)
                 if not n and not taken and history[-1] in c.vocabulary.spaced:
-                    tokens, new_keys = lookup.lookup_instead(history, c.vocabulary.spaced[history[-1]], room)
+                    tokens, new_keys = lookup.lookup_instead(history,
+                                                             c.vocabulary.spaced[history[-1]], room)
                     n = c.valid(tokens)
                 if n:
                     tokens, new_keys = tokens[:n], new_keys[:n]
@@ -86,10 +93,17 @@ class GrammarDrafter(Drafter):
                 constraint: Constraint | None = None) -> Draft:
         taken = self._taken[:k]
         forced = sum(f for _, f in taken)
-        if k <= len(taken) or self._ahead is None:
+        if k <= len(taken) or self._ahead is None or self.inner is None:
             tokens = [t for t, _ in taken]
-            corpus = any(key.source is Source.corpus for key in self._keys[:k])  # lookup in earlier requests' text
-            source = Source.grammar if forced == len(tokens) else Source.corpus if corpus else Source.lookup
+            # lookup in earlier requests' text
+            corpus = any(key.source is Source.corpus for key in self._keys[:k])
+            source = (
+                Source.grammar
+                if forced == len(tokens)
+                else Source.corpus
+                if corpus
+                else Source.lookup
+            )
             return Draft(tokens, None, source, forced=forced) if tokens else EMPTY
         ff = [t for t, _ in taken]
         c = self.constraint
@@ -102,5 +116,6 @@ class GrammarDrafter(Drafter):
         tokens = ff + d.tokens[:n]
         if not tokens:
             return EMPTY
-        q = None if d.q is None else [None] * len(ff) + d.q[:n]
-        return Draft(tokens, q, d.source if n else Source.grammar, d.catch_up_seconds, forced=len(ff))
+        q = None if d.q is None else [*[None] * len(ff), *d.q[:n]]
+        return Draft(tokens, q, d.source if n else Source.grammar, d.catch_up_seconds,
+                     forced=len(ff))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from spectool.llama import native  # noqa: F401, I001 - llama.cpp's libraries before numpy (native.py)
+from spectool.llama import native  # noqa: F401, I001 - llama.cpp before numpy (native.py)
 import numpy as np  # noqa: E402
 
 from spectool.core.grammar import Constraint
@@ -18,10 +18,10 @@ from spectool.drafters.mtp import Mtp
 
 
 class Hybrid(Drafter):
-    """Prompt lookup while its evidence holds, the draft model (or the target's MTP head) for the rest of the step:
-    lookup's tokens are offered up to the first one worth less than a draft-model token (Controller.worth:
-    acceptance less what drafting costs), and the draft model continues from there (from the start where lookup
-    finds nothing)."""
+    """Prompt lookup while its evidence holds, the draft model (or the target's MTP head) for the
+    rest of the step: lookup's tokens are offered up to the first one worth less than a draft-model
+    token (Controller.worth: acceptance less what drafting costs), and the draft model continues
+    from there (from the start where lookup finds nothing)."""
 
     def __init__(self, lookup: PromptLookup, draft: DraftModel | Mtp):
         self.lookup, self.draft = lookup, draft
@@ -38,7 +38,8 @@ class Hybrid(Drafter):
         model = self.draft.peek(history, k_max)
         bar = {key: estimate(key) for key in set(model)} if estimate is not None else {}
         j = 0
-        while j < len(keys) and j < len(model) and (estimate is None or estimate(keys[j]) >= bar[model[j]]):
+        while j < len(keys) and j < len(model) and (estimate is None
+                                                    or estimate(keys[j]) >= bar[model[j]]):
             j += 1
         self._n_lookup = j
         return keys[:j] + model[j:]
@@ -56,11 +57,12 @@ class Hybrid(Drafter):
         if constraint is not None:
             constraint.push(head.tokens)
         try:
-            tail = self.draft.propose([*history, *head.tokens], k - len(head.tokens), sampling, rng, constraint)
+            tail = self.draft.propose([*history, *head.tokens], k - len(head.tokens), sampling, rng,
+                                      constraint)
         finally:
             if constraint is not None:
                 constraint.pop(len(head.tokens))
         if not head.tokens:
             return tail
-        q = None if tail.q is None else [None] * len(head.tokens) + tail.q
+        q = None if tail.q is None else [*[None] * len(head.tokens), *tail.q]
         return Draft(head.tokens + tail.tokens, q, Source.hybrid, tail.catch_up_seconds)

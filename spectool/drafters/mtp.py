@@ -1,5 +1,6 @@
-"""The target's own MTP (NextN) head as the drafter: its context (`MtpContext`, beside the target's, through the
-target Model's public handles and decode listener) and the drafter that chains it (`Mtp`)."""
+"""The target's own MTP (NextN) head as the drafter: its context (`MtpContext`, beside the target's,
+through the target Model's public handles and decode listener) and the drafter that chains it
+(`Mtp`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import ctypes
 import time
 from typing import Sequence
 
-from spectool.llama import native  # noqa: F401, I001 - llama.cpp's libraries before numpy (native.py)
+from spectool.llama import native  # noqa: F401, I001 - llama.cpp before numpy (native.py)
 import numpy as np  # noqa: E402
 
 from spectool.llama.engine import DecodeError, Model, ModelLoadError, last_log_error
@@ -22,10 +23,11 @@ from spectool.drafters.draw import draw
 
 class MtpContext:
     """The MTP (NextN) head of a target loaded with `load_mtp`, in a context of its own (llama.cpp's
-    LLAMA_CONTEXT_TYPE_MTP, as common/speculative.cpp's draft-mtp makes it). Its input at position p is the token
-    there with the target's hidden state at p - 1 (llama_get_embeddings_nextn); its output predicts the token at
-    p + 1, and its own hidden state feeds its next position while it drafts. `mirror`, a decode listener of the
-    target, keeps its cache in step with the target's decodes; `step` drafts one token."""
+    LLAMA_CONTEXT_TYPE_MTP, as common/speculative.cpp's draft-mtp makes it). Its input at position p
+    is the token there with the target's hidden state at p - 1 (llama_get_embeddings_nextn); its
+    output predicts the token at p + 1, and its own hidden state feeds its next position while it
+    drafts. `mirror`, a decode listener of the target, keeps its cache in step with the target's
+    decodes; `step` drafts one token."""
 
     output = ROWS  # rows are read on the host (verify.token_at / dist_at)
 
@@ -36,7 +38,10 @@ class MtpContext:
 
         lib = self.lib = native.lib()
         self._ext = llama_cpp_ext
-        self.target, self.n_vocab, self.n_ctx, self.n_embd = target, target.n_vocab, target.n_ctx, target.n_embd
+        self.target = target
+        self.n_vocab = target.n_vocab
+        self.n_ctx = target.n_ctx
+        self.n_embd = target.n_embd
         cparams = lib.llama_context_default_params()
         cparams.n_ctx = target.n_ctx
         cparams.n_batch = cparams.n_ubatch = target.n_batch
@@ -50,13 +55,17 @@ class MtpContext:
                                  f"{last_log_error() or 'out of memory?'}")
         other = llama_cpp_ext.llama_get_ctx_other(self._ctx)
         if other and _address(other) == _address(target.llama_context):
-            lib.llama_free(self._ctx)  # Gemma 4's assistants: all heads in one graph over the target's own cache
-            raise ModelLoadError(f"{target.path.name}'s MTP heads share the target's cache: not supported yet")
+            # Gemma 4's assistants: all heads in one graph over the target's own cache
+            lib.llama_free(self._ctx)
+            raise ModelLoadError(f"{target.path.name}'s MTP heads share the target's cache: not "
+                                 "supported yet")
         self._mem = lib.llama_get_memory(self._ctx)
-        llama_cpp_ext.llama_set_embeddings_nextn(target.llama_context, True, False)  # every row's hidden state
+        # every row's hidden state
+        llama_cpp_ext.llama_set_embeddings_nextn(target.llama_context, True, False)
         llama_cpp_ext.llama_set_embeddings_nextn(self._ctx, True, True)  # the output rows' only
         n = self.n_batch = target.n_batch
-        self._batch = b = lib.llama_batch_init(n, self.n_embd, 1)  # token ids and hidden states side by side
+        # token ids and hidden states side by side
+        self._batch = b = lib.llama_batch_init(n, self.n_embd, 1)
         self._tokens = (lib.llama_token * n)()
         b.token = self._tokens
         self._b_token = np.ctypeslib.as_array(self._tokens, shape=(n,))
@@ -66,18 +75,20 @@ class MtpContext:
         np.ctypeslib.as_array(b.n_seq_id, shape=(n,))[:] = 1
         for i in range(n):
             b.seq_id[i][0] = 0
-        self.h: dict[int, np.ndarray] = {}  # position -> the target's hidden state there (its latest decode)
+        # position -> the target's hidden state there (its latest decode)
+        self.h: dict[int, np.ndarray] = {}
         self._last_h = np.zeros(self.n_embd, np.float32)
         target.add_decode_listener(self.mirror)  # from now on every target decode reaches the head
         self.covered = 0  # the target's first positions mirrored here without a gap
 
     def mirror(self, tokens: Sequence[int], pos0: int) -> None:
-        """After the target decoded `tokens` from position pos0: the same tokens here, each with the target's
-        hidden state at the position before it (the first with the one kept from an earlier decode, zeros at the
-        start), and the target's states kept for drafting."""
+        """After the target decoded `tokens` from position pos0: the same tokens here, each with the
+        target's hidden state at the position before it (the first with the one kept from an earlier
+        decode, zeros at the start), and the target's states kept for drafting."""
         n = len(tokens)
-        rows = np.ctypeslib.as_array(self._ext.llama_get_embeddings_nextn(self.target.llama_context),
-                                     shape=(n, self.n_embd))
+        rows = np.ctypeslib.as_array(
+            self._ext.llama_get_embeddings_nextn(self.target.llama_context), shape=(n, self.n_embd)
+        )
         self.lib.llama_memory_seq_rm(self._mem, 0, pos0, -1)
         self._b_token[:n] = tokens
         self._b_pos[:n] = np.arange(pos0, pos0 + n, dtype=np.int32)
@@ -85,15 +96,16 @@ class MtpContext:
         self._b_h[0] = self.h.get(pos0 - 1, self._last_h) if pos0 else 0.0
         self._b_h[1:n] = rows[: n - 1]
         self._decode(n)
-        self.h = {pos0 + i: rows[i].copy() for i in range(n)} | {p: v for p, v in self.h.items() if p < pos0}
+        self.h = {pos0 + i: rows[i].copy() for i in range(n)} | {p: v for p, v in self.h.items()
+                                                                 if p < pos0}
         self._last_h = self.h[pos0 + n - 1]
         if pos0 <= self.covered:
             self.covered = pos0 + n
 
     def catch_up(self) -> int:
-        """Mirror what the target's cache holds that this head has not seen (a target that decoded before the head
-        was there): those tokens are decoded again by the target, whose hidden states are only there right after a
-        decode. Returns how many."""
+        """Mirror what the target's cache holds that this head has not seen (a target that decoded
+        before the head was there): those tokens are decoded again by the target, whose hidden
+        states are only there right after a decode. Returns how many."""
         target = self.target
         start = min(self.covered, len(target.tokens))
         missing = target.tokens[start:]
@@ -103,8 +115,9 @@ class MtpContext:
         return len(missing)
 
     def step(self, token: int, pos: int, h: np.ndarray) -> np.ndarray:
-        """The head on `token` at `pos` with hidden state `h` (the target's at pos - 1, or this head's own output
-        for the token before): its logits row predicts the token at pos + 1; returns the head's hidden state."""
+        """The head on `token` at `pos` with hidden state `h` (the target's at pos - 1, or this
+        head's own output for the token before): its logits row predicts the token at pos + 1;
+        returns the head's hidden state."""
         self.lib.llama_memory_seq_rm(self._mem, 0, pos, -1)
         self._b_token[0], self._b_pos[0], self._b_out[0], self._b_h[0] = token, pos, 1, h
         self._decode(1)
@@ -115,7 +128,8 @@ class MtpContext:
         self._batch.n_tokens = n
         rc = self.lib.llama_decode(self._ctx, self._batch)
         if rc != 0:
-            raise DecodeError(f"llama_decode failed in the MTP context (code {rc}): {last_log_error()}")
+            raise DecodeError(f"llama_decode failed in the MTP context (code {rc}): "
+                              f"{last_log_error()}")
 
     def logits(self, i: int = -1) -> np.ndarray:
         ptr = self.lib.llama_get_logits_ith(self._ctx, i)
@@ -123,7 +137,8 @@ class MtpContext:
 
     def close(self) -> None:
         if self._batch is not None:
-            self._batch.token = ctypes.POINTER(self.lib.llama_token)()  # ours, not llama_batch_init's
+            # ours, not llama_batch_init's
+            self._batch.token = ctypes.POINTER(self.lib.llama_token)()
             self.lib.llama_batch_free(self._batch)
             self._batch = None
         if self._ctx:
@@ -139,18 +154,19 @@ def _address(pointer) -> int | None:
 
 
 class Mtp(Drafter):
-    """The target's own MTP (NextN) head as the drafter (MtpContext, which mirrors the target's decodes
-    into the head's context as they happen), and a draft chains the head from the last position
-    whose hidden state the target computed, through any tokens after it (a hybrid's lookup tokens), then on its
-    own outputs, as llama.cpp's draft-mtp does. Its rows go through the target's sampler chain, so q is the
-    distribution each draft was drawn from."""
+    """The target's own MTP (NextN) head as the drafter (MtpContext, which mirrors the target's
+    decodes into the head's context as they happen), and a draft chains the head from the last
+    position whose hidden state the target computed, through any tokens after it (a hybrid's lookup
+    tokens), then on its own outputs, as llama.cpp's draft-mtp does. Its rows go through the
+    target's sampler chain, so q is the distribution each draft was drawn from."""
 
     def __init__(self, head, p_min: float = 0.0):
         self.head, self.p_min = head, p_min
 
     def start(self, history: Sequence[int], constraint: Constraint | None = None) -> None:
         no_grammar(constraint)
-        self.head.catch_up()  # the target's prefill reached the head through its listener, unless it came earlier
+        # the target's prefill reached the head through its listener, unless it came earlier
+        self.head.catch_up()
 
     def peek(self, history: Sequence[int], k_max: int, estimate: Estimate | None = None,
              final: int | None = None) -> list[Evidence]:
@@ -160,20 +176,25 @@ class Mtp(Drafter):
                 constraint: Constraint | None = None) -> Draft:
         head, n = self.head, len(history)
         k = min(k, head.n_ctx - n)
-        q0 = min(n - 2, len(head.target.tokens) - 1)  # the last position whose hidden state the target made
+        # the last position whose hidden state the target made
+        q0 = min(n - 2, len(head.target.tokens) - 1)
         h = head.h.get(q0)
         if k <= 0 or h is None:
             return EMPTY
         t0 = time.perf_counter()
-        for pos in range(q0 + 1, n - 1):  # tokens the target has not seen yet (lookup's, in a hybrid draft)
+        # tokens the target has not seen yet (lookup's, in a hybrid draft)
+        for pos in range(q0 + 1, n - 1):
             h = head.step(history[pos], pos, h)
         catch_up = time.perf_counter() - t0 if n - 1 - (q0 + 1) > 2 else 0.0
         h = head.step(history[-1], n - 1, h)  # the first draft's row
 
-        def advance(token: int, i: int) -> None:  # draft i at position n + i, on the head's own hidden state
+        # draft i at position n + i, on the head's own hidden state
+        def advance(token: int, i: int) -> None:
             nonlocal h
             h = head.step(token, n + i, h)
 
         recent = list(history[-sampling.window:]) if sampling.window else []
-        tokens, qs = draw(head, 0, k, advance, sampling, rng, recent, self.p_min, constraint=constraint)
-        return Draft(tokens, None if sampling.greedy else qs, Source.mtp, catch_up) if tokens else EMPTY
+        tokens, qs = draw(head, 0, k, advance, sampling, rng, recent, self.p_min,
+                          constraint=constraint)
+        return Draft(tokens, None if sampling.greedy else qs, Source.mtp,
+                     catch_up) if tokens else EMPTY

@@ -1,12 +1,13 @@
 """A faster draft model: the same weights with a smaller vocabulary.
 
-On a CPU most of a small draft model's step is its output layer when the vocabulary is large (Gemma 3 270M,
-262k tokens: 6.3 of 9.6 ms). A draft only proposes; the target verifies every token, so a draft that can propose
-only the K tokens it is most likely to need loses a little acceptance and gains a lot of speed. This module
-writes such a draft: the K most likely tokens (ranked by the draft's own average next-token distribution over a
-calibration text it writes itself), plus every special and byte token, with the embedding rows sliced to match.
-The kept ids are stored in the file (`spectool.pruned.ids`), so DraftModel maps between the two vocabularies.
-The output of speculative decoding is unchanged: only which drafts are offered changes.
+On a CPU most of a small draft model's step is its output layer when the vocabulary is large (Gemma
+3 270M, 262k tokens: 6.3 of 9.6 ms). A draft only proposes; the target verifies every token, so a
+draft that can propose only the K tokens it is most likely to need loses a little acceptance and
+gains a lot of speed. This module writes such a draft: the K most likely tokens (ranked by the
+draft's own average next-token distribution over a calibration text it writes itself), plus every
+special and byte token, with the embedding rows sliced to match. The kept ids are stored in the file
+(`spectool.pruned.ids`), so DraftModel maps between the two vocabularies. The output of speculative
+decoding is unchanged: only which drafts are offered changes.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from spectool.llama import native  # noqa: F401, I001 - llama.cpp's libraries before numpy (native.py)
+from spectool.llama import native  # noqa: F401, I001 - llama.cpp before numpy (native.py)
 import numpy as np  # noqa: E402
 
 from spectool.models.store import cache_dir, file_tag
@@ -41,8 +42,8 @@ def read_ids(path: str | os.PathLike) -> np.ndarray | None:
 
 
 def token_ranking(model, tokens_per_prompt: int = 160, seed: int = 0, progress=None) -> np.ndarray:
-    """Average next-token probability of every token, over text the model samples itself from varied starts;
-    `progress(done, total)` hears of each start."""
+    """Average next-token probability of every token, over text the model samples itself from varied
+    starts; `progress(done, total)` hears of each start."""
     from spectool.core.verify import Sampling, distribution
 
     rng = np.random.default_rng(seed)
@@ -78,7 +79,11 @@ def prune(src: str | os.PathLike, dst: str | os.PathLike, keep: np.ndarray) -> P
     try:
         for field in reader.fields.values():
             name = field.name
-            if name == gguf.Keys.General.ARCHITECTURE or name.startswith("GGUF.") or name == KEY_IDS:
+            if (
+                name == gguf.Keys.General.ARCHITECTURE
+                or name.startswith("GGUF.")
+                or name == KEY_IDS
+            ):
                 continue
             vtype = field.types[0]
             sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
@@ -93,7 +98,8 @@ def prune(src: str | os.PathLike, dst: str | os.PathLike, keep: np.ndarray) -> P
                 value = len(keep)
             elif name == "tokenizer.ggml.merges":
                 texts = set(reader.fields["tokenizer.ggml.tokens"].contents()[i] for i in keep)
-                value = [m for m in value if m.replace(" ", "") in texts and all(p in texts for p in m.split(" "))]
+                value = [m for m in value if m.replace(" ", "") in texts
+                         and all(p in texts for p in m.split(" "))]
             writer.add_key_value(name, value, vtype, sub_type=sub)
         writer.add_array(KEY_IDS, [int(i) for i in keep])
         tensors = [(t, t.data[keep] if t.name in VOCAB_TENSORS else t.data) for t in reader.tensors]
@@ -112,13 +118,13 @@ def prune(src: str | os.PathLike, dst: str | os.PathLike, keep: np.ndarray) -> P
 
 
 def cached_path(path: str | os.PathLike, vocab: int) -> Path:
-    """Where the pruned copy of `path` lives (see cache.py)."""
+    """Where the pruned copy of `path` lives (see models/store.py)."""
     return cache_dir("pruned") / f"{Path(path).stem}-vocab{vocab}-{file_tag(path, vocab)}.gguf"
 
 
 def pruned_draft(path: str | os.PathLike, vocab: int, progress=None, **model_options) -> Path:
-    """A pruned copy of the draft at `path` keeping `vocab` tokens, made once and cached; `progress(done, total)`
-    hears how the ranking of its tokens goes."""
+    """A pruned copy of the draft at `path` keeping `vocab` tokens, made once and cached;
+    `progress(done, total)` hears how the ranking of its tokens goes."""
     from spectool.llama.engine import Model
 
     out = cached_path(path, vocab)
@@ -128,8 +134,10 @@ def pruned_draft(path: str | os.PathLike, vocab: int, progress=None, **model_opt
     with Model(path, n_ctx=2048, **model_options) as m:
         ranking = token_ranking(m, progress=progress)
         info = m.vocab_info()
-        always = {i for i in range(m.n_vocab) if m.is_eog(i)}  # end-of-generation tokens stay proposable
-    always |= {i for i, t in enumerate(info.texts) if t.startswith(b"<0x") and len(t) == 6}  # byte fallback
+        # end-of-generation tokens stay proposable
+        always = {i for i in range(m.n_vocab) if m.is_eog(i)}
+    # byte fallback
+    always |= {i for i, t in enumerate(info.texts) if t.startswith(b"<0x") and len(t) == 6}
     always |= {i for i in (info.bos, info.eos) if i >= 0} | set(range(5))
     top = np.argsort(-ranking, kind="stable")
     keep = list(always)

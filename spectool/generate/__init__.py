@@ -1,1 +1,2 @@
-"""The speculative loop: draft -> verify -> accept -> observe -> emit, as Step events, over a drafter it is given."""
+"""The speculative loop: draft -> verify -> accept -> observe -> emit, as Step events, over a
+drafter it is given."""

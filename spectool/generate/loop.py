@@ -1,12 +1,13 @@
 """The speculative loop: a generator of Step events, draft -> verify -> accept -> observe -> emit.
 
-Notation: x is the token history (prompt + accepted output); the target's KV cache always holds x[:-1], so
-each step feeds [x[-1], d_1..d_k] in one batch and reads k+1 rows of target logits p_0..p_k, where p_i is the
-target's distribution after x + d_1..d_i. q are the drafter's distributions (see core/verify.py).
+Notation: x is the token history (prompt + accepted output); the target's KV cache always holds
+x[:-1], so each step feeds [x[-1], d_1..d_k] in one batch and reads k+1 rows of target logits
+p_0..p_k, where p_i is the target's distribution after x + d_1..d_i. q are the drafter's
+distributions (see core/verify.py).
 
-The loop takes the drafter it is given (drafters/builder.py builds one whole: grammar, corpus, fallback) and
-decides nothing of it: the controller picks each step's draft length, the acceptance rule keeps the target's
-distribution.
+The loop takes the drafter it is given (drafters/builder.py builds one whole: grammar, corpus,
+fallback) and decides nothing of it: the controller picks each step's draft length, the acceptance
+rule keeps the target's distribution.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
-from spectool.llama import native  # noqa: F401, I001 - llama.cpp's libraries before numpy (native.py)
+from spectool.llama import native  # noqa: F401, I001 - llama.cpp before numpy (native.py)
 import numpy as np  # noqa: E402
 
 from spectool.core.controller import Controller
@@ -23,7 +24,8 @@ from spectool.core.evidence import Evidence, Source
 from spectool.core.grammar import Constraint, Grammar, NothingAllowed, dist_under, token_under
 from spectool.core.protocol import EMPTY, Draft, Drafter
 from spectool.core.stats import Stats
-from spectool.core.verify import (Sampling, TokenLogprob, accept_greedy, accept_sampled, backend_chain, dist_at,
+from spectool.core.verify import (Sampling, TokenLogprob, accept_greedy, accept_sampled,
+                                  backend_chain, dist_at,
                                   greedy_rows, token_logprob)
 from spectool.generate.prompt import calibrate, freeze_startup_objects, prefill
 from spectool.generate.stream import TextStream
@@ -37,16 +39,20 @@ class Step:
 
     tokens: list[int]  # the new final tokens: accepted drafts, then the target's own token
     drafted: int = 0
-    accepted: int = 0  # of the drafted tokens, before any cut at end-of-generation, the budget or a stop string
+    # of the drafted tokens, before any cut at end-of-generation, the budget or a stop string
+    accepted: int = 0
     source: Source = Source.none
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     text: str = ""  # what became final as text, when the generation makes text (generate_text)
     draft_chars: int = 0  # how much of `text` came from accepted drafts
-    forced: int = 0  # of the drafted tokens, how many a grammar forced (Source.grammar; the rest are `source`'s)
-    finish_reason: str | None = None  # on the last step: "stop" | "length" | "context" | "interrupted"
+    # of the drafted tokens, how many a grammar forced (Source.grammar; the rest are `source`'s)
+    forced: int = 0
+    # on the last step: "stop" | "length" | "context" | "interrupted"
+    finish_reason: str | None = None
     notice: str | None = None  # a one-line message for the user (e.g. the draft model failed)
-    logprobs: list[TokenLogprob] | None = None  # one per token of `tokens`, when GenerationConfig.logprobs asks
+    # one per token of `tokens`, when GenerationConfig.logprobs asks
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass
@@ -54,15 +60,19 @@ class GenerationConfig:
     """Everything one generation needs besides the prompt."""
 
     target: Model
-    drafter: Drafter | None = None  # built whole (drafters/builder.py); under a grammar, it drafts under it
+    # built whole (drafters/builder.py); under a grammar, it drafts under it
+    drafter: Drafter | None = None
     sampling: Sampling = field(default_factory=Sampling)
     controller: Controller = field(default_factory=Controller)
     max_tokens: int = 256
     seed: int | None = None
-    rng: np.random.Generator | None = None  # made from `seed` on first use and kept: a chat's turns go on drawing
-    on_prefill: Callable[[int, int], None] | None = None  # hears (done, total) while the prompt is processed
+    # made from `seed` on first use and kept: a chat's turns go on drawing
+    rng: np.random.Generator | None = None
+    # hears (done, total) while the prompt is processed
+    on_prefill: Callable[[int, int], None] | None = None
     grammar: Grammar | None = None  # every token follows it (core/grammar.py)
-    logprobs: int | None = None  # each token's log-probability and this many alternatives (Step.logprobs); None:
+    # each token's log-probability and this many alternatives (Step.logprobs); None:
+    logprobs: int | None = None
     # none, and llama.cpp's graph may sample the rows where they are (backend_chain)
 
     def random(self) -> np.random.Generator:
@@ -78,21 +88,24 @@ def never() -> bool:
 def speculative_generate(g: GenerationConfig, prompt: Sequence[int], stats: Stats | None = None,
                          interrupted: Callable[[], bool] = never,
                          stop: Sequence[str] | None = None) -> Iterator[Step]:
-    """The loop: a Step per target pass. `interrupted()` is asked between steps (true: a last step, finish reason
-    "interrupted", with any text held back for a stop string) and between the prefill's batches (true: it raises
-    KeyboardInterrupt there). `stop`: the steps carry their text, cut at the first of these strings (None: no text
-    is made)."""
+    """The loop: a Step per target pass. `interrupted()` is asked between steps (true: a last step,
+    finish reason "interrupted", with any text held back for a stop string) and between the
+    prefill's batches (true: it raises KeyboardInterrupt there). `stop`: the steps carry their text,
+    cut at the first of these strings (None: no text is made)."""
     t0 = time.perf_counter()  # prompt processing: everything before the first step
     freeze_startup_objects()
     x = list(prompt)
-    constraint = g.grammar.matcher(g.target) if g.grammar is not None else None  # before the prefill: it may fail
+    # before the prefill: it may fail
+    constraint = g.grammar.matcher(g.target) if g.grammar is not None else None
     n_prefilled = prefill(g.target, x, interrupted, g.on_prefill)
-    # what llama.cpp samples inside its graph (ids, top-k or rows); a grammar's mask and logprobs need whole rows
+    # what llama.cpp samples inside its graph (ids, top-k or rows); a grammar's mask and logprobs
+    # need whole rows
     on_graph = backend_chain(g.sampling) if constraint is None and g.logprobs is None else ROWS
     notice = None
     if g.drafter is not None:
         calibrate(g.target, x, g.controller, on_graph)
-        notice = g.drafter.start(x, constraint)  # a draft model's prompt is prompt processing, not drafting
+        # a draft model's prompt is prompt processing, not drafting
+        notice = g.drafter.start(x, constraint)
     if stats is not None:
         stats.n_prompt_tokens, stats.n_prefilled = len(x), n_prefilled
         stats.prompt_seconds = time.perf_counter() - t0
@@ -103,15 +116,16 @@ def speculative_generate(g: GenerationConfig, prompt: Sequence[int], stats: Stat
 def generate_text(g: GenerationConfig, prompt: Sequence[int], stop: Sequence[str] = (),
                   stats: Stats | None = None,
                   interrupted: Callable[[], bool] = never) -> Iterator[tuple[str, Step]]:
-    """Yield (text, step) pairs: the text that became final at each step (its first `step.draft_chars` characters
-    came from accepted drafts), up to the first stop string; see speculative_generate."""
+    """Yield (text, step) pairs: the text that became final at each step (its first
+    `step.draft_chars` characters came from accepted drafts), up to the first stop string; see
+    speculative_generate."""
     for step in speculative_generate(g, prompt, stats, interrupted, stop):
         yield step.text, step
 
 
 class Loop:
-    """One generation's state between steps: the history x, the tokens made so far, what the user is to be
-    told."""
+    """One generation's state between steps: the history x, the tokens made so far, what the user is
+    to be told."""
 
     def __init__(self, g: GenerationConfig, x: list[int], on_graph: Output, stats: Stats | None,
                  stream: TextStream | None, constraint: Constraint | None, notice: str | None):
@@ -127,9 +141,11 @@ class Loop:
         self.stream = stream
         self.constraint = constraint
         self.notice = notice
-        self.temp = 0.0 if g.sampling.greedy else g.sampling.temp  # acceptance is learnt per temperature
+        # acceptance is learnt per temperature
+        self.temp = 0.0 if g.sampling.greedy else g.sampling.temp
         self.n_new = 0
-        self.step_logprobs: list[TokenLogprob] | None = None  # the last verification's, when g.logprobs asks ...
+        # the last verification's, when g.logprobs asks ...
+        self.step_logprobs: list[TokenLogprob] | None = None
         self.logprob_seconds = 0.0  # ... and what reading them cost
 
     def worth(self, key: Evidence) -> float:
@@ -139,7 +155,8 @@ class Loop:
     def steps(self, interrupted: Callable[[], bool]) -> Iterator[Step]:
         x, target = self.x, self.target
         try:
-            while (room := target.n_ctx - len(x)) >= 0:  # the batch [x[-1], d_1..d_k] must fit: k <= room
+            # the batch [x[-1], d_1..d_k] must fit: k <= room
+            while (room := target.n_ctx - len(x)) >= 0:
                 t0 = time.perf_counter()
                 keys, d = self.draft(min(room, self.g.max_tokens - self.n_new - 1))
                 t1 = time.perf_counter()
@@ -149,7 +166,8 @@ class Loop:
                     yield self.last("stop")
                     return
                 t2 = time.perf_counter()
-                self.observe(keys, d, n_acc, t1 - t0, t2 - t1 - self.logprob_seconds)  # a batch's cost, by size
+                # a batch's cost, by size
+                self.observe(keys, d, n_acc, t1 - t0, t2 - t1 - self.logprob_seconds)
                 step = self.emit([*d.tokens[:n_acc], t], d, n_acc, t1 - t0, t2 - t1)
                 yield step
                 if step.finish_reason:
@@ -159,19 +177,22 @@ class Loop:
                     return
             yield self.last("context")
         finally:
-            target.rollback(len(x) - 1)  # whatever happened, the cache holds x[:-1] and nothing drafted
+            # whatever happened, the cache holds x[:-1] and nothing drafted
+            target.rollback(len(x) - 1)
             if self.drafter is not None:
                 self.drafter.finish(x)
 
     def interrupt(self) -> Iterator[Step]:
-        """The end of an interrupted generation: a last step with the text held back for a stop string, if any."""
+        """The end of an interrupted generation: a last step with the text held back for a stop
+        string, if any."""
         held = self.stream.flush() if self.stream is not None else ""
         step = self.last("interrupted", held)
         if held:
             yield step
 
     def draft(self, k_max: int) -> tuple[list[Evidence], Draft]:
-        """The keys the controller picked among the drafter's offer, and the draft of that many tokens."""
+        """The keys the controller picked among the drafter's offer, and the draft of that many
+        tokens."""
         if self.drafter is None:
             return [], EMPTY
         offer = self.drafter.peek(self.x, min(self.ctl.k_max, k_max), self.worth)
@@ -184,8 +205,8 @@ class Loop:
         return keys, d
 
     def verify(self, d: Draft) -> tuple[int, int]:
-        """One target pass over [x[-1], d_1..d_k]: how many drafts are accepted, and the target's own next token.
-        The cache then holds x and the accepted drafts."""
+        """One target pass over [x[-1], d_1..d_k]: how many drafts are accepted, and the target's
+        own next token. The cache then holds x and the accepted drafts."""
         x, target, s, tokens = self.x, self.target, self.sampling, d.tokens
         recent = x[-s.window:] if s.window else []  # p_i's penalties see x + d_1..d_i
         target.eval([x[-1], *tokens], logits="all", output=self.on_graph)
@@ -194,8 +215,10 @@ class Loop:
         elif s.greedy:
             n_acc, t = accept_greedy(greedy_rows(target, s, recent, tokens), tokens)
         else:
-            n_acc, t = accept_sampled(lambda i: dist_at(target, i, s, recent + tokens[:i]), d.q, tokens, self.rng)
-        if self.g.logprobs is not None:  # read before the roll-back, which drops the decode's outputs
+            n_acc, t = accept_sampled(lambda i: dist_at(target, i, s, recent + tokens[:i]), d.q,
+                                      tokens, self.rng)
+        # read before the roll-back, which drops the decode's outputs
+        if self.g.logprobs is not None:
             t0 = time.perf_counter()
             self.step_logprobs = self.logprobs([*tokens[:n_acc], t])
             self.logprob_seconds = time.perf_counter() - t0
@@ -204,9 +227,10 @@ class Loop:
         return n_acc, t
 
     def accept_under(self, d: Draft, recent: list[int], c: Constraint) -> tuple[int, int]:
-        """The acceptance rule under a grammar: p_i is the target's row after x + d_1..d_i masked by the grammar in
-        that state (the drafts were cut to what it accepts), so the grammar advances over each draft as its row is
-        reached; it then holds x, the accepted drafts and the target's token."""
+        """The acceptance rule under a grammar: p_i is the target's row after x + d_1..d_i masked by
+        the grammar in that state (the drafts were cut to what it accepts), so the grammar advances
+        over each draft as its row is reached; it then holds x, the accepted drafts and the target's
+        token."""
         target, s, tokens = self.target, self.sampling, d.tokens
 
         def row(i: int, under):
@@ -223,15 +247,17 @@ class Loop:
         return n_acc, t
 
     def logprobs(self, new: list[int]) -> list[TokenLogprob]:
-        """Each new token's TokenLogprob from the verification's own rows: token i of the step was chosen on row i
-        (the target after x + d_1..d_i), accepted drafts and the target's token alike."""
+        """Each new token's TokenLogprob from the verification's own rows: token i of the step was
+        chosen on row i (the target after x + d_1..d_i), accepted drafts and the target's token
+        alike."""
         n = self.g.logprobs or 0
         return [token_logprob(self.target.logits(i), token, n) for i, token in enumerate(new)]
 
     def observe(self, keys: list[Evidence], d: Draft, n_acc: int, draft_seconds: float,
                 verify_seconds: float) -> None:
-        """What the controller learns from a step: the batch's cost, the draft's cost and how far it was accepted.
-        Plain decoding (no drafter) has nothing to decide, so nothing to learn. Catching up is not per token."""
+        """What the controller learns from a step: the batch's cost, the draft's cost and how far it
+        was accepted. Plain decoding (no drafter) has nothing to decide, so nothing to learn.
+        Catching up is not per token."""
         if self.drafter is None:
             return
         self.ctl.observe_verify(len(d.tokens) + 1, verify_seconds)
@@ -239,8 +265,10 @@ class Loop:
             self.ctl.observe_draft(keys[: len(d.tokens)], draft_seconds - d.catch_up_seconds)
             self.ctl.observe_accept(keys, len(d.tokens), n_acc)
 
-    def emit(self, new: list[int], d: Draft, n_acc: int, draft_seconds: float, verify_seconds: float) -> Step:
-        """The step, its tokens cut at end-of-generation, the token budget or a stop string, then recorded."""
+    def emit(self, new: list[int], d: Draft, n_acc: int, draft_seconds: float,
+             verify_seconds: float) -> Step:
+        """The step, its tokens cut at end-of-generation, the token budget or a stop string, then
+        recorded."""
         new, finish = self.cut(new)
         text, draft_chars = "", 0
         if self.stream is not None:
@@ -248,8 +276,10 @@ class Loop:
         self.x.extend(new)
         self.n_new += len(new)
         logprobs = None if self.g.logprobs is None else (self.step_logprobs or [])[: len(new)]
-        step = Step(tokens=new, drafted=len(d.tokens), accepted=n_acc, source=d.source, draft_seconds=draft_seconds,
-                    verify_seconds=verify_seconds, text=text, draft_chars=draft_chars, finish_reason=finish,
+        step = Step(tokens=new, drafted=len(d.tokens), accepted=n_acc, source=d.source,
+                    draft_seconds=draft_seconds,
+                    verify_seconds=verify_seconds, text=text, draft_chars=draft_chars,
+                    finish_reason=finish,
                     notice=self.notice, forced=d.forced, logprobs=logprobs)
         self.notice = None
         if self.stats is not None:
@@ -260,8 +290,8 @@ class Loop:
 
     def text_of(self, new: list[int], finish: str | None,
                 n_acc: int) -> tuple[list[int], str | None, str, int]:
-        """The step's text, the tokens and finish reason cut where a stop string appeared, and how many characters
-        of the text came from accepted drafts."""
+        """The step's text, the tokens and finish reason cut where a stop string appeared, and how
+        many characters of the text came from accepted drafts."""
         assert self.stream is not None
         text, draft_chars = "", 0
         for i, token in enumerate(new):
@@ -281,7 +311,8 @@ class Loop:
             return new[:end], "stop"
         if self.n_new + len(new) >= self.g.max_tokens:
             return new[: self.g.max_tokens - self.n_new], "length"
-        if self.constraint is not None and self.constraint.complete:  # nothing but end-of-generation can follow
+        # nothing but end-of-generation can follow
+        if self.constraint is not None and self.constraint.complete:
             return new, "stop"
         return new, None
 

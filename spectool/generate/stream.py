@@ -1,4 +1,5 @@
-"""Text out of the loop's steps: detokenized incrementally, held back where it could still become a stop string."""
+"""Text out of the loop's steps: detokenized incrementally, held back where it could still become a
+stop string."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ class TextStream:
         self.stopped: str | None = None  # the stop string that ended the text, once one has
 
     def feed(self, tokens: Sequence[int]) -> str:
-        """The text that is final after `tokens`; sets `stopped` to the stop string that appeared, if one did."""
+        """The text that is final after `tokens`; sets `stopped` to the stop string that appeared,
+        if one did."""
         self.pending += self.detok.feed(tokens)
         if not self.stop:
             out, self.pending = self.pending, ""
@@ -27,7 +29,8 @@ class TextStream:
             first, self.stopped = min(hits, key=lambda hit: hit[0])
             out, self.pending = self.pending[:first], ""
             return out
-        hold = max((n for s in self.stop for n in range(1, len(s)) if self.pending.endswith(s[:n])), default=0)
+        hold = max((n for s in self.stop for n in range(1, len(s)) if self.pending.endswith(s[:n])),
+                   default=0)
         cut = len(self.pending) - hold
         out, self.pending = self.pending[:cut], self.pending[cut:]
         return out

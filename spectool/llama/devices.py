@@ -1,7 +1,8 @@
-"""ggml's devices and its RPC backend, the RPC worker, and the report of what this installation can do.
+"""ggml's devices and its RPC backend, the RPC worker, and the report of what this installation can
+do.
 
-llama-cpp-python binds neither devices nor RPC, so they are bound here with ctypes, against the libggml that
-llama-cpp-python loaded (dlsym on its handle also finds what libggml-base defines).
+llama-cpp-python binds neither devices nor RPC, so they are bound here with ctypes, against the
+libggml that llama-cpp-python loaded (dlsym on its handle also finds what libggml-base defines).
 """
 
 from __future__ import annotations
@@ -13,13 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from spectool.llama.native import EngineError, backend_info, last_log_error, lib, set_verbose, verbose  # noqa: F401
+from spectool.llama.native import EngineError, backend_info, last_log_error, lib, verbose
+from spectool.llama.native import set_verbose  # noqa: F401 - re-exported
 
 DEVICE_TYPES = ("CPU", "GPU", "IGPU", "ACCEL")  # enum ggml_backend_dev_type
-REINSTALL_RPC = ('this llama-cpp-python was built without RPC; reinstall it with -DGGML_RPC=on added to the '
-                 'CMAKE_ARGS of your build, e.g. CMAKE_ARGS="-DGGML_RPC=on" for the CPU or '
-                 'CMAKE_ARGS="-DGGML_CUDA=on -DGGML_RPC=on" for CUDA: '
-                 'pip install --force-reinstall --no-cache-dir llama-cpp-python')
+REINSTALL_RPC = ('this llama-cpp-python was built without RPC; reinstall it with -DGGML_RPC=on '
+                 'added to the CMAKE_ARGS of your build, e.g. CMAKE_ARGS="-DGGML_RPC=on" for the '
+                 'CPU or CMAKE_ARGS="-DGGML_CUDA=on -DGGML_RPC=on" for CUDA: pip install '
+                 '--force-reinstall --no-cache-dir llama-cpp-python')
 
 
 class RpcError(EngineError):
@@ -27,24 +29,30 @@ class RpcError(EngineError):
 
 
 _ABORT_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
-_GGML: dict = {"lib": None, "abort": None, "rpc": []}  # libggml bound once, the abort callback, the RPC workers
+# libggml bound once, the abort callback, the RPC workers
+_GGML: dict = {"lib": None, "abort": None, "rpc": []}
 
 
 def _ggml():
     if _GGML["lib"] is None:
         llama = lib()
         libdir = Path(llama.__file__).parent / "lib"
-        path = next((libdir / n for n in ("libggml.so", "libggml.dylib", "ggml.dll") if (libdir / n).exists()), None)
+        path = next((libdir / n for n in ("libggml.so", "libggml.dylib", "ggml.dll")
+                     if (libdir / n).exists()), None)
         g = ctypes.CDLL(str(path) if path else "libggml.so")
         p, size = ctypes.c_void_p, ctypes.c_size_t
         for name, res, args in (
             ("ggml_backend_dev_count", size, []), ("ggml_backend_dev_get", p, [size]),
-            ("ggml_backend_dev_name", ctypes.c_char_p, [p]), ("ggml_backend_dev_description", ctypes.c_char_p, [p]),
+            ("ggml_backend_dev_name", ctypes.c_char_p, [p]),
+            ("ggml_backend_dev_description", ctypes.c_char_p, [p]),
             ("ggml_backend_dev_memory", None, [p, ctypes.POINTER(size), ctypes.POINTER(size)]),
             ("ggml_backend_dev_type", ctypes.c_int, [p]), ("ggml_backend_dev_backend_reg", p, [p]),
-            ("ggml_backend_reg_name", ctypes.c_char_p, [p]), ("ggml_backend_reg_by_name", p, [ctypes.c_char_p]),
-            ("ggml_backend_reg_get_proc_address", p, [p, ctypes.c_char_p]), ("ggml_backend_register", None, [p]),
-            ("ggml_set_abort_callback", p, [_ABORT_CALLBACK]), ("ggml_version", ctypes.c_char_p, []),
+            ("ggml_backend_reg_name", ctypes.c_char_p, [p]),
+            ("ggml_backend_reg_by_name", p, [ctypes.c_char_p]),
+            ("ggml_backend_reg_get_proc_address", p, [p, ctypes.c_char_p]),
+            ("ggml_backend_register", None, [p]),
+            ("ggml_set_abort_callback", p, [_ABORT_CALLBACK]),
+            ("ggml_version", ctypes.c_char_p, []),
             ("ggml_commit", ctypes.c_char_p, []),
         ):
             fn = getattr(g, name)
@@ -67,7 +75,8 @@ class Device:
 
     @property
     def offloads(self) -> bool:
-        """Whether model layers can go here (llama.cpp offloads to GPU and integrated GPU devices)."""
+        """Whether model layers can go here (llama.cpp offloads to GPU and integrated GPU
+        devices)."""
         return self.type in ("GPU", "IGPU")
 
     @property
@@ -75,7 +84,8 @@ class Device:
         return self.backend == "RPC"
 
     def to_json(self) -> dict:
-        return {"name": self.name, "description": self.description, "type": self.type, "backend": self.backend,
+        return {"name": self.name, "description": self.description, "type": self.type,
+                "backend": self.backend,
                 "memory_free": self.free, "memory_total": self.total}
 
 
@@ -89,21 +99,25 @@ def devices() -> list[Device]:
         g.ggml_backend_dev_memory(d, ctypes.byref(free), ctypes.byref(total))
         kind = g.ggml_backend_dev_type(d)
         reg = g.ggml_backend_dev_backend_reg(d)
-        out.append(Device(g.ggml_backend_dev_name(d).decode(), (g.ggml_backend_dev_description(d) or b"").decode(),
+        out.append(Device(g.ggml_backend_dev_name(d).decode(),
+                          (g.ggml_backend_dev_description(d) or b"").decode(),
                           DEVICE_TYPES[kind] if 0 <= kind < len(DEVICE_TYPES) else str(kind),
-                          g.ggml_backend_reg_name(reg).decode() if reg else "?", free.value, total.value, d))
+                          g.ggml_backend_reg_name(reg).decode() if reg else "?", free.value,
+                          total.value, d))
     return out
 
 
 def versions() -> dict:
     """llama-cpp-python's version, and the llama.cpp and ggml it was built from."""
     llama, g = lib(), _ggml()
-    return {"llama_cpp_python": getattr(llama, "__version__", "?"), "llama_cpp": llama.llama_version().decode(),
+    return {"llama_cpp_python": getattr(llama, "__version__", "?"),
+            "llama_cpp": llama.llama_version().decode(),
             "ggml": g.ggml_version().decode(), "ggml_commit": g.ggml_commit().decode()}
 
 
 def parse_gpu_layers(value: str | int) -> int | str:
-    """`-ngl` as llama.cpp reads it: a number of layers, `auto` or `all` (a negative number also means all)."""
+    """`-ngl` as llama.cpp reads it: a number of layers, `auto` or `all` (a negative number also
+    means all)."""
     text = str(value).strip().lower()
     if text in ("auto", "all"):
         return text
@@ -137,9 +151,9 @@ def _unreachable(host: str, port: int, timeout: float) -> str | None:
 
 
 def _gone(host: str, port: int, probes: int = 4) -> bool:
-    """Whether a worker no longer answers. A worker that was just killed can still accept a connection for a moment
-    (its process closes the connection ggml used before its listening socket), so one answer is not taken as
-    proof of life: it is probed again, 0.1 s apart."""
+    """Whether a worker no longer answers. A worker that was just killed can still accept a
+    connection for a moment (its process closes the connection ggml used before its listening
+    socket), so one answer is not taken as proof of life: it is probed again, 0.1 s apart."""
     for i in range(probes):
         if _unreachable(host, port, timeout=1.0):
             return True
@@ -157,13 +171,15 @@ def _rpc_proc(name: str):
 
 
 def _on_abort(message: bytes) -> None:
-    """ggml is about to abort(): with RPC workers in use, that is almost always a worker gone mid-run. Say which,
-    in one line, keep the text written so far, and exit 1 instead of dumping core."""
+    """ggml is about to abort(): with RPC workers in use, that is almost always a worker gone
+    mid-run. Say which, in one line, keep the text written so far, and exit 1 instead of dumping
+    core."""
     lost = [f"{h}:{p}" for h, p in _GGML["rpc"] if _gone(h, p)]
     # ggml's message reads "path/to/file.cpp:566: what happened"
     why = [ln.split(": ", 1)[-1] if ".c" in ln.split(": ", 1)[0] else ln
            for ln in (message or b"").decode("utf-8", errors="replace").strip().splitlines()]
-    line = (f"error: lost the RPC worker {', '.join(lost)} ({why[0] if why else 'connection closed'})" if lost
+    line = (f"error: lost the RPC worker {', '.join(lost)} "
+            f"({why[0] if why else 'connection closed'})" if lost
             else f"error: llama.cpp aborted: {why[0] if why else '?'}")
     if verbose():
         os.write(2, (message or b"") + b"\n")
@@ -172,13 +188,16 @@ def _on_abort(message: bytes) -> None:
 
 
 def add_rpc_workers(endpoints: Sequence[tuple[str, int]]) -> None:
-    """Register RPC workers as llama.cpp devices before any model loads, as llama.cpp's `--rpc` does. A worker
-    that does not answer is an error naming it; a worker lost later ends the process with one line (_on_abort)."""
-    add = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)(_rpc_proc("ggml_backend_rpc_add_server"))
+    """Register RPC workers as llama.cpp devices before any model loads, as llama.cpp's `--rpc`
+    does. A worker that does not answer is an error naming it; a worker lost later ends the process
+    with one line (_on_abort)."""
+    add = ctypes.CFUNCTYPE(ctypes.c_void_p,
+                           ctypes.c_char_p)(_rpc_proc("ggml_backend_rpc_add_server"))
     for host, port in endpoints:
         why = _unreachable(host, port, timeout=5.0)
         if why:
-            raise RpcError(f"cannot reach the RPC worker {host}:{port} ({why}); is `spectool worker` running there?")
+            raise RpcError(f"cannot reach the RPC worker {host}:{port} ({why}); is `spectool "
+                           "worker` running there?")
     g = _ggml()
     if _GGML["abort"] is None:
         _GGML["abort"] = _ABORT_CALLBACK(_on_abort)
@@ -194,17 +213,24 @@ def add_rpc_workers(endpoints: Sequence[tuple[str, int]]) -> None:
 
 
 def serve_rpc(host: str, port: int, threads: int) -> None:
-    """Run llama.cpp's RPC server here (what its `rpc-server` tool does): the local GPUs, else the CPU, offered to
-    clients on host:port. Blocks; run it in a thread."""
-    start = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t,
-                             ctypes.POINTER(ctypes.c_void_p))(_rpc_proc("ggml_backend_rpc_start_server"))
+    """Run llama.cpp's RPC server here (what its `rpc-server` tool does): the local GPUs, else the
+    CPU, offered to clients on host:port. Blocks; run it in a thread."""
+    start = ctypes.CFUNCTYPE(
+        None,
+        ctypes.c_char_p,
+        ctypes.c_char_p,
+        ctypes.c_size_t,
+        ctypes.c_size_t,
+        ctypes.POINTER(ctypes.c_void_p),
+    )(_rpc_proc("ggml_backend_rpc_start_server"))
     chosen = worker_devices()
     arr = (ctypes.c_void_p * len(chosen))(*[d.handle for d in chosen])
     start(f"{host}:{port}".encode(), None, threads, len(chosen), arr)
 
 
 def exit_now(code: int) -> None:
-    """Leave at once (a thread is inside llama.cpp and cannot be joined), flushing C's stdout and Python's."""
+    """Leave at once (a thread is inside llama.cpp and cannot be joined), flushing C's stdout and
+    Python's."""
     import sys
 
     try:
@@ -218,12 +244,14 @@ def exit_now(code: int) -> None:
 def worker_devices() -> list[Device]:
     """What a worker offers: its GPUs, else its CPU (llama.cpp's rpc-server rule)."""
     local = [d for d in devices() if not d.remote]
-    return [d for d in local if d.type not in ("CPU", "ACCEL")] or [d for d in local if d.type == "CPU"][:1]
+    return [d for d in local if d.type not in ("CPU", "ACCEL")] or [d for d in local
+                                                                    if d.type == "CPU"][:1]
 
 
 def resolve_gpu_layers(value: int | str, *, local_only: bool = False) -> tuple[int, list[Device]]:
-    """(n_gpu_layers for llama.cpp, the devices the layers may go to). `auto`: every layer when there is a device
-    to offload to (a GPU, or an RPC worker unless `local_only`), none otherwise."""
+    """(n_gpu_layers for llama.cpp, the devices the layers may go to). `auto`: every layer when
+    there is a device to offload to (a GPU, or an RPC worker unless `local_only`), none
+    otherwise."""
     value = parse_gpu_layers(value)
     if value == 0:
         return 0, []
@@ -233,13 +261,14 @@ def resolve_gpu_layers(value: int | str, *, local_only: bool = False) -> tuple[i
         return (-1, usable) if usable else (0, [])
     if not usable:  # asked for explicitly, with no local GPU: the remote devices, if any
         usable = offloading
-    return (-1 if value == "all" else value), usable
+    return (-1 if value == "all" else int(value)), usable
 
 
 
 def run_worker(host: str, port: int, threads: int | None, say) -> None:
-    """`spectool worker`: llama.cpp's RPC server on host:port until Ctrl-C or SIGTERM (then the process exits at
-    once: the server thread sits inside llama.cpp and cannot be joined). `say` prints a line to the user."""
+    """`spectool worker`: llama.cpp's RPC server on host:port until Ctrl-C or SIGTERM (then the
+    process exits at once: the server thread sits inside llama.cpp and cannot be joined). `say`
+    prints a line to the user."""
     import signal
     import socket
     import threading
@@ -252,8 +281,10 @@ def run_worker(host: str, port: int, threads: int | None, say) -> None:
     except OSError as e:
         raise RpcError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
     if host not in ("127.0.0.1", "localhost", "::1"):
-        say(f"WARNING: Host ('{host}') is != '127.0.0.1'\n         Never expose the RPC server to an open network!\n"
-            "         This is an experimental feature and is not secure!")  # llama.cpp's rpc-server says it so
+        say(f"WARNING: Host ('{host}') is != '127.0.0.1'\n         Never expose the RPC server to "
+            "an open network!\n"
+            # llama.cpp's rpc-server says it so
+            "         This is an experimental feature and is not secure!")
     n = threads or os.cpu_count() or 1
     names = ", ".join(f"{d.name} ({d.description})" for d in worker_devices())
     say(f"serving {names} with {n} threads on {host}:{port}; Ctrl-C stops")
@@ -276,8 +307,8 @@ def run_worker(host: str, port: int, threads: int | None, say) -> None:
 
 
 def installation_info(rpc: str | None) -> dict:
-    """What this llama.cpp can do here (`spectool info`): versions, CPU features, devices (with the RPC workers of
-    `rpc` added), GPU offload, RPC support and threads."""
+    """What this llama.cpp can do here (`spectool info`): versions, CPU features, devices (with the
+    RPC workers of `rpc` added), GPU offload, RPC support and threads."""
     if rpc:
         add_rpc_workers(parse_endpoints(rpc))
     b, found = backend_info(), devices()

@@ -1,36 +1,52 @@
 """`Model`: one llama.cpp model, one context (one sequence) and one reusable batch.
 
-A Model remembers which tokens sit in its KV cache (`tokens`), so callers can `sync` to a new token history: the
-common prefix is kept, the rest is rolled back and the missing tokens are decoded. A decode's outputs (outputs.py)
-are read as zero-copy views that stay valid only until the next decode: whole logits rows, or what llama.cpp
-sampled inside its graph. Code that needs more of llama.cpp than a decode's outputs (the MTP head,
-drafters/mtp.py) listens to the decodes (`add_decode_listener`) and builds its own context over the raw handles
-(`llama_model`, `llama_context`).
+A Model remembers which tokens sit in its KV cache (`tokens`), so callers can `sync` to a new token
+history: the common prefix is kept, the rest is rolled back and the missing tokens are decoded. A
+decode's outputs (outputs.py) are read as zero-copy views that stay valid only until the next
+decode: whole logits rows, or what llama.cpp sampled inside its graph. Code that needs more of
+llama.cpp than a decode's outputs (the MTP head, drafters/mtp.py) listens to the decodes
+(`add_decode_listener`) and builds its own context over the raw handles (`llama_model`,
+`llama_context`).
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
-from spectool.llama import native  # noqa: F401, I001 - llama.cpp's libraries before numpy (native.py)
+from spectool.llama import native  # noqa: F401, I001 - llama.cpp before numpy (native.py)
 import numpy as np  # noqa: E402
 
 from spectool.llama.devices import resolve_gpu_layers
 from spectool.llama.memory import no_context, ran_out_of_memory, weights_do_not_fit
-from spectool.llama.native import (  # noqa: F401 - the engine's errors and backend facts, re-exported
-    DecodeError, DoesNotFit, EngineError, Interrupt, ModelLoadError, avoid_amx, backend_info, bind, clear_log,
-    last_log_error, lib as llama_lib, raise_pending_interrupt, set_verbose, take_interrupt)
+# the engine's errors and backend facts, re-exported
+from spectool.llama.native import (  # noqa: F401
+    DecodeError,
+    DoesNotFit,
+    EngineError,
+    Interrupt,
+    ModelLoadError,
+    avoid_amx,
+    backend_info,
+    bind,
+    clear_log,
+    last_log_error,
+    lib as llama_lib,
+    raise_pending_interrupt,
+    set_verbose,
+    take_interrupt,
+)
 from spectool.llama.outputs import IDS, ROWS, Kind, Logits, Output
-from spectool.llama.vocab import Facts, VocabInfo, check_gguf_file  # noqa: F401 - VocabInfo re-exported
+from spectool.llama.vocab import Facts, VocabInfo, check_gguf_file  # noqa: F401 - VocabInfo too
 
-DecodeListener = Callable[[Sequence[int], int], None]  # (the tokens decoded, the position of the first)
+# (the tokens decoded, the position of the first)
+DecodeListener = Callable[[Sequence[int], int], None]
 
 
 class Model(Facts):
-    """One llama.cpp model with one context holding one sequence (seq id 0); what its file says (tokenize,
-    pieces, end-of-generation, metadata) comes from Facts (vocab.py)."""
+    """One llama.cpp model with one context holding one sequence (seq id 0); what its file says
+    (tokenize, pieces, end-of-generation, metadata) comes from Facts (vocab.py)."""
 
     def __init__(
         self,
@@ -46,29 +62,31 @@ class Model(Facts):
         load_mtp: bool = False,
         progress: Callable[[float], None] | None = None,
     ):
-        """`progress(fraction)` hears how far loading the weights has come (llama.cpp's progress_callback).
-        `n_gpu_layers`: a number, `auto` or `all` (resolve_gpu_layers); `local_only` keeps the layers off RPC
-        workers (the draft's rule) unless no local GPU exists and a number was asked for. `graph_sampling`: whether
-        decodes that ask for it are sampled inside llama.cpp's graph (see sample_on_backend); None: where the
-        output layer runs on a GPU or a worker, not on the CPU (docs/performance.md, Reading a decode's outputs).
+        """`progress(fraction)` hears how far loading the weights has come (llama.cpp's
+        progress_callback). `n_gpu_layers`: a number, `auto` or `all` (resolve_gpu_layers);
+        `local_only` keeps the layers off RPC workers (the draft's rule) unless no local GPU exists
+        and a number was asked for. `graph_sampling`: whether decodes that ask for it are sampled
+        inside llama.cpp's graph (see sample_on_backend); None: where the output layer runs on a GPU
+        or a worker, not on the CPU (research/notes/2026-12-02-lab.md, Reading a decode's outputs).
         `load_mtp`: load the NextN (MTP) blocks too, for drafters/mtp.py's MtpContext."""
         self.path = check_gguf_file(path)
         self.lib = llama_lib()
-        self._model = self._ctx = self._batch = self._chain = None  # close() is safe on a half-built Model
+        # close() is safe on a half-built Model: the handles are None until made
+        self._model: Any = None
+        self._ctx: Any = None
+        self._batch: Any = None
+        self._chain: Any = None
+        self._ctx_arg: Any = None
         ngl, usable = resolve_gpu_layers(n_gpu_layers, local_only=local_only)
         self._model = self._load(ngl, usable, load_mtp, progress)
         lib, model = self.lib, self._model
-        n_layer = lib.llama_model_n_layer(model)
-        # where the weights went: llama.cpp counts the output layer as one more offloadable layer
-        self.n_offloadable = n_layer + 1
-        self.n_offloaded = 0 if not usable else (n_layer + 1 if ngl < 0 else min(ngl, n_layer + 1))
-        self.offload_devices = list(usable) if self.n_offloaded else []  # none: the CPU
-        on_devices = bool(usable) and self.n_offloaded == n_layer + 1
-        self._graph_sampling = on_devices if graph_sampling is None else graph_sampling
+        self._note_offload(ngl, usable, graph_sampling)
         Facts.__init__(self, lib, model)
         self.n_embd = int(lib.llama_model_n_embd(model))
-        self.can_rollback = not (lib.llama_model_is_recurrent(model) or lib.llama_model_is_hybrid(model))
-        self.n_nextn = int(lib.llama_model_n_layer_nextn(model))  # MTP (NextN) heads the file carries
+        self.can_rollback = not (lib.llama_model_is_recurrent(model)
+                                 or lib.llama_model_is_hybrid(model))
+        # MTP (NextN) heads the file carries
+        self.n_nextn = int(lib.llama_model_n_layer_nextn(model))
         self.n_threads = n_threads or max(1, os.cpu_count() or 1)
         n_ctx = n_ctx if n_ctx > 0 else lib.llama_model_n_ctx_train(model)
         self._ctx = self._make_context(n_ctx, n_batch, flash_attn)
@@ -82,25 +100,35 @@ class Model(Facts):
         """What the KV cache holds and how the outputs of a decode are read."""
         self.tokens: list[int] = []  # what the KV cache holds, position by position
         self._n_out = 0  # the outputs of the last decode
-        self._rows: np.ndarray | None = None  # the last decode's logits rows, one view for all (see logits)
-        self._view: tuple[int, np.ndarray] = (0, np.empty((0, 0), np.float32))  # (address, rows) of that view
-        self._logits_address = bind("llama_get_logits", ctypes.c_void_p, [ctypes.c_void_p])  # the bare address
-        # read right after a decode, with arguments made once (ctypes' converters cost more than the call)
+        # the last decode's logits rows, one view for all (see logits)
+        self._rows: np.ndarray | None = None
+        # (address, rows) of that view
+        self._view: tuple[int, np.ndarray] = (0, np.empty((0, 0), np.float32))
+        # the bare address
+        self._logits_address = bind("llama_get_logits", ctypes.c_void_p, [ctypes.c_void_p])
+        # read right after a decode, with arguments made once (ctypes' converters cost more than the
+        # call)
         self._sampled_token_ith = bind("llama_get_sampled_token_ith", ctypes.c_int32, None)
         self._ctx_arg = ctypes.c_void_p(self._ctx)
-        self._out_args = [ctypes.c_int32(i) for i in range(-self.n_batch, 0)]  # output -n_batch .. -1
-        self._chain_output = ROWS  # what the sampler chain in the graph gives (ROWS: no chain; sample_on_backend)
+        # output -n_batch .. -1
+        self._out_args = [ctypes.c_int32(i) for i in range(-self.n_batch, 0)]
+        # what the sampler chain in the graph gives (ROWS: no chain; sample_on_backend)
+        self._chain_output = ROWS
         self._output_asked: Output | None = None  # the output the last decode asked for (eval)
         self.output = ROWS  # what the last decode's outputs are
         self._listeners: tuple[DecodeListener, ...] = ()
 
-    def _load(self, ngl: int, usable: list, load_mtp: bool, progress: Callable[[float], None] | None):
-        """llama.cpp's model, its layers offloaded as resolve_gpu_layers said; a Ctrl-C stops loading."""
+    def _load(self, ngl: int, usable: list, load_mtp: bool,
+              progress: Callable[[float], None] | None):
+        """llama.cpp's model, its layers offloaded as resolve_gpu_layers said; a Ctrl-C stops
+        loading."""
         lib = self.lib
         mparams = lib.llama_model_default_params()
         mparams.n_gpu_layers = ngl
         mparams.load_mtp = load_mtp
-        if usable:  # exactly these devices (NULL-terminated); without a list llama.cpp would use every GPU and worker
+        # exactly these devices (NULL-terminated); without a list llama.cpp would use every GPU and
+        # worker
+        if usable:
             device_list = (ctypes.c_void_p * (len(usable) + 1))(*[d.handle for d in usable], None)
             mparams.devices = ctypes.cast(device_list, ctypes.c_void_p)
         if avoid_amx():
@@ -111,7 +139,8 @@ class Model(Facts):
                 try:
                     progress(fraction)
                     return True
-                except KeyboardInterrupt:  # cannot cross llama.cpp's frames: stop loading, raise below
+                # cannot cross llama.cpp's frames: stop loading, raise below
+                except KeyboardInterrupt:
                     interrupted.append(True)
                     return False
 
@@ -128,19 +157,32 @@ class Model(Facts):
                 raise weights_do_not_fit(self.path, usable, ngl)
             why = last_log_error()
             raise ModelLoadError(
-                f"llama.cpp could not load {self.path.name}: {why or 'truncated, corrupt or unsupported file'}"
+                f"llama.cpp could not load {self.path.name}: "
+                f"{why or 'truncated, corrupt or unsupported file'}"
             )
         return model
+
+    def _note_offload(self, ngl: int, usable: list, graph_sampling: bool | None) -> None:
+        """Where the weights went (llama.cpp counts the output layer as one more offloadable
+        layer)."""
+        n_layer = self.lib.llama_model_n_layer(self._model)
+        self.n_offloadable = n_layer + 1
+        self.n_offloaded = 0 if not usable else (n_layer + 1 if ngl < 0 else min(ngl, n_layer + 1))
+        self.offload_devices = list(usable) if self.n_offloaded else []  # none: the CPU
+        on_devices = bool(usable) and self.n_offloaded == n_layer + 1
+        self._graph_sampling = on_devices if graph_sampling is None else graph_sampling
 
     def _make_context(self, n_ctx: int, n_batch: int, flash_attn: bool | None):
         lib = self.lib
         cparams = lib.llama_context_default_params()
         cparams.n_ctx = n_ctx
         cparams.n_batch = cparams.n_ubatch = min(n_batch, n_ctx)
-        cparams.n_outputs_max_per_seq = cparams.n_batch  # sampling in the graph for every row of a verification
+        # sampling in the graph for every row of a verification
+        cparams.n_outputs_max_per_seq = cparams.n_batch
         cparams.n_threads = cparams.n_threads_batch = self.n_threads
         cparams.no_perf = True
-        if flash_attn is not None:  # None: llama.cpp decides (on for CPU); its kernel sums in batch-dependent order
+        # None: llama.cpp decides (on for CPU); its kernel sums in batch-dependent order
+        if flash_attn is not None:
             cparams.flash_attn_type = int(flash_attn)
         cparams.swa_full = True  # rollback inside the sliding window needs the full-size SWA cache
         clear_log()  # what the context's creation logs, for no_context
@@ -155,8 +197,8 @@ class Model(Facts):
         return ctx
 
     def _make_batch(self) -> None:
-        """The batch every decode reuses, with ctypes arrays over its fields for slice stores (_write_batch).
-        Every token belongs to sequence 0, written once here."""
+        """The batch every decode reuses, with ctypes arrays over its fields for slice stores
+        (_write_batch). Every token belongs to sequence 0, written once here."""
         n = self.n_batch
         self._batch = b = self.lib.llama_batch_init(n, 0, 1)
         self._b_token = _array(b.token, ctypes.c_int32, n)
@@ -167,10 +209,12 @@ class Model(Facts):
         for i in range(n):
             b.seq_id[i][0] = 0
 
-    # -- lifetime ------------------------------------------------------------------------------------------
+    # -- lifetime
+    # ------------------------------------------------------------------------------------------
     def offload(self) -> dict:
-        """Where the weights went, for the live panel, --stats-json and the cost tables' names: the backend (the
-        devices, or CPU), the devices, and how many of the offloadable layers went there."""
+        """Where the weights went, for the live panel, --stats-json and the cost tables' names: the
+        backend (the devices, or CPU), the devices, and how many of the offloadable layers went
+        there."""
         devices = self.offload_devices
         return {"backend": ", ".join(d.name for d in devices) if devices else "CPU",
                 "devices": [f"{d.name} ({d.description})" for d in devices],
@@ -209,30 +253,34 @@ class Model(Facts):
         except Exception:
             pass
 
-    # -- for code that builds on this model (drafters/mtp.py) ----------------------------------------------
+    # -- for code that builds on this model (drafters/mtp.py)
+    # ----------------------------------------------
     @property
     def llama_model(self):
-        """llama.cpp's `llama_model *` of this Model, for a context of one's own over the same weights."""
+        """llama.cpp's `llama_model *` of this Model, for a context of one's own over the same
+        weights."""
         return self._model
 
     @property
     def llama_context(self):
-        """llama.cpp's `llama_context *` of this Model (valid until close), for a context that reads from it."""
+        """llama.cpp's `llama_context *` of this Model (valid until close), for a context that reads
+        from it."""
         return self._ctx
 
     def add_decode_listener(self, listener: DecodeListener) -> None:
-        """Have `listener(tokens, pos0)` hear of every successful decode, right after it, while what the decode
-        left in the context (outputs, hidden states) is there."""
+        """Have `listener(tokens, pos0)` hear of every successful decode, right after it, while what
+        the decode left in the context (outputs, hidden states) is there."""
         self._listeners += (listener,)
 
     def remove_decode_listener(self, listener: DecodeListener) -> None:
         self._listeners = tuple(f for f in self._listeners if f != listener)
 
-    # -- decoding ------------------------------------------------------------------------------------------
+    # -- decoding
+    # ------------------------------------------------------------------------------------------
     @property
     def graph_sampling(self) -> bool:
-        """Whether decodes that ask for ids or top-k candidates have llama.cpp sample them inside its graph; when
-        not, every decode hands back rows."""
+        """Whether decodes that ask for ids or top-k candidates have llama.cpp sample them inside
+        its graph; when not, every decode hands back rows."""
         return self._graph_sampling
 
     @graph_sampling.setter
@@ -241,12 +289,14 @@ class Model(Facts):
 
     def eval(self, tokens: Sequence[int], *, logits: Logits = "last", output: Output = ROWS,
              progress: Callable[[int, int], None] | None = None) -> None:
-        """Append `tokens` to the sequence. `logits`: the outputs wanted, of the final token only, of all, or none.
+        """Append `tokens` to the sequence. `logits`: the outputs wanted, of the final token only,
+        of all, or none.
 
-        Long inputs are decoded in chunks of n_batch, and `progress(done, total)` hears of each; the outputs of the
-        final chunk are then available, i indexing its requested outputs. What they are is `output`, where
-        llama.cpp can sample inside its graph (sample_on_backend; `self.output` says what came): whole rows
-        through `logits(i)`, the argmax's ids through `sampled_tokens()`, the top-k through `candidates(i)`."""
+        Long inputs are decoded in chunks of n_batch, and `progress(done, total)` hears of each; the
+        outputs of the final chunk are then available, i indexing its requested outputs. What they
+        are is `output`, where llama.cpp can sample inside its graph (sample_on_backend;
+        `self.output` says what came): whole rows through `logits(i)`, the argmax's ids through
+        `sampled_tokens()`, the top-k through `candidates(i)`."""
         n, pos0 = len(tokens), len(self.tokens)
         if pos0 + n > self.n_ctx:
             raise DecodeError(f"context full: {pos0} + {n} tokens > n_ctx {self.n_ctx}")
@@ -264,10 +314,12 @@ class Model(Facts):
         else:
             self._b_token[:n] = tokens
             self._b_pos[:n] = range(pos0, pos0 + n)
-        if (n, logits) != self._asked:  # the output flags, written only when the batch's shape changes
+        # the output flags, written only when the batch's shape changes
+        if (n, logits) != self._asked:
             self._b_out[:n] = [logits == "all"] * (n - 1) + [logits != "none"]
             self._batch.n_tokens, self._asked = n, (n, logits)
-        # what the decode will hand back, said before it: after it, the CPU's caches are cold (docs/performance.md)
+        # what the decode will hand back, said before it: after it, the CPU's caches are cold
+        # (research/notes/2026-12-02-lab.md)
         self._n_out, self._rows = n if logits == "all" else int(logits == "last"), None
         self.output = self._chain_output
         rc = self.lib.llama_decode(self._ctx, self._batch)
@@ -275,11 +327,13 @@ class Model(Facts):
             # the failed batch may be partly in the cache: drop it so `tokens` stays the truth
             self._n_out = 0
             self.lib.llama_memory_seq_rm(self._mem, 0, pos0, -1)
-            raise DecodeError(f"llama_decode failed (code {rc}) at position {pos0}: {last_log_error()}")
+            raise DecodeError(f"llama_decode failed (code {rc}) at position {pos0}: "
+                              f"{last_log_error()}")
         self.tokens += tokens
         for listener in self._listeners:
             listener(tokens, pos0)
-        if Interrupt.pending:  # a Ctrl-C inside llama_decode's log lines, raised with `tokens` the truth
+        # a Ctrl-C inside llama_decode's log lines, raised with `tokens` the truth
+        if Interrupt.pending:
             raise_pending_interrupt()
         if progress is not None:
             progress(n, n)
@@ -294,11 +348,12 @@ class Model(Facts):
                 progress(start + len(chunk), n)
 
     def sample_on_backend(self, output: Output) -> Output:
-        """Have llama.cpp sample inside its graph, where the logits are, so that a decode hands back a few numbers
-        per output instead of a whole vocabulary row: IDS, the argmax's id (`sampled_tokens`); top-k, the k best
-        ids with their logits (`candidates`); ROWS, whole rows (`logits`). A change takes effect at the next decode
-        (llama.cpp then plans its graph anew). Returns what is in effect: ROWS where llama.cpp cannot sample on
-        this backend (it then hands back rows), the old output for a k past the vocabulary."""
+        """Have llama.cpp sample inside its graph, where the logits are, so that a decode hands back
+        a few numbers per output instead of a whole vocabulary row: IDS, the argmax's id
+        (`sampled_tokens`); top-k, the k best ids with their logits (`candidates`); ROWS, whole rows
+        (`logits`). A change takes effect at the next decode (llama.cpp then plans its graph anew).
+        Returns what is in effect: ROWS where llama.cpp cannot sample on this backend (it then hands
+        back rows), the old output for a k past the vocabulary."""
         if output == self._chain_output or (output.kind is Kind.TOP_K and output.k >= self.n_vocab):
             return self._chain_output
         output = output.canonical()
@@ -306,7 +361,8 @@ class Model(Facts):
         chain = None
         if output.kind is not Kind.ROWS:
             chain = lib.llama_sampler_chain_init(lib.llama_sampler_chain_default_params())
-            lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_greedy() if output.kind is Kind.IDS
+            lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_greedy()
+                                        if output.kind is Kind.IDS
                                         else lib.llama_sampler_init_top_k(output.k))
         if not lib.llama_set_sampler(self._ctx, 0, chain) and chain is not None:
             lib.llama_sampler_free(chain)  # not offloadable here: llama.cpp keeps handing back rows
@@ -324,50 +380,57 @@ class Model(Facts):
         return (i if i < 0 else i - self._n_out)
 
     def logits(self, i: int = -1) -> np.ndarray:
-        """Zero-copy float32 view of the logits of output `i` of the last decoded chunk (valid until the next
-        decode)."""
+        """Zero-copy float32 view of the logits of output `i` of the last decoded chunk (valid until
+        the next decode)."""
         if self.output is not ROWS:
-            raise DecodeError("the last decode was sampled inside llama.cpp's graph: it has no logits rows")
+            raise DecodeError("the last decode was sampled inside llama.cpp's graph: it has no "
+                              "logits rows")
         j = self._n_out + self._row(i, "logits")
-        if self._rows is None:  # one view of every output's row, kept while llama.cpp keeps its output buffer
+        # one view of every output's row, kept while llama.cpp keeps its output buffer
+        if self._rows is None:
             addr = self._logits_address(self._ctx)
             if not addr:
                 raise DecodeError(f"llama.cpp returned no logits for output {i}")
             if addr != self._view[0] or self._n_out > len(self._view[1]):
                 buf = (ctypes.c_float * (self._n_out * self.n_vocab)).from_address(addr)
-                self._view = (addr, np.frombuffer(buf, np.float32).reshape(self._n_out, self.n_vocab))
+                self._view = (addr,
+                              np.frombuffer(buf, np.float32).reshape(self._n_out, self.n_vocab))
             self._rows = self._view[1]
         return self._rows[j]
 
     def sampled_tokens(self) -> list[int]:
-        """The tokens llama.cpp's greedy sampler picked inside the graph (output IDS), one per output of the last
-        decode."""
+        """The tokens llama.cpp's greedy sampler picked inside the graph (output IDS), one per
+        output of the last decode."""
         if self.output is not IDS:
             raise DecodeError("the last decode was not sampled greedily inside llama.cpp's graph")
         get, ctx, ids = self._sampled_token_ith, self._ctx_arg, []
-        for i in self._out_args[self.n_batch - self._n_out :]:  # a loop, not a comprehension (docs/performance.md)
+        # a loop, not a comprehension (research/notes/2026-12-02-lab.md)
+        for i in self._out_args[self.n_batch - self._n_out :]:
             ids.append(get(ctx, i))
         return ids
 
     def sampled_token(self, i: int = -1) -> int:
-        """The token llama.cpp's greedy sampler picked, inside the graph, for output `i` (output IDS)."""
+        """The token llama.cpp's greedy sampler picked, inside the graph, for output `i` (output
+        IDS)."""
         self._row(i, "sampled token")
         return self.sampled_tokens()[i]
 
     def candidates(self, i: int = -1) -> tuple[np.ndarray, np.ndarray]:
-        """(ids, logits) of the k best tokens of output `i`, as llama.cpp's top-k picked them inside the graph
-        (a top-k output), as zero-copy views valid until the next decode."""
+        """(ids, logits) of the k best tokens of output `i`, as llama.cpp's top-k picked them inside
+        the graph (a top-k output), as zero-copy views valid until the next decode."""
         if self.output.kind is not Kind.TOP_K:
             raise DecodeError("the last decode had no top-k sampled inside llama.cpp's graph")
         lib, ctx, r = self.lib, self._ctx, self._row(i, "candidates")
         n = lib.llama_get_sampled_candidates_count_ith(ctx, r)
-        ids, z = lib.llama_get_sampled_candidates_ith(ctx, r), lib.llama_get_sampled_logits_ith(ctx, r)
+        ids, z = lib.llama_get_sampled_candidates_ith(ctx,
+                                                      r), lib.llama_get_sampled_logits_ith(ctx, r)
         if not (n and ids and z):
             raise DecodeError(f"llama.cpp returned no candidates for output {i}")
         return np.ctypeslib.as_array(ids, shape=(n,)), np.ctypeslib.as_array(z, shape=(n,))
 
     def rollback(self, n: int) -> bool:
-        """Keep the first `n` tokens of the sequence; False if this model cannot drop a partial sequence."""
+        """Keep the first `n` tokens of the sequence; False if this model cannot drop a partial
+        sequence."""
         if n >= len(self.tokens):
             return True
         if not self.lib.llama_memory_seq_rm(self._mem, 0, n, -1):
@@ -383,8 +446,9 @@ class Model(Facts):
 
     def sync(self, history: Sequence[int], *, logits: Logits = "last", output: Output = ROWS,
              progress: Callable[[int, int], None] | None = None) -> int:
-        """Make the cache hold `history` exactly, reusing the longest common prefix; returns how many tokens
-        were decoded. Unless `logits` is "none", the final token is decoded again so its outputs are there."""
+        """Make the cache hold `history` exactly, reusing the longest common prefix; returns how
+        many tokens were decoded. Unless `logits` is "none", the final token is decoded again so its
+        outputs are there."""
         limit = min(len(self.tokens), len(history) - (logits != "none"))
         if self.tokens[:limit] == list(history[:limit]):
             common = limit  # the usual case: the cache holds a prefix of history

@@ -1,15 +1,16 @@
-"""llama.cpp's shared libraries, loaded before numpy's; its log, backend facts, the engine's errors, and
-llama-cpp-python's own `Llama` as the benchmarks' baseline.
+"""llama.cpp's shared libraries, loaded before numpy's; its log, backend facts, the engine's errors,
+and llama-cpp-python's own `Llama` as the benchmarks' baseline.
 
-Every spectool module that imports numpy imports this one first, so that whichever way a program comes in (the
-command line, `serve`, `worker`, the benchmarks, `import spectool.core.verify` from a script) llama.cpp's libraries
-are mapped before numpy's. On an NVIDIA H200 (CUDA 13, numpy 2.5.2 with scipy-openblas 0.3.34) a process that had
-imported numpy first segfaulted inside `llama_model_load_from_file` on every load, `-ngl 0` included, while the
-other order worked. `import llama_cpp` gives the working order: its first module loads libllama and libggml*
+Every spectool module that imports numpy imports this one first, so that whichever way a program
+comes in (the command line, `serve`, `worker`, the benchmarks, `import spectool.core.verify` from a
+script) llama.cpp's libraries are mapped before numpy's. On an NVIDIA H200 (CUDA 13, numpy 2.5.2
+with scipy-openblas 0.3.34) a process that had imported numpy first segfaulted inside
+`llama_model_load_from_file` on every load, `-ngl 0` included, while the other order worked. `import
+llama_cpp` gives the working order: its first module loads libllama and libggml*
 (llama_cpp/llama_cpp.py) before its second imports numpy (llama_cpp/llama.py).
 
-`spectool --help` imports neither. A program of your own that imports numpy before spectool should import
-`spectool.llama.native` (or `llama_cpp`) before numpy (README, Troubleshooting).
+`spectool --help` imports neither. A program of your own that imports numpy before spectool should
+import `spectool.llama.native` (or `llama_cpp`) before numpy (README, Troubleshooting).
 """
 
 
@@ -37,7 +38,7 @@ class DecodeError(EngineError):
     """llama_decode failed (no KV slot, out of memory, aborted)."""
 
 
-# --------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # llama.cpp library: one-time backend init, log routing, a Ctrl-C that arrived inside llama.cpp
 
 
@@ -63,13 +64,15 @@ def _on_log(level: int, text: bytes, _user_data) -> None:
         _RECENT_LOG.append(line)
         if _STATE["verbose"]:
             os.write(2, line.encode())
-    except KeyboardInterrupt:  # Ctrl-C while llama.cpp was logging: it cannot cross llama.cpp's frames (ctypes
-        Interrupt.pending = True  # would print it and drop it), so it is raised once llama.cpp returns
+    # Ctrl-C while llama.cpp was logging: it cannot cross llama.cpp's frames (ctypes
+    except KeyboardInterrupt:
+        # would print it and drop it), so it is raised once llama.cpp returns
+        Interrupt.pending = True
 
 
 class Interrupt:
-    """A Ctrl-C that arrived inside a call into llama.cpp (see _on_log), not raised yet: `pending` is a plain
-    attribute, so that Model.eval reads it after every decode without a call."""
+    """A Ctrl-C that arrived inside a call into llama.cpp (see _on_log), not raised yet: `pending`
+    is a plain attribute, so that Model.eval reads it after every decode without a call."""
 
     pending = False
 
@@ -101,8 +104,9 @@ def lib():
 
 
 def bind(name: str, restype, argtypes):
-    """A ctypes binding of our own to libllama's `name`, beside llama_cpp's (which converts every argument and
-    result through its declared types): for a call on the hot path with arguments made once."""
+    """A ctypes binding of our own to libllama's `name`, beside llama_cpp's (which converts every
+    argument and result through its declared types): for a call on the hot path with arguments made
+    once."""
     fn = lib().llama_cpp._lib[name]
     fn.restype, fn.argtypes = restype, argtypes
     return fn
@@ -119,7 +123,8 @@ def recent_log() -> str:
 
 
 def last_log_error() -> str:
-    """The most telling line llama.cpp logged recently (for error messages), without its function prefix."""
+    """The most telling line llama.cpp logged recently (for error messages), without its function
+    prefix."""
     lines = [ln.strip() for ln in _RECENT_LOG if ln.strip()]
     for words in (("error",), ("failed", "unknown", "invalid", "unsupported", "truncat")):
         for line in reversed(lines):
@@ -140,11 +145,12 @@ def backend_info() -> dict:
 
 
 def avoid_amx() -> bool:
-    """Whether to keep llama.cpp off its AMX kernels. On an Intel Sapphire Rapids VM (AMX_INT8 in llama.cpp's
-    system info) the AMX matmul of llama-cpp-python 0.3.36 dies with SIGILL at its first `tilezero` on Gemma 3 270M
-    Q4_K_M, on every run, while a plain C program's AMX tiles work on the same machine. AMX weights live in
-    llama.cpp's "extra" buffer types, so a model loaded without them (`use_extra_bufts = False`, which also skips
-    the repacked CPU layouts) never reaches that code. SPECTOOL_AMX=1 lets llama.cpp use AMX again."""
+    """Whether to keep llama.cpp off its AMX kernels. On an Intel Sapphire Rapids VM (AMX_INT8 in
+    llama.cpp's system info) the AMX matmul of llama-cpp-python 0.3.36 dies with SIGILL at its first
+    `tilezero` on Gemma 3 270M Q4_K_M, on every run, while a plain C program's AMX tiles work on the
+    same machine. AMX weights live in llama.cpp's "extra" buffer types, so a model loaded without
+    them (`use_extra_bufts = False`, which also skips the repacked CPU layouts) never reaches that
+    code. SPECTOOL_AMX=1 lets llama.cpp use AMX again."""
     if os.environ.get("SPECTOOL_AMX") == "1":
         return False
     return "AMX_INT8 = 1" in backend_info()["system_info"]
@@ -153,9 +159,9 @@ def avoid_amx() -> bool:
 
 
 def reference_llama(path, **kwargs):
-    """llama-cpp-python's own high-level `Llama(path, **kwargs)`, the baseline the benchmarks compare against,
-    loaded with the buffer types `Model` loads with (avoid_amx); llama.cpp's log is routed through ours again
-    afterwards (`Llama` takes it over)."""
+    """llama-cpp-python's own high-level `Llama(path, **kwargs)`, the baseline the benchmarks
+    compare against, loaded with the buffer types `Model` loads with (avoid_amx); llama.cpp's log is
+    routed through ours again afterwards (`Llama` takes it over)."""
     from llama_cpp import llama as high
 
     llama, default_params = lib(), high.llama_cpp.llama_model_default_params
@@ -165,7 +171,8 @@ def reference_llama(path, **kwargs):
         p.use_extra_bufts = not avoid_amx()
         return p
 
-    high.llama_cpp.llama_model_default_params = params  # where `Llama` takes its model parameters from
+    # where `Llama` takes its model parameters from
+    high.llama_cpp.llama_model_default_params = params
     try:
         return high.Llama(str(path), **kwargs)
     finally:

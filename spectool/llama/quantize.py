@@ -1,5 +1,5 @@
-"""A model file re-quantized with llama.cpp's own quantizer (llama_model_quantize): the F16 and F32 variants of the
-demo model that the tests and benchmarks measure exactness and speed on."""
+"""A model file re-quantized with llama.cpp's own quantizer (llama_model_quantize): the F16 and F32
+variants of the demo model that the tests and benchmarks measure exactness and speed on."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ from spectool.llama import native
 from spectool.llama.engine import EngineError, check_gguf_file, last_log_error
 
 
-def quantize(src: str | os.PathLike, dst: str | os.PathLike, ftype: str, *, threads: int | None = None) -> Path:
-    """Write `src` re-quantized to `ftype` ("F32", "F16", "Q8_0", "Q4_K_M"...) at `dst`, atomically."""
+def quantize(src: str | os.PathLike, dst: str | os.PathLike, ftype: str, *,
+             threads: int | None = None) -> Path:
+    """Write `src` re-quantized to `ftype` ("F32", "F16", "Q8_0", "Q4_K_M"...) at `dst`,
+    atomically."""
     lib = native.lib()
     code = getattr(lib, f"LLAMA_FTYPE_MOSTLY_{ftype.upper()}", None)
     if ftype.upper() == "F32":

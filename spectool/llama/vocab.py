@@ -1,5 +1,6 @@
-"""A model file's facts outside decoding: whether a path can be a GGUF file, what a loaded model's file says
-(`Facts`: its vocabulary, tokens to text and back, metadata), and text from a stream of tokens (`Detokenizer`)."""
+"""A model file's facts outside decoding: whether a path can be a GGUF file, what a loaded model's
+file says (`Facts`: its vocabulary, tokens to text and back, metadata), and text from a stream of
+tokens (`Detokenizer`)."""
 
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ def check_gguf_file(path: str | os.PathLike) -> Path:
 
 
 def meta_value(lib, model, key: str) -> str | None:
-    """A GGUF metadata value of a loaded llama.cpp model (a llama_model pointer), as text (None when absent)."""
+    """A GGUF metadata value of a loaded llama.cpp model (a llama_model pointer), as text (None when
+    absent)."""
     buf = ctypes.create_string_buffer(1024)
     n = lib.llama_model_meta_val_str(model, key.encode(), buf, len(buf))
     if n < 0:
@@ -72,32 +74,37 @@ class Detokenizer:
 
 
 class Facts:
-    """What a loaded model's file says, outside decoding: text to tokens and back, end-of-generation tokens,
-    metadata, the chat template and the vocabulary (VocabInfo). Model (engine.py) is one."""
+    """What a loaded model's file says, outside decoding: text to tokens and back, end-of-generation
+    tokens, metadata, the chat template and the vocabulary (VocabInfo). Model (engine.py) is one."""
 
     def __init__(self, lib, model):
-        """`lib`: llama_cpp (native.lib()); `model`: a loaded `llama_model *`, kept while this object is used."""
+        """`lib`: llama_cpp (native.lib()); `model`: a loaded `llama_model *`, kept while this
+        object is used."""
         self.lib, self._weights = lib, model
         self._vocab = lib.llama_model_get_vocab(model)
         self.n_vocab = lib.llama_vocab_n_tokens(self._vocab)
         self._pieces: dict[int, bytes] = {}
         self._eog: dict[int, bool] = {}
 
-    # -- text ----------------------------------------------------------------------------------------------
-    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
+    # -- text
+    # ----------------------------------------------------------------------------------------------
+    def tokenize(self, text: str, *, add_special: bool = True,
+                 parse_special: bool = False) -> list[int]:
         data = text.encode("utf-8")
         n_max = len(data) + 8
         buf = (self.lib.llama_token * n_max)()
-        n = self.lib.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, parse_special)
+        n = self.lib.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special,
+                                    parse_special)
         if n < 0:
             n_max = -n
             buf = (self.lib.llama_token * n_max)()
-            n = self.lib.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, parse_special)
+            n = self.lib.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special,
+                                        parse_special)
         return list(buf[:n])
 
     def piece(self, token: int, special: bool = False) -> bytes:
-        """The bytes of one token; special tokens render as nothing unless `special` (then as their text, as
-        llama-server's /tokenize and /detokenize show them)."""
+        """The bytes of one token; special tokens render as nothing unless `special` (then as their
+        text, as llama-server's /tokenize and /detokenize show them)."""
         p = None if special else self._pieces.get(token)
         if p is None:
             buf = ctypes.create_string_buffer(64)
@@ -129,7 +136,8 @@ class Facts:
             eog = self._eog[token] = bool(self.lib.llama_vocab_is_eog(self._vocab, token))
         return eog
 
-    # -- facts ---------------------------------------------------------------------------------------------
+    # -- facts
+    # ---------------------------------------------------------------------------------------------
     def meta(self, key: str) -> str | None:
         return meta_value(self.lib, self._weights, key)
 
@@ -138,15 +146,17 @@ class Facts:
         return self.meta("general.architecture") or "?"
 
     def fim_tokens(self) -> dict[str, int]:
-        """The vocabulary's fill-in-the-middle tokens that it has, by llama.cpp's names: pre, suf, mid (all three
-        needed for FIM), pad, rep (repository), sep (file separator)."""
+        """The vocabulary's fill-in-the-middle tokens that it has, by llama.cpp's names: pre, suf,
+        mid (all three needed for FIM), pad, rep (repository), sep (file separator)."""
         lib, v = self.lib, self._vocab
-        found = {name: getattr(lib, f"llama_vocab_fim_{name}")(v) for name in ("pre", "suf", "mid", "pad", "rep",
+        found = {name: getattr(lib, f"llama_vocab_fim_{name}")(v)
+                 for name in ("pre", "suf", "mid", "pad", "rep",
                                                                                "sep")}
         return {name: int(t) for name, t in found.items() if t >= 0}  # LLAMA_TOKEN_NULL is -1
 
     def added_bos(self) -> list[int]:
-        """The BOS that tokenize(add_special=True) puts first, as a list: empty where the vocabulary adds none."""
+        """The BOS that tokenize(add_special=True) puts first, as a list: empty where the vocabulary
+        adds none."""
         lib, v = self.lib, self._vocab
         return [int(lib.llama_vocab_bos(v))] if lib.llama_vocab_get_add_bos(v) else []
 

@@ -1,6 +1,6 @@
-"""Can a draft model draft for a target? llama.cpp's rule: same vocabulary type, same BOS/EOS ids and
-add-BOS/EOS flags, vocabulary sizes within 128 of each other, identical token text from id 5 up to the
-smaller size."""
+"""Can a draft model draft for a target? llama.cpp's rule: same vocabulary type, same BOS/EOS ids
+and add-BOS/EOS flags, vocabulary sizes within 128 of each other, identical token text from id 5 up
+to the smaller size."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ FIRST_CHECKED_TOKEN = 5
 
 
 def vocab_differences(target: VocabInfo, draft: VocabInfo, limit: int = 5) -> list[str]:
-    """Readable reasons why `draft` cannot draft for `target` (empty when compatible); at most `limit` token
-    mismatches are listed."""
+    """Readable reasons why `draft` cannot draft for `target` (empty when compatible); at most
+    `limit` token mismatches are listed."""
     out = []
     if target.type != draft.type:
         out.append(f"vocabulary type differs: target {target.type}, draft {draft.type}")
@@ -25,8 +25,8 @@ def vocab_differences(target: VocabInfo, draft: VocabInfo, limit: int = 5) -> li
         if a != b:
             out.append(f"{name} flag differs: target {a}, draft {b}")
     if abs(target.n_tokens - draft.n_tokens) > MAX_SIZE_DIFFERENCE:
-        out.append(f"vocabulary sizes differ by more than {MAX_SIZE_DIFFERENCE}: target {target.n_tokens}, "
-                   f"draft {draft.n_tokens}")
+        out.append(f"vocabulary sizes differ by more than {MAX_SIZE_DIFFERENCE}: target "
+                   f"{target.n_tokens}, draft {draft.n_tokens}")
     n = min(target.n_tokens, draft.n_tokens)
     mismatches = [i for i in range(FIRST_CHECKED_TOKEN, n) if target.texts[i] != draft.texts[i]]
     for i in mismatches[:limit]:
@@ -37,8 +37,8 @@ def vocab_differences(target: VocabInfo, draft: VocabInfo, limit: int = 5) -> li
 
 
 def check_files(target, draft=None, debug: bool = False):
-    """`spectool check`: (the VocabInfo and MTP head count of each file, the reasons DRAFT cannot draft for
-    TARGET: empty when it can or no draft is given)."""
+    """`spectool check`: (the VocabInfo and MTP head count of each file, the reasons DRAFT cannot
+    draft for TARGET: empty when it can or no draft is given)."""
     from spectool.llama import engine
 
     engine.set_verbose(debug)

@@ -1,6 +1,7 @@
-"""models.toml -> ModelRef / Pair. Resolves a model reference: a local path, hf:OWNER/REPO/FILE[@REVISION], or a
-name from models.toml. The shipped models.toml is read from the installed package (a copy of the top-level
-file travels in the wheel); a user file of the same format in the config directory adds or overrides pairs."""
+"""models.toml -> ModelRef / Pair. Resolves a model reference: a local path,
+hf:OWNER/REPO/FILE[@REVISION], or a name from models.toml. The shipped models.toml is read from the
+installed package (a copy of the top-level file travels in the wheel); a user file of the same
+format in the config directory adds or overrides pairs."""
 
 from __future__ import annotations
 
@@ -10,10 +11,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
+import tomllib
 
 SHIPPED = Path(__file__).parent.parent / "models.toml"
 REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -21,8 +19,8 @@ SPLIT_RE = re.compile(r"^(?P<stem>.*)-(?P<i>\d{5})-of-(?P<n>\d{5})\.gguf$")
 
 
 class RegistryError(Exception):
-    """A bad model reference or models.toml entry; the message names the file and line where there is one. `code`:
-    the exit status of the command it ends (2: a usage error)."""
+    """A bad model reference or models.toml entry; the message names the file and line where there
+    is one. `code`: the exit status of the command it ends (2: a usage error)."""
 
     def __init__(self, message: str, code: int = 1):
         super().__init__(message)
@@ -41,11 +39,14 @@ def user_file() -> Path:
 
 
 def safe_filename(name: str) -> str:
-    """A file name inside a repo: relative, no '..', no backslashes, so it cannot escape the cache."""
+    """A file name inside a repo: relative, no '..', no backslashes, so it cannot escape the
+    cache."""
     if not name or name.startswith(("/", "~")) or "\\" in name or ":" in name:
-        raise RegistryError(f"unsafe file name {name!r}: must be a relative path inside the repository")
+        raise RegistryError(f"unsafe file name {name!r}: must be a relative path inside the "
+                            "repository")
     if any(part in ("", ".", "..") for part in name.split("/")):
-        raise RegistryError(f"unsafe file name {name!r}: '..', '.' and empty path parts are not allowed")
+        raise RegistryError(f"unsafe file name {name!r}: '..', '.' and empty path parts are not "
+                            "allowed")
     return name
 
 
@@ -64,7 +65,8 @@ class ModelRef:
             safe_filename(self.file or "")
 
     def parts(self) -> list[str]:
-        """All files of a model: a split GGUF (NAME-00001-of-00003.gguf) has several, loaded from the first."""
+        """All files of a model: a split GGUF (NAME-00001-of-00003.gguf) has several, loaded from
+        the first."""
         m = SPLIT_RE.match(self.file or "")
         if not m:
             return [self.file] if self.file else []
@@ -79,7 +81,8 @@ class ModelRef:
         return f"hf:{self.repo}/{self.file}" + (f"@{self.revision}" if self.revision else "")
 
 
-# a pair's draft length when models.toml does not give one: a draft model's tokens cost time, so drafts stay short
+# a pair's draft length when models.toml does not give one: a draft model's tokens cost time, so
+# drafts stay short
 PAIR_DRAFT_MAX = 8
 
 
@@ -92,7 +95,8 @@ class Pair:
     quantization: str = ""
     size_gb: float = 0.0
     drafts_by: str = "lookup"  # without a draft model: "lookup", or "mtp" (the target's MTP heads)
-    memory_gb: float = 0.0  # RAM (or VRAM) to run it at the default context (models.toml says how it is counted)
+    # RAM (or VRAM) to run it at the default context (models.toml says how it is counted)
+    memory_gb: float = 0.0
     license: str = ""
     draft_max: int = PAIR_DRAFT_MAX
     note: str = ""
@@ -108,7 +112,11 @@ class Registry:
         if name in self.pairs:
             return self.pairs[name]
         close = difflib.get_close_matches(name, list(self.pairs), n=3)
-        hint = f"; did you mean {', '.join(close)}?" if close else f"; known pairs: {', '.join(sorted(self.pairs))}"
+        hint = (
+            f"; did you mean {', '.join(close)}?"
+            if close
+            else f"; known pairs: {', '.join(sorted(self.pairs))}"
+        )
         raise RegistryError(f"unknown pair {name!r}{hint}")
 
 
@@ -129,8 +137,8 @@ def _ref(value, where: str) -> ModelRef | None:
     if isinstance(value, str):
         if value.startswith("hf:"):
             return parse_hf(value)
-        raise RegistryError(f"{where}: a model is a table {{repo, file}}, {{package}}, 'hf:...', \"lookup\" or "
-                            "\"mtp\"")
+        raise RegistryError(f"{where}: a model is a table {{repo, file}}, {{package}}, 'hf:...', "
+                            "\"lookup\" or \"mtp\"")
     if not isinstance(value, dict):
         raise RegistryError(f"{where}: a model is a table {{repo, file}} or {{package}}")
     if "package" in value:
@@ -161,10 +169,13 @@ def parse(text: str, source: str) -> Registry:
         where = f"{source}:{_line_of(text, name)}: pair {name!r}"
         if not isinstance(entry, dict) or "target" not in entry:
             raise RegistryError(f"{where}: missing 'target'")
+        target = _ref(entry["target"], where + " target")
+        if target is None:
+            raise RegistryError(f"{where}: 'target' must be a model, not {entry['target']!r}")
         try:
             reg.pairs[name] = Pair(
                 name=name,
-                target=_ref(entry["target"], where + " target"),
+                target=target,
                 draft=_ref(entry.get("draft", "lookup"), where + " draft"),
                 drafts_by="mtp" if entry.get("draft") == "mtp" else "lookup",
                 description=str(entry.get("description", "")),

@@ -1,5 +1,5 @@
-"""Files spectool writes: what it derives from a model file (in SPECTOOL_CACHE, default ~/.cache/spectool),
-always replaced whole."""
+"""Files spectool writes: what it derives from a model file (in SPECTOOL_CACHE, default
+~/.cache/spectool), always replaced whole."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ def cache_dir(kind: str) -> Path:
 
 
 def file_tag(path: str | os.PathLike, *extra: object) -> str:
-    """A short name for this version of the file (path, size, mtime) and whatever else the result depends on."""
+    """A short name for this version of the file (path, size, mtime) and whatever else the result
+    depends on."""
     path = Path(path)
     st = path.stat()
     key = ":".join(str(x) for x in (path.resolve(), st.st_size, st.st_mtime_ns, *extra))
@@ -22,8 +23,8 @@ def file_tag(path: str | os.PathLike, *extra: object) -> str:
 
 
 def write_json_atomic(path: str | os.PathLike, obj, indent: int | None = 2) -> None:
-    """Write JSON to a temporary file beside `path`, flushed to the disk, then rename: readers see the old file or
-    the new one, after a crash too."""
+    """Write JSON to a temporary file beside `path`, flushed to the disk, then rename: readers see
+    the old file or the new one, after a crash too."""
     path = Path(path)
     text = json.dumps(obj, indent=indent, separators=None if indent else (",", ":")) + "\n"
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")

@@ -1,9 +1,9 @@
-"""`spectool serve`: the HTTP application (Starlette on uvicorn) and its routes, over the server's state
-(context.py): OpenAI's chat completions, completions, Responses and models; Anthropic's Messages; llama-server's
-/infill, /tokenize and /detokenize; /health and /metrics.
+"""`spectool serve`: the HTTP application (Starlette on uvicorn) and its routes, over the server's
+state (context.py): OpenAI's chat completions, completions, Responses and models; Anthropic's
+Messages; llama-server's /infill, /tokenize and /detokenize; /health and /metrics.
 
-Every route answers: an ApiError as itself, anything else as a 500 and one line on stderr, each in its API's error
-shape (`answered`).
+Every route answers: an ApiError as itself, anything else as a 500 and one line on stderr, each in
+its API's error shape (`answered`).
 """
 
 from __future__ import annotations
@@ -34,48 +34,56 @@ def server_of(request: Request) -> Server:
 
 
 def error_response(e: ApiError, shape: Shape = ApiError.body) -> JSONResponse:
-    """An error's answer; a body left unread (413, 408) would be taken for the next request: those close the
-    connection."""
+    """An error's answer; a body left unread (413, 408) would be taken for the next request: those
+    close the connection."""
     close = {"Connection": "close"} if e.status in (408, 413) else None
     return JSONResponse(shape(e), status_code=e.status, headers=close)
 
 
 def answered(handler: Handler, shape: Shape = ApiError.body) -> Handler:
-    """The endpoint `handler` that always answers: ApiError as itself, anything else as a 500 and one line through
-    the server's `say` (stderr), in its API's error `shape`. Nothing reaches Starlette's error middleware, which
-    would re-raise it to uvicorn (a traceback, and a keep-alive connection dropped under the client)."""
+    """The endpoint `handler` that always answers: ApiError as itself, anything else as a 500 and
+    one line through the server's `say` (stderr), in its API's error `shape`. Nothing reaches
+    Starlette's error middleware, which would re-raise it to uvicorn (a traceback, and a keep-alive
+    connection dropped under the client)."""
     async def endpoint(request: Request) -> Response:
         try:
             return await handler(request)
         except ApiError as e:
             return error_response(e, shape)
         except ClientDisconnect:  # gone while sending its body: no one reads the answer
-            return error_response(ApiError(499, "the client closed the connection", code="client_closed"), shape)
+            return error_response(ApiError(499, "the client closed the "
+                                                "connection", code="client_closed"), shape)
         except Exception as e:  # noqa: BLE001 - one line on stderr, never a traceback
-            server_of(request).say(f"error: {request.method} {request.url.path}: {type(e).__name__}: {e}")
-            return error_response(ApiError(500, f"internal error: {type(e).__name__}", "server_error"), shape)
+            server_of(request).say(f"error: {request.method} {request.url.path}: "
+                                   f"{type(e).__name__}: {e}")
+            return error_response(ApiError(500, "internal error: "
+                                                f"{type(e).__name__}", "server_error"), shape)
     return endpoint
 
 
 def authorised(request: Request) -> None:
-    """The request's key, where the server has one: the header's bytes (Starlette decodes them as latin-1),
-    compared in constant time; Anthropic's clients send the key as x-api-key, which llama-server reads too."""
+    """The request's key, where the server has one: the header's bytes (Starlette decodes them as
+    latin-1), compared in constant time; Anthropic's clients send the key as x-api-key, which
+    llama-server reads too."""
     key = server_of(request).api_key
     sent_key = request.headers.get("x-api-key")
     sent = (f"Bearer {sent_key}" if sent_key and "authorization" not in request.headers else
             request.headers.get("authorization", "")).encode("latin-1")
     if key and not hmac.compare_digest(sent, f"Bearer {key}".encode()):
-        raise ApiError(401, "invalid API key (send 'Authorization: Bearer KEY')", "authentication_error",
+        raise ApiError(401, "invalid API key (send 'Authorization: Bearer "
+                            "KEY')", "authentication_error",
                        "invalid_api_key")
 
 
 async def generate_route(request: Request, chat: bool, fim: bool = False) -> Response:
-    """A chat completion, a completion or an /infill: the request's generation, answered whole or streamed."""
+    """A chat completion, a completion or an /infill: the request's generation, answered whole or
+    streamed."""
     authorised(request)
     server = server_of(request)
     reply = await server.start(request, await server.body(request), chat, fim)
     if fim:  # llama-server's fill-in-the-middle answer (infill.py)
-        return await infill.respond(reply.pieces, reply.stream, reply.n_prompt, server.model_id, reply.fields)
+        return await infill.respond(reply.pieces, reply.stream, reply.n_prompt, server.model_id,
+                                    reply.fields)
     if reply.stream:
         return StreamingResponse(server.events(reply), media_type="text/event-stream")
     return JSONResponse(await server.whole(reply))
@@ -98,7 +106,8 @@ async def tokens_route(request: Request) -> Response:
     authorised(request)
     server = server_of(request)
     raw = await server.body(request)
-    return JSONResponse(await asyncio.to_thread(tokens.answer, request.url.path, raw, server.session.gen.target))
+    return JSONResponse(await asyncio.to_thread(tokens.answer, request.url.path, raw,
+                                                server.session.gen.target))
 
 
 def over_chat(answer: Callable[[Server, Request], Awaitable[Response]]) -> Handler:
@@ -112,7 +121,8 @@ def over_chat(answer: Callable[[Server, Request], Awaitable[Response]]) -> Handl
 async def models(request: Request) -> Response:
     authorised(request)
     return JSONResponse({"object": "list", "data": [
-        {"id": server_of(request).model_id, "object": "model", "created": 0, "owned_by": "spectool"}]})
+        {"id": server_of(request).model_id, "object": "model", "created": 0,
+         "owned_by": "spectool"}]})
 
 
 async def health(request: Request) -> Response:
@@ -121,8 +131,8 @@ async def health(request: Request) -> Response:
 
 
 async def metrics(request: Request) -> Response:
-    """Open too, as llama-server's: counters only, no text of anyone's; the corpus's size and its disputes' tally,
-    where there is one (--lookup-corpus)."""
+    """Open too, as llama-server's: counters only, no text of anyone's; the corpus's size and its
+    disputes' tally, where there is one (--lookup-corpus)."""
     server = server_of(request)
     corpus = server.session.corpus
     text = server.totals.prometheus() + ("" if corpus is None else corpus_metrics(corpus))
@@ -134,7 +144,8 @@ async def http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     if exc.status_code == 404:
         return error_response(ApiError(404, f"no such path: {request.url.path}", code="not_found"))
-    return error_response(ApiError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
+    return error_response(ApiError(exc.status_code, f"{request.method} {request.url.path}: "
+                                                    f"{exc.detail}",
                                    code="method_not_allowed" if exc.status_code == 405 else None))
 
 
@@ -169,23 +180,28 @@ def make_app(server: Server) -> Starlette:
 
 
 def check_api_key(api_key: str | None) -> None:
-    """An empty --api-key would turn authentication off without a word: refused (before the model loads)."""
+    """An empty --api-key would turn authentication off without a word: refused (before the model
+    loads)."""
     if api_key is not None and not api_key.strip():
-        raise UserError("--api-key is empty: give a key (or set SPECTOOL_API_KEY), or leave the option out to "
-                        "serve without one", code=2)
+        raise UserError("--api-key is empty: give a key (or set SPECTOOL_API_KEY), or leave the "
+                        "option out to serve without one", code=2)
 
 
-def serve(session: Session, options: Options, model_id: str, host: str, port: int, api_key: str | None,
+def serve(session: Session, options: Options, model_id: str, host: str, port: int,
+          api_key: str | None,
           say: Callable[[str], None] = print) -> None:
-    """Serve until Ctrl-C or SIGTERM (uvicorn's own handling: the response in progress finishes, then it stops)."""
+    """Serve until Ctrl-C or SIGTERM (uvicorn's own handling: the response in progress finishes,
+    then it stops)."""
     import uvicorn
 
     check_api_key(api_key)
     server = Server(session, options, model_id, api_key, say)
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
-        say(f"warning: serving on {host} without --api-key: anyone who can reach this port can use the model")
+        say(f"warning: serving on {host} without --api-key: anyone who can reach this port can use "
+            "the model")
     say(f"serving {model_id} on http://{host}:{port}/v1 ({session.mode}); Ctrl-C stops")
-    config = uvicorn.Config(make_app(server), host=host, port=port, log_level="warning", access_log=False,
+    config = uvicorn.Config(make_app(server), host=host, port=port, log_level="warning",
+                            access_log=False,
                             timeout_graceful_shutdown=30)
     uvicorn.Server(config).run()
     server.stopping.set()

@@ -1,6 +1,7 @@
-"""OpenAI's answer shapes for a request under way (`Reply`): the chat.completion or text_completion object, the
-chunks it streams, and usage with spectool's speculative counters. A reply holds `n` choices, generated one after
-another: their pieces come in order, each choice's ended by its Stats (or an Exception, which ends them all)."""
+"""OpenAI's answer shapes for a request under way (`Reply`): the chat.completion or text_completion
+object, the chunks it streams, and usage with spectool's speculative counters. A reply holds `n`
+choices, generated one after another: their pieces come in order, each choice's ended by its Stats
+(or an Exception, which ends them all)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from spectool.server.errors import ApiError
 
 @dataclass
 class Reply:
-    """A request under way: what its answer is made of. `pieces` are the workers' items (Server._pieces), the
-    choices' one after another; `stats` is set when they end (the last choice's)."""
+    """A request under way: what its answer is made of. `pieces` are the workers' items
+    (Server._pieces), the choices' one after another; `stats` is set when they end (the last
+    choice's)."""
     rid: str
     created: int
     chat: bool
@@ -24,7 +26,8 @@ class Reply:
     stats: Any = None
     n: int = 1  # choices
     fields: Any = None  # /infill: the response_fields asked for (infill)
-    logprobs: Any = None  # where asked: a choice's log-probability records in OpenAI's shape (logprobs)
+    # where asked: a choice's log-probability records in OpenAI's shape (logprobs)
+    logprobs: Any = None
 
 
 def finish(stats) -> str:
@@ -32,26 +35,31 @@ def finish(stats) -> str:
 
 
 def usage(ends: list, n_prompt: int, mode: str) -> dict:
-    """The usage of a request's choices (`ends`: their Stats): the prompt once, as OpenAI counts it, the
-    completions' tokens and the speculation summed over them."""
+    """The usage of a request's choices (`ends`: their Stats): the prompt once, as OpenAI counts it,
+    the completions' tokens and the speculation summed over them."""
     from spectool.core.stats import Stats
 
     stats = Stats.summed(ends)
-    cached = max(0, n_prompt - 1 - stats.n_prefilled)  # the KV cache kept them from the previous request
+    # the KV cache kept them from the previous request
+    cached = max(0, n_prompt - 1 - stats.n_prefilled)
     return {"prompt_tokens": n_prompt, "completion_tokens": stats.n_generated,
-            "total_tokens": n_prompt + stats.n_generated, "prompt_tokens_details": {"cached_tokens": cached},
+            "total_tokens": n_prompt + stats.n_generated,
+            "prompt_tokens_details": {"cached_tokens": cached},
             "speculative": {"mode": mode, "drafted": stats.n_drafted, "accepted": stats.n_accepted,
                             "acceptance_rate": round(stats.acceptance_rate, 4),
-                            "by_source": dict(stats.by_source),  # drafted tokens: lookup, draft, ..., grammar
+                            # drafted tokens: lookup, draft, ..., grammar
+                            "by_source": dict(stats.by_source),
                             "tokens_per_second": round(stats.tokens_per_second, 3),
                             "prompt_seconds": round(stats.prompt_seconds, 6),
                             "decode_seconds": round(stats.decode_seconds, 6)}}
 
 
 async def choices(reply: Reply) -> tuple[list[str], list, list[list]]:
-    """Each choice's whole text, its Stats and its tokens' log-probability records (empty unless asked); a 500
-    where generation failed."""
-    texts, ends, records = [[]], [], [[]]
+    """Each choice's whole text, its Stats and its tokens' log-probability records (empty unless
+    asked); a 500 where generation failed."""
+    texts: list[list[str]] = [[]]
+    ends: list = []
+    records: list[list] = [[]]
     async for piece, end in reply.pieces:  # (a failure ends them)
         if piece is not None:
             texts[-1].append(piece)
@@ -70,25 +78,29 @@ def logprobs(reply: Reply, records: list) -> dict | None:
     return reply.logprobs(records) if reply.logprobs is not None else None
 
 
-def answer(reply: Reply, texts: list[str], ends: list, records: list[list], model_id: str, mode: str) -> dict:
+def answer(reply: Reply, texts: list[str], ends: list, records: list[list], model_id: str,
+           mode: str) -> dict:
     """The chat.completion or text_completion object of the choices' texts."""
     out: list[dict[str, Any]] = []
     for i, (text, stats) in enumerate(zip(texts, ends)):
-        choice: dict[str, Any] = {"index": i, "finish_reason": finish(stats), "logprobs": logprobs(reply, records[i])}
+        choice: dict[str, Any] = {"index": i, "finish_reason": finish(stats),
+                                  "logprobs": logprobs(reply, records[i])}
         if reply.chat:
             tools = reply.tools
-            choice["message"], called = tools.message(text) if tools else ({"role": "assistant", "content": text}, 0)
+            choice["message"], called = tools.message(text) if tools else ({"role": "assistant",
+                                                                            "content": text}, 0)
             choice["finish_reason"] = "tool_calls" if called else choice["finish_reason"]
         else:
             choice["text"] = text
         out.append(choice)
     return {"id": reply.rid, "object": "chat.completion" if reply.chat else "text_completion",
-            "created": reply.created, "model": model_id, "choices": out, "usage": usage(ends, reply.n_prompt, mode)}
+            "created": reply.created, "model": model_id, "choices": out,
+            "usage": usage(ends, reply.n_prompt, mode)}
 
 
 class Chunks:
-    """The chunks of one streamed reply (see `chunks`): which choice is streaming, and the log-probability records
-    not sent yet."""
+    """The chunks of one streamed reply (see `chunks`): which choice is streaming, and the
+    log-probability records not sent yet."""
 
     def __init__(self, reply: Reply, model_id: str, mode: str):
         self.reply, self.model_id, self.mode = reply, model_id, mode
@@ -98,7 +110,8 @@ class Chunks:
         self.shaped = self.streamer()
 
     def streamer(self):
-        """A choice's content as it comes and its tool calls once read (tools.Stream), where it offers tools."""
+        """A choice's content as it comes and its tool calls once read (tools.Stream), where it
+        offers tools."""
         return self.reply.tools.streamer() if self.reply.tools else None
 
     def chunk(self, text: str | None, finish_reason: str | None = None, usage_: dict | None = None,
@@ -112,7 +125,8 @@ class Chunks:
         if self.held:
             choice["logprobs"] = logprobs(reply, self.held[:])
             self.held.clear()
-        obj = {"id": reply.rid, "object": self.kind, "created": reply.created, "model": self.model_id,
+        obj = {"id": reply.rid, "object": self.kind, "created": reply.created,
+               "model": self.model_id,
                "choices": [choice]}
         if usage_ is not None:
             obj["usage"] = usage_
@@ -120,7 +134,8 @@ class Chunks:
 
     def opening(self) -> list[dict]:
         """A chat choice opens with its role."""
-        return [self.chunk(None, delta={"role": "assistant", "content": ""})] if self.reply.chat else []
+        return [self.chunk(None,
+                           delta={"role": "assistant", "content": ""})] if self.reply.chat else []
 
     def piece(self, piece: str, records) -> list[dict]:
         self.held.extend(records or ())
@@ -129,8 +144,8 @@ class Chunks:
         return [self.chunk(piece)]
 
     def end(self, stats) -> list[dict]:
-        """A choice's end: its held tool calls, its finish chunk, and the next choice's opening (the last
-        choice's finish chunk carries the usage of all)."""
+        """A choice's end: its held tool calls, its finish chunk, and the next choice's opening (the
+        last choice's finish chunk carries the usage of all)."""
         self.reply.stats = stats
         deltas, called = self.shaped.end() if self.shaped else ([], False)
         out = [self.chunk(None, delta=delta) for delta in deltas]
@@ -140,14 +155,16 @@ class Chunks:
             self.ends.append(stats)
             self.shaped = self.streamer()
             return out + self.opening()
-        return out + [self.chunk(None, reason, usage([*self.ends, stats], self.reply.n_prompt, self.mode))]
+        return out + [self.chunk(None, reason,
+                                 usage([*self.ends, stats], self.reply.n_prompt, self.mode))]
 
 
 async def chunks(reply: Reply, model_id: str, mode: str):
-    """The reply's answer as the objects OpenAI streams (chat.completion.chunk or text_completion), each naming
-    its choice's index, the last choice's finish chunk with the usage of all; or, where generation failed, an
-    error object. Where log-probabilities are asked for, a chunk carries those of the tokens its text completes
-    (those that only a tool call's text held back go with the next chunk out)."""
+    """The reply's answer as the objects OpenAI streams (chat.completion.chunk or text_completion),
+    each naming its choice's index, the last choice's finish chunk with the usage of all; or, where
+    generation failed, an error object. Where log-probabilities are asked for, a chunk carries those
+    of the tokens its text completes (those that only a tool call's text held back go with the next
+    chunk out)."""
     stream = Chunks(reply, model_id, mode)
     try:
         for obj in stream.opening():
@@ -162,4 +179,5 @@ async def chunks(reply: Reply, model_id: str, mode: str):
             for obj in out:
                 yield obj
     finally:
-        await reply.pieces.aclose()  # a stream closed early (the client went away) stops the generation
+        # a stream closed early (the client went away) stops the generation
+        await reply.pieces.aclose()

@@ -1,12 +1,14 @@
-"""The server's state and its generations (as llama-server's server-context): the session it generates with, the
-requests' turns, and each generation in a worker thread, its pieces handed to the event loop.
+"""The server's state and its generations (as llama-server's server-context): the session it
+generates with, the requests' turns, and each generation in a worker thread, its pieces handed to
+the event loop.
 
-One model, one sequence: requests take turns in arrival order (a bounded queue answers 503 when full), each
-generation runs in a worker thread and streams its text through an asyncio queue, and a client that goes away
-(streamed or not) stops its generation at the next step. The event loop only moves bytes: a request's body is read
-within a size limit (413) and a time limit (408), then parsed and tokenized in a thread of its own (requests.py).
-The KV cache keeps what the previous request shared with the next (its longest common token prefix), so an agent
-that resends its whole conversation prefills only what is new.
+One model, one sequence: requests take turns in arrival order (a bounded queue answers 503 when
+full), each generation runs in a worker thread and streams its text through an asyncio queue, and a
+client that goes away (streamed or not) stops its generation at the next step. The event loop only
+moves bytes: a request's body is read within a size limit (413) and a time limit (408), then parsed
+and tokenized in a thread of its own (requests.py). The KV cache keeps what the previous request
+shared with the next (its longest common token prefix), so an agent that resends its whole
+conversation prefills only what is new.
 """
 
 from __future__ import annotations
@@ -28,14 +30,14 @@ from spectool.server.metrics import Totals
 from spectool.server.requests import Request, parse
 from spectool.session import Session
 
-# --max-body-bytes 0: a token is about 4 bytes of text, and JSON may spell one character in 12 bytes (two \uXXXX
-# escapes); 64 bytes a token leaves room for that and for a conversation's framing
+# --max-body-bytes 0: a token is about 4 bytes of text, and JSON may spell one character in 12 bytes
+# (two \uXXXX escapes); 64 bytes a token leaves room for that and for a conversation's framing
 BODY_BYTES_PER_TOKEN = 64
 
 
 class Turns:
-    """One generation at a time, in arrival order: each takes a ticket, and the tickets are served in turn; at most
-    `queue` generations wait (one more is a 503)."""
+    """One generation at a time, in arrival order: each takes a ticket, and the tickets are served
+    in turn; at most `queue` generations wait (one more is a 503)."""
 
     def __init__(self, queue: int):
         self.queue = queue
@@ -45,10 +47,12 @@ class Turns:
         self.waiting = 0  # generations that have a ticket and are not served yet
 
     def take(self, n: int) -> list[int]:
-        """n tickets in a row (a request's `n` choices, one after another); a 503 when the queue is full."""
+        """n tickets in a row (a request's `n` choices, one after another); a 503 when the queue is
+        full."""
         with self.turn:
             if self.waiting >= self.queue:
-                raise ApiError(503, f"busy: {self.waiting} requests are waiting; try again later", "server_error",
+                raise ApiError(503, f"busy: {self.waiting} requests are waiting; try again "
+                                    "later", "server_error",
                                "queue_full")
             self.waiting += n
             self.next_ticket += n
@@ -68,10 +72,12 @@ class Turns:
 
 
 class Server:
-    """The server's state: the session it generates with, `options` (the requests' defaults and --queue,
-    --max-body-bytes, --body-timeout), the requests' turns and the totals /metrics reports."""
+    """The server's state: the session it generates with, `options` (the requests' defaults and
+    --queue, --max-body-bytes, --body-timeout), the requests' turns and the totals /metrics
+    reports."""
 
-    def __init__(self, session: Session, options: Options, model_id: str, api_key: str | None = None,
+    def __init__(self, session: Session, options: Options, model_id: str,
+                 api_key: str | None = None,
                  say: Callable[[str], None] = print):
         self.session = session
         self.options = options
@@ -84,13 +90,14 @@ class Server:
         self.stopping = threading.Event()
 
     def parse_request(self, raw: bytes | dict, chat: bool, infill: bool = False) -> Request:
-        """What a request's body asks for (requests.parse). Runs in a thread: parsing and tokenizing a large body
-        never holds up the event loop."""
+        """What a request's body asks for (requests.parse). Runs in a thread: parsing and tokenizing
+        a large body never holds up the event loop."""
         return parse(raw, chat, self.session, self.options, infill)
 
     async def body(self, request) -> bytes:
-        """The request's body, at most `max_body` bytes (413) and sent within --body-timeout seconds (408); both
-        close the connection, as what is left of the body would be read as the next request."""
+        """The request's body, at most `max_body` bytes (413) and sent within --body-timeout seconds
+        (408); both close the connection, as what is left of the body would be read as the next
+        request."""
         length = request.headers.get("content-length", "")
         if length.isdigit() and int(length) > self.max_body:
             raise ApiError(413, f"the request body has {length} bytes; this server takes at most "
@@ -101,31 +108,36 @@ class Server:
             async for chunk in request.stream():
                 data += chunk
                 if len(data) > self.max_body:
-                    raise ApiError(413, f"the request body is over {self.max_body} bytes (--max-body-bytes)",
+                    raise ApiError(413, f"the request body is over {self.max_body} bytes "
+                                        "(--max-body-bytes)",
                                    code="body_too_large")
             return bytes(data)
 
         try:
             return await asyncio.wait_for(read(), self.options.body_timeout)
         except asyncio.TimeoutError:
-            raise ApiError(408, f"the request body did not arrive within {self.options.body_timeout} s "
+            raise ApiError(408, "the request body did not arrive within "
+                                f"{self.options.body_timeout} s "
                                 "(--body-timeout)", code="body_timeout") from None
 
-    def run(self, ticket: int, gen, tokens: list[int], stop: list[str], push, cancelled: threading.Event,
+    def run(self, ticket: int, gen, tokens: list[int], stop: list[str], push,
+            cancelled: threading.Event,
             limits: Limits | None = None) -> None:
-        """Generate in this (worker) thread once `ticket` is served, handing (text, the log-probability records of
-        its tokens or None) pieces and finally (None, Stats) to `push`; /infill's `limits` end it early, as the
-        token budget does."""
+        """Generate in this (worker) thread once `ticket` is served, handing (text, the
+        log-probability records of its tokens or None) pieces and finally (None, Stats) to `push`;
+        /infill's `limits` end it early, as the token budget does."""
         from spectool.core.stats import Stats
 
         stats = Stats(mode=self.session.mode)
         self.turns.wait(ticket)
         try:
-            if gen.max_tokens == 0:  # an /infill with n_predict 0 (an editor warming the cache): the prompt only
+            # an /infill with n_predict 0 (an editor warming the cache): the prompt only
+            if gen.max_tokens == 0:
                 warm(gen, tokens, stats)
             elif not cancelled.is_set():  # a client that left while waiting costs nothing
                 self.generate(gen, tokens, stop, push, cancelled, limits, stats)
-        except KeyboardInterrupt:  # the prefill stopped between batches: the client left (loop.prefill)
+        # the prefill stopped between batches: the client left (loop.prefill)
+        except KeyboardInterrupt:
             pass
         except Exception as e:  # noqa: BLE001 - reported to the client as a 500, never a traceback
             push((None, e))
@@ -137,14 +149,15 @@ class Server:
 
     def generate(self, gen, tokens: list[int], stop: list[str], push, cancelled: threading.Event,
                  limits: Limits | None, stats) -> None:
-        """One generation's pieces handed to `push`, until it ends, its client leaves, the server stops or
-        /infill's `limits` are reached."""
+        """One generation's pieces handed to `push`, until it ends, its client leaves, the server
+        stops or /infill's `limits` are reached."""
         from spectool.generate.loop import generate_text
 
         tracker = logprobs.Tracker(gen.target) if gen.logprobs is not None else None
 
         def interrupted() -> bool:
-            return cancelled.is_set() or self.stopping.is_set() or (limits is not None and limits.reached)
+            return cancelled.is_set() or self.stopping.is_set() or (limits is not None
+                                                                    and limits.reached)
 
         for text, step in generate_text(gen, tokens, stop, stats, interrupted):
             text = limits.cut(text) if limits is not None else text
@@ -155,10 +168,10 @@ class Server:
             stats.finish_reason = "length"
 
     async def start(self, request, raw: bytes | dict, chat: bool, infill: bool = False) -> Reply:
-        """The request's generation under way: its body (read, or already translated from another API:
-        responses.py, messages.py) parsed in a thread, its choices' places in the queue taken, one after another
-        (503 when full). One model is served: any `model` names it, as with llama-server (answers name the real
-        one)."""
+        """The request's generation under way: its body (read, or already translated from another
+        API: responses.py, messages.py) parsed in a thread, its choices' places in the queue taken,
+        one after another (503 when full). One model is served: any `model` names it, as with
+        llama-server (answers name the real one)."""
         asked = await asyncio.to_thread(self.parse_request, raw, chat, infill)
         try:
             tickets = self.turns.take(len(asked.gens))
@@ -170,16 +183,19 @@ class Server:
         cancelled = threading.Event()
         queues: list[asyncio.Queue] = []
         for ticket, gen in zip(tickets, asked.gens):
-            queues.append(queue := asyncio.Queue())
+            queues.append(queue := asyncio.Queue[tuple]())
             threading.Thread(target=self.run, daemon=True, args=(
                 ticket, gen, asked.tokens, asked.stop,
                 lambda item, q=queue: loop.call_soon_threadsafe(q.put_nowait, item), cancelled,
                 asked.limits)).start()
         shape = None
         if asked.gens[0].logprobs is not None:  # OpenAI's shape of a choice's records (logprobs.py)
-            shape = partial(logprobs.chat if chat else logprobs.completion, model=asked.gens[0].target)
-        return Reply(f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", int(time.time()), chat,
-                     asked.stream, len(asked.tokens), pieces(request, queues, cancelled), asked.tools,
+            shape = partial(logprobs.chat if chat else logprobs.completion,
+                            model=asked.gens[0].target)
+        return Reply(f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", int(time.time()),
+                     chat,
+                     asked.stream, len(asked.tokens), pieces(request, queues, cancelled),
+                     asked.tools,
                      n=len(asked.gens), fields=asked.fields, logprobs=shape)
 
     async def whole(self, reply: Reply) -> dict:
@@ -201,7 +217,8 @@ class Server:
 
 
 def warm(gen, tokens: list[int], stats) -> None:
-    """The prompt into the cache only, nothing generated (an /infill with n_predict 0: an editor warming it)."""
+    """The prompt into the cache only, nothing generated (an /infill with n_predict 0: an editor
+    warming it)."""
     t0 = time.perf_counter()
     stats.n_prompt_tokens = len(tokens)
     stats.n_prefilled = gen.target.sync(tokens[:-1], logits="none")
@@ -210,10 +227,11 @@ def warm(gen, tokens: list[int], stats) -> None:
 
 
 async def pieces(request, queues: list[asyncio.Queue], cancelled: threading.Event):
-    """The workers' (text, records) pieces and each one's last (None, Stats or Exception) as they come, one
-    worker (a choice) after another. A client that goes away (looked for every 0.25 s, streamed or not) sets
-    `cancelled`, which stops its generation at the next step (the worker then hands over its last item, and
-    the choices after it generate nothing); so does a stream closed early."""
+    """The workers' (text, records) pieces and each one's last (None, Stats or Exception) as they
+    come, one worker (a choice) after another. A client that goes away (looked for every 0.25 s,
+    streamed or not) sets `cancelled`, which stops its generation at the next step (the worker then
+    hands over its last item, and the choices after it generate nothing); so does a stream closed
+    early."""
     async def watch():
         while not await request.is_disconnected():
             await asyncio.sleep(0.25)

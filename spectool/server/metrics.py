@@ -1,4 +1,5 @@
-"""What `/metrics` reports, in Prometheus's text format: the server's totals, and the corpus's gauges."""
+"""What `/metrics` reports, in Prometheus's text format: the server's totals, and the corpus's
+gauges."""
 
 from __future__ import annotations
 
@@ -37,8 +38,9 @@ class Totals:
 
 
 def corpus_metrics(corpus) -> str:
-    """The corpus's gauges: its size, and its recent disputes with the requests' own text (drafters/corpus.py:
-    decayed counts of those it won and lost, and whether it outranks the requests' own text now)."""
+    """The corpus's gauges: its size, and its recent disputes with the requests' own text
+    (drafters/corpus.py: decayed counts of those it won and lost, and whether it outranks the
+    requests' own text now)."""
     won, lost = corpus.won
     return ("# TYPE spectool_lookup_corpus_tokens gauge\n"
             f"spectool_lookup_corpus_tokens {len(corpus)}\n"

@@ -1,16 +1,18 @@
-"""What `spectool serve` reads from a request body: its JSON checked field by field, its prompt as tokens, and the
-GenerationConfig it asks for (its fields over the server's options), or an ApiError that names what was wrong.
+"""What `spectool serve` reads from a request body: its JSON checked field by field, its prompt as
+tokens, and the GenerationConfig it asks for (its fields over the server's options), or an ApiError
+that names what was wrong.
 
-A field this server does not honour is a 400 that names it (UNHONOURED), never ignored; the numeric fields are
-checked by their declarations in options.py, as the command line's are. What the output must be comes from
-OpenAI's `response_format` or llama-server's `json_schema` and `grammar` fields (request_grammar), at most one.
+A field this server does not honour is a 400 that names it (UNHONOURED), never ignored; the numeric
+fields are checked by their declarations in options.py, as the command line's are. What the output
+must be comes from OpenAI's `response_format` or llama-server's `json_schema` and `grammar` fields
+(request_grammar), at most one.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from spectool.options import Options, UserError, in_request, request_options
 from spectool.server.errors import ApiError, invalid
@@ -24,8 +26,9 @@ if TYPE_CHECKING:
     from spectool.server.infill import Limits
     from spectool.server.tools import Tools
 
-# request fields this server does not honour, and the values that ask nothing of it: anything else is a 400 that
-# names the field (a client that asked for best_of or logit_bias is told, not sent something else)
+# request fields this server does not honour, and the values that ask nothing of it: anything else
+# is a 400 that names the field (a client that asked for best_of or logit_bias is told, not sent
+# something else)
 UNHONOURED = {
     "best_of": (None, 1), "echo": (None, False), "logit_bias": (None, {}),
     "functions": (None, []), "function_call": (None, "none", "auto"),
@@ -34,7 +37,8 @@ UNHONOURED = {
 
 
 def asks_nothing(value, fine: tuple) -> bool:
-    """Whether a field's value is one of those that ask nothing of the server (by value and type: 0 is not False)."""
+    """Whether a field's value is one of those that ask nothing of the server (by value and type: 0
+    is not False)."""
     return any(value == ok and type(value) is type(ok) for ok in fine)
 
 
@@ -42,13 +46,15 @@ def unhonoured(body: dict, fields: dict = UNHONOURED) -> None:
     for name, fine in fields.items():
         value = body.get(name)
         if not asks_nothing(value, fine):
-            raise ApiError(400, f"'{name}' is not supported by this server (it was sent as {json.dumps(value)[:60]}); "
-                                "leave it out", code="unsupported_field", param=name)
+            raise ApiError(400, f"'{name}' is not supported by this server (it was sent as "
+                                f"{json.dumps(value)[:60]}); leave it "
+                                "out", code="unsupported_field", param=name)
 
 
 def stream_and_stop(body: dict) -> tuple[bool, list[str]]:
-    """The request's `stream` (true or false) and `stop` (a string or a list of strings) by their types, else a 400
-    naming the field; the numeric fields are checked by their declarations (options.request_options)."""
+    """The request's `stream` (true or false) and `stop` (a string or a list of strings) by their
+    types, else a 400 naming the field; the numeric fields are checked by their declarations
+    (options.request_options)."""
     stream, stop = body.get("stream"), body.get("stop")
     if stream is not None and not isinstance(stream, bool):
         raise invalid("stream", f"must be true or false (it was sent as {json.dumps(stream)[:60]})")
@@ -62,7 +68,8 @@ N_MAX = 8  # `n`: the most choices a request may ask for, generated one after an
 
 
 def choices(body: dict, infill: bool) -> int:
-    """The request's `n`: 1 to N_MAX choices (/infill: 1, as llama-server's has no `n`), else a 400 naming it."""
+    """The request's `n`: 1 to N_MAX choices (/infill: 1, as llama-server's has no `n`), else a 400
+    naming it."""
     n = body.get("n")
     if n is None:
         return 1
@@ -74,7 +81,8 @@ def choices(body: dict, infill: bool) -> int:
 
 def load(raw: bytes) -> dict:
     """A request body's JSON object, else a 400."""
-    try:  # (Python reads NaN and Infinity too: the field that holds one is named by request_options)
+    # (Python reads NaN and Infinity too: the field that holds one is named by request_options)
+    try:
         body = json.loads(raw)
     except ValueError:
         raise ApiError(400, "the request body is not valid JSON", code="invalid_json") from None
@@ -96,41 +104,62 @@ class Request:
     limits: Limits | None = None  # /infill: the editors' limits on the answer
 
 
-def parse(raw: bytes | dict, chat: bool, session: Session, options: Options, infill: bool = False) -> Request:
-    """The Request in a body (or the body already read, as another API's translation hands it over): a chat
-    completion's messages, a completion's prompt (with `suffix`: fill-in-the-middle) or an /infill request's fields
-    (infill.py), the request's fields over the server's `options`. Choice i of a seeded request has
-    seed + i."""
+def parse(raw: bytes | dict, chat: bool, session: Session, options: Options,
+          infill: bool = False) -> Request:
+    """The Request in a body (or the body already read, as another API's translation hands it over):
+    a chat completion's messages, a completion's prompt (with `suffix`: fill-in-the-middle) or an
+    /infill request's fields (infill.py), the request's fields over the server's `options`. Choice i
+    of a seeded request has seed + i."""
     body = raw if isinstance(raw, dict) else load(raw)
     unhonoured(body)
-    if chat and body.get("suffix") not in (None, ""):  # fill-in-the-middle is a completion's (infill.py)
-        raise ApiError(400, "'suffix' is taken on /v1/completions, not by chat completions; leave it out",
-                       code="unsupported_field", param="suffix")
+    # fill-in-the-middle is a completion's (infill.py)
+    if chat and body.get("suffix") not in (None, ""):
+        raise ApiError(400, "'suffix' is taken on /v1/completions, not by chat completions; "
+                            "leave it out", code="unsupported_field", param="suffix")
     n = choices(body, infill)
     stream, more = stream_and_stop(body)
     target = session.gen.target
     if not chat:  # tools are for chat completions only
-        unhonoured({name: body.get(name) for name in ("tools", "tool_choice")}, {"tools": (None, []),
-                                                                             "tool_choice": (None, "none", "auto")})
+        unhonoured(
+            {name: body.get(name) for name in ("tools", "tool_choice")},
+            {"tools": (None, []), "tool_choice": (None, "none", "auto")},
+        )
     tools = request_tools(body, target) if chat else None
     if chat and body.get("max_completion_tokens") is not None:
         body = {**body, "max_tokens": body["max_completion_tokens"]}
-    warm, fields, limits = False, None, None  # warm: an /infill with n_predict 0, the prompt into the cache only
+    # warm: an /infill with n_predict 0, the prompt into the cache only
+    warm, fields, limits = False, None, None
     if infill:
         from spectool.server.infill import infill_limits, n_predict, response_fields
 
         body, warm = n_predict(body)
         fields, limits = response_fields(body), infill_limits(body)
-    tokens, stop = chat_prompt(body, target, tools) if chat else completion_prompt(body, target, infill, options)
+    if chat:
+        tokens, stop = chat_prompt(body, target, tools)
+    else:
+        tokens, stop = completion_prompt(body, target, infill, options)
     if len(tokens) >= target.n_ctx:
-        raise ApiError(400, f"the prompt has {len(tokens)} tokens but the context holds {target.n_ctx}",
+        raise ApiError(400, f"the prompt has {len(tokens)} tokens but the context holds "
+                            f"{target.n_ctx}",
                        code="context_length_exceeded")
     grammar = request_grammar(body)
     if tools and tools.constrained and grammar is not None:
-        raise invalid("tools", "cannot be given with a grammar or response_format unless tool_choice is \"none\"")
+        raise invalid("tools",
+                      "cannot be given with a grammar or response_format unless tool_choice is "
+                      "\"none\"")
     # the tools' grammar (a call), else the request's, else the server's default
-    grammar = (tools and tools.constrained and tools_grammar(tools, target)) or grammar or session.gen.grammar
-    try:  # the request's fields over the server's options, by their declarations (options.py), as `run` does
+    grammar = (tools and tools.constrained
+               and tools_grammar(tools, target)) or grammar or session.gen.grammar
+    gens = generations(body, chat, n, grammar, session, options)
+    return Request([replace(g, max_tokens=0) for g in gens] if warm else gens, tokens, stop + more,
+                   stream, tools, fields, limits)
+
+
+def generations(body: dict, chat: bool, n: int, grammar: Grammar | None, session: Session,
+                options: Options) -> list[GenerationConfig]:
+    """The `n` choices' GenerationConfigs: the request's fields over the server's options, by their
+    declarations (options.py), as `run` does; choice i of a seeded request has seed + i."""
+    try:
         o = request_options(options, body)
     except UserError as e:
         if e.option is None:
@@ -138,10 +167,9 @@ def parse(raw: bytes | dict, chat: bool, session: Session, options: Options, inf
         name, message = in_request(e)
         raise ApiError(400, message, code=f"invalid_{name}", param=name) from None
     seeds = [o.seed if o.seed is None else o.seed + i for i in range(n)]
-    logprobs = requested_logprobs(body, chat, target.n_vocab)  # logprobs.py
-    gens = [replace(generation(session, replace(o, seed=seed), grammar), logprobs=logprobs) for seed in seeds]
-    return Request([replace(g, max_tokens=0) for g in gens] if warm else gens, tokens, stop + more, stream, tools,
-                   fields, limits)
+    logprobs = requested_logprobs(body, chat, session.gen.target.n_vocab)  # logprobs.py
+    return [replace(generation(session, replace(o, seed=seed), grammar), logprobs=logprobs)
+            for seed in seeds]
 
 
 def request_tools(body: dict, target: Model) -> Tools | None:
@@ -164,24 +192,27 @@ def tools_grammar(tools: Tools, target: Model) -> Grammar:
 
 def request_grammar(body: dict) -> Grammar | None:
     """The grammar a request asks for, None when it asks for none (then the server's default holds):
-    `response_format` as OpenAI sends it (`text`; `json_object`, with a `schema` as llama-server allows; or
-    `json_schema` with {name, schema, strict}; no schema: any JSON object), llama-server's `json_schema` (an
-    object) or `grammar` (GBNF text; "" is none, as there). Two of them, a value of the wrong shape, or a grammar
-    the library refuses: a 400 naming the field."""
-    asked = []  # (field, how to make its Grammar)
+    `response_format` as OpenAI sends it (`text`; `json_object`, with a `schema` as llama-server
+    allows; or `json_schema` with {name, schema, strict}; no schema: any JSON object),
+    llama-server's `json_schema` (an object) or `grammar` (GBNF text; "" is none, as there). Two of
+    them, a value of the wrong shape, or a grammar the library refuses: a 400 naming the field."""
+    asked: list[tuple[str, Any]] = []  # (field, how to make its Grammar)
     rf = body.get("response_format")
     if rf is not None:
         kind = rf.get("type") if isinstance(rf, dict) else None
         if kind not in ("text", "json_object", "json_schema"):
-            raise invalid("response_format", 'must be {"type": "text"}, {"type": "json_object"} or '
-                          f'{{"type": "json_schema", "json_schema": {{...}}}} (it was sent as {json.dumps(rf)[:60]})')
+            raise invalid("response_format", 'must be {"type": "text"}, {"type": '
+                          '"json_object"} or {"type": "json_schema", "json_schema": {...}} '
+                          f'(it was sent as {json.dumps(rf)[:60]})')
         schema = rf.get("schema") if kind == "json_object" else None
         if kind == "json_schema":
             spec = rf.get("json_schema")
             if not isinstance(spec, dict):
-                raise invalid("response_format", "needs a 'json_schema' object: {name, schema, strict}")
+                raise invalid("response_format",
+                              "needs a 'json_schema' object: {name, schema, strict}")
             if not isinstance(spec.get("strict", False), (bool, type(None))):
-                raise invalid("response_format", "has a json_schema whose 'strict' is not true or false")
+                raise invalid("response_format",
+                              "has a json_schema whose 'strict' is not true or false")
             schema = spec.get("schema")
         if schema is not None and not isinstance(schema, dict):
             raise invalid("response_format", "has a 'schema' that is not a JSON object")
@@ -196,7 +227,8 @@ def request_grammar(body: dict) -> Grammar | None:
             raise invalid("grammar", "must be a string of GBNF grammar")
         asked.append(("grammar", body["grammar"]))
     if len(asked) > 1:
-        raise invalid(asked[1][0], f"cannot be given with '{asked[0][0]}': ask for one grammar or schema")
+        raise invalid(asked[1][0], f"cannot be given with '{asked[0][0]}': ask for one grammar or "
+                                   "schema")
     if not asked:
         return None
     from spectool.core.grammar import Grammar, GrammarError
@@ -210,19 +242,23 @@ def request_grammar(body: dict) -> Grammar | None:
         raise invalid(name, f"was refused: {e}") from None
 
 
-def chat_prompt(body: dict, target: Model, tools: Tools | None = None) -> tuple[list[int], list[str]]:
-    """A chat completion's `messages` (tool calls and results among them) rendered with the model's chat template
-    and the request's `tools`, as tokens, and the stop strings the template's absence needs (chat.FALLBACK_STOP)."""
+def chat_prompt(body: dict, target: Model,
+                tools: Tools | None = None) -> tuple[list[int], list[str]]:
+    """A chat completion's `messages` (tool calls and results among them) rendered with the model's
+    chat template and the request's `tools`, as tokens, and the stop strings the template's absence
+    needs (chat.FALLBACK_STOP)."""
     from spectool.templates import FALLBACK_STOP, TemplateError, prompt_tokens
     from spectool.server.tools import ToolError, template_messages
 
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages or not all(
             isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
-        raise ApiError(400, "'messages' must be a non-empty list of {role, content} objects", code="invalid_messages")
+        raise ApiError(400, "'messages' must be a non-empty list of {role, content} "
+                            "objects", code="invalid_messages")
     try:
         rendered = template_messages(messages, content, target.chat_template(), tools)
-        tokens = prompt_tokens(target, rendered, tools.tools if tools and not tools.describe else None)
+        tokens = prompt_tokens(target, rendered, tools.tools if tools and not tools.describe
+                               else None)
     except (TemplateError, ToolError) as e:
         raise ApiError(400, str(e), code="invalid_messages", param="messages") from None
     return tokens, list(FALLBACK_STOP) if target.chat_template() is None else []
@@ -230,13 +266,14 @@ def chat_prompt(body: dict, target: Model, tools: Tools | None = None) -> tuple[
 
 def completion_prompt(body: dict, target: Model, infill: bool = False,
                       options: Options | None = None) -> tuple[list[int], list[str]]:
-    """A completion's `prompt` (a string, or a list of one) as tokens, and no stop strings of its own; with a
-    `suffix`, or for /infill, the fill-in-the-middle prompt (infill.py)."""
+    """A completion's `prompt` (a string, or a list of one) as tokens, and no stop strings of its
+    own; with a `suffix`, or for /infill, the fill-in-the-middle prompt (infill.py)."""
     if infill or body.get("suffix") not in (None, ""):
         from spectool.server.infill import infill_prompt, suffix_prompt
 
-        # the extra chunks leave room for the server's answer budget, as llama-server's its --n-predict: a request
-        # that warms the cache (n_predict 0) and the next one then keep the same chunks
+        # the extra chunks leave room for the server's answer budget, as llama-server's its
+        # --n-predict: a request that warms the cache (n_predict 0) and the next one then keep the
+        # same chunks
         budget = options.max_tokens if options is not None else 0
         return (infill_prompt if infill else suffix_prompt)(body, target, budget), []
     prompt = body.get("prompt")
@@ -248,9 +285,9 @@ def completion_prompt(body: dict, target: Model, infill: bool = False,
 
 
 def content(m: dict, i: int) -> str:
-    """A message's content: a string, or OpenAI's array of content parts, whose text parts are joined with
-    newlines as llama.cpp's server joins them (common/chat.cpp, concat_content_parts). Other parts are refused by
-    type: this server reads text only."""
+    """A message's content: a string, or OpenAI's array of content parts, whose text parts are
+    joined with newlines as llama.cpp's server joins them (common/chat.cpp, concat_content_parts).
+    Other parts are refused by type: this server reads text only."""
     c = m.get("content")
     if isinstance(c, str):
         return c
@@ -258,7 +295,8 @@ def content(m: dict, i: int) -> str:
         other = sorted({str(part.get("type")) for part in c
                         if part.get("type") != "text" or not isinstance(part.get("text"), str)})
         if other:
-            raise ApiError(400, f"messages[{i}].content has parts of type {', '.join(other)}; this server takes "
-                                "text parts only", code="unsupported_content")
+            raise ApiError(400, f"messages[{i}].content has parts of type {', '.join(other)}; this "
+                                "server takes text parts only", code="unsupported_content")
         return "\n".join(part["text"] for part in c)
-    raise ApiError(400, f"messages[{i}].content must be a string or a list of text parts", code="invalid_messages")
+    raise ApiError(400, f"messages[{i}].content must be a string or a list of text "
+                        "parts", code="invalid_messages")

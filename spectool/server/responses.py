@@ -1,10 +1,12 @@
-"""OpenAI's Responses API (`POST /v1/responses`) over the server's chat path: a request's `instructions` and
-`input` items become a chat completion's messages, its fields the chat request's (`to_chat`), and the chat answer,
-whole or streamed, becomes a response object (`response`) or the Responses stream's events (`events`).
+"""OpenAI's Responses API (`POST /v1/responses`) over the server's chat path: a request's
+`instructions` and `input` items become a chat completion's messages, its fields the chat request's
+(`to_chat`), and the chat answer, whole or streamed, becomes a response object (`response`) or the
+Responses stream's events (`events`).
 
-Nothing is stored, so what needs a stored response (`previous_response_id`, `store: true`, `background`, item
-references, `conversation`) is a 400 naming the field, as are built-in tools and input other than text. The fields
-IGNORED ask nothing of the output (bookkeeping, hints to reasoning models); anything else unknown is a 400.
+Nothing is stored, so what needs a stored response (`previous_response_id`, `store: true`,
+`background`, item references, `conversation`) is a 400 naming the field, as are built-in tools and
+input other than text. The fields IGNORED ask nothing of the output (bookkeeping, hints to reasoning
+models); anything else unknown is a 400.
 """
 
 from __future__ import annotations
@@ -12,27 +14,34 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from typing import Any
 from contextlib import aclosing
 
 from spectool.options import Options
 from spectool.server.errors import ApiError
 from spectool.server.requests import asks_nothing, load
 
-# fields that change nothing here: bookkeeping, and `reasoning` (an effort hint to reasoning models; the chat path
-# renders and returns no reasoning), which agents such as Codex send with every request
-IGNORED = {"model", "metadata", "user", "safety_identifier", "prompt_cache_key", "prompt_cache_retention",
+# fields that change nothing here: bookkeeping, and `reasoning` (an effort hint to reasoning models;
+# the chat path renders and returns no reasoning), which agents such as Codex send with every
+# request
+IGNORED = {"model", "metadata", "user", "safety_identifier", "prompt_cache_key",
+           "prompt_cache_retention",
            "service_tier", "reasoning", "stream_options"}
-# fields whose other values need what this server has not (storage, tools run server-side, ...), and the values
-# that ask nothing: anything else is a 400 naming the field
-NOT_HONOURED = {"store": (None, False), "previous_response_id": (None, ""), "background": (None, False),
+# fields whose other values need what this server has not (storage, tools run server-side, ...), and
+# the values that ask nothing: anything else is a 400 naming the field
+NOT_HONOURED = {"store": (None, False), "previous_response_id": (None, ""),
+                "background": (None, False),
                 "conversation": (None,), "prompt": (None,), "truncation": (None, "disabled"),
                 "max_tool_calls": (None,)}
-# what `include` may name: the output text's log-probabilities, and reasoning's (there are no reasoning items)
+# what `include` may name: the output text's log-probabilities, and reasoning's (there are no
+# reasoning items)
 LOGPROBS = "message.output_text.logprobs"
 INCLUDABLE = (LOGPROBS, "reasoning.encrypted_content")
-# the chat request's names for the fields mapped onto it, by the Responses names (errors name the latter)
+# the chat request's names for the fields mapped onto it, by the Responses names (errors name the
+# latter)
 RENAMED = {"max_output_tokens": "max_tokens", "input": "messages", "text.format": "response_format"}
-MAPPED = {"input", "instructions", "max_output_tokens", "temperature", "top_p", "stream", "tools", "tool_choice",
+MAPPED = {"input", "instructions", "max_output_tokens", "temperature", "top_p", "stream", "tools",
+          "tool_choice",
           "text", "parallel_tool_calls", "include", "top_logprobs"}
 
 
@@ -41,16 +50,18 @@ def bad(param: str, message: str, code: str = "invalid_request") -> ApiError:
 
 
 def to_chat(body: dict) -> dict:
-    """The chat completion request a Responses request asks for (OpenAI's chat shape), else a 400 naming the
-    field in the Responses API's terms."""
+    """The chat completion request a Responses request asks for (OpenAI's chat shape), else a 400
+    naming the field in the Responses API's terms."""
     passed = {o.request for o, _, _ in Options.declared().values() if o.request} - {"max_tokens"}
     for name, value in body.items():
         if name in NOT_HONOURED and not asks_nothing(value, NOT_HONOURED[name]):
-            raise bad(name, f"is not supported by this server (it was sent as {json.dumps(value)[:60]}); leave it "
-                            "out (it keeps no responses, runs no tools of its own)", "unsupported_field")
+            raise bad(name, "is not supported by this server (it was sent as "
+                            f"{json.dumps(value)[:60]}); leave it out (it keeps no responses, runs "
+                            "no tools of its own)", "unsupported_field")
         if name not in IGNORED | MAPPED | passed | set(NOT_HONOURED):
             raise bad(name, "is not a field this server knows", "unsupported_field")
-    chat = {k: body[k] for k in passed | {"temperature", "top_p", "stream", "parallel_tool_calls"} if k in body}
+    chat = {k: body[k] for k in passed | {"temperature", "top_p", "stream", "parallel_tool_calls"}
+            if k in body}
     if body.get("max_output_tokens") is not None:
         chat["max_tokens"] = body["max_output_tokens"]
     chat["messages"] = messages(body)
@@ -64,11 +75,13 @@ def to_chat(body: dict) -> dict:
 
 
 def logprobs(body: dict) -> dict:
-    """`include: ["message.output_text.logprobs"]` and `top_logprobs` (0..20 alternatives) as the chat request's
-    `logprobs` and `top_logprobs`: the output text's log-probabilities come back where `include` names them or
-    `top_logprobs` asks for alternatives (above 0: a request that asks for a number of them wants them)."""
+    """`include: ["message.output_text.logprobs"]` and `top_logprobs` (0..20 alternatives) as the
+    chat request's `logprobs` and `top_logprobs`: the output text's log-probabilities come back
+    where `include` names them or `top_logprobs` asks for alternatives (above 0: a request that asks
+    for a number of them wants them)."""
     include, top = body.get("include"), body.get("top_logprobs")
-    if include is not None and (not isinstance(include, list) or not all(i in INCLUDABLE for i in include)):
+    if include is not None and (not isinstance(include, list)
+                                or not all(i in INCLUDABLE for i in include)):
         raise bad("include", f"may name {' and '.join(INCLUDABLE)} (it was sent as "
                              f"{json.dumps(include)[:60]})", "unsupported_field")
     if LOGPROBS not in (include or ()) and asks_nothing(top, (None, 0)):
@@ -77,9 +90,10 @@ def logprobs(body: dict) -> dict:
 
 
 def messages(body: dict) -> list[dict]:
-    """`instructions` (a system message) and `input` (a string: one user message; or a list of items: messages,
-    function calls and their outputs) as chat messages. A function call joins the assistant message before it."""
-    out = []
+    """`instructions` (a system message) and `input` (a string: one user message; or a list of
+    items: messages, function calls and their outputs) as chat messages. A function call joins the
+    assistant message before it."""
+    out: list[dict[str, Any]] = []
     if body.get("instructions") is not None:
         if not isinstance(body["instructions"], str):
             raise bad("instructions", "must be a string")
@@ -98,7 +112,8 @@ def messages(body: dict) -> list[dict]:
             out.append({"role": role, "content": parts(item.get("content"), f"{at}.content")})
         elif kind == "function_call":
             call = {"id": text_field(item, "call_id", at), "type": "function",
-                    "function": {"name": text_field(item, "name", at), "arguments": text_field(item, "arguments", at)}}
+                    "function": {"name": text_field(item, "name", at),
+                                 "arguments": text_field(item, "arguments", at)}}
             if out and out[-1]["role"] == "assistant":
                 out[-1].setdefault("tool_calls", []).append(call)
             else:
@@ -106,10 +121,13 @@ def messages(body: dict) -> list[dict]:
         elif kind == "function_call_output":
             output = item.get("output")
             out.append({"role": "tool", "tool_call_id": text_field(item, "call_id", at),
-                        "content": output if isinstance(output, str) else parts(output, f"{at}.output")})
+                        "content": output if isinstance(output, str)
+                        else parts(output, f"{at}.output")})
         else:
-            raise bad(f"{at}.type", f"is {json.dumps(kind)[:40]}: this server takes messages, function_call and "
-                                    "function_call_output items (it keeps no items to refer to)", "unsupported_input")
+            raise bad(f"{at}.type",
+                      f"is {json.dumps(kind)[:40]}: this server takes messages, function_call and "
+                      "function_call_output items (it keeps no items to refer "
+                      "to)", "unsupported_input")
     return out
 
 
@@ -120,28 +138,31 @@ def text_field(item: dict, name: str, at: str) -> str:
 
 
 def parts(content, at: str) -> str | list[dict]:
-    """A message's content (a string, or input_text / output_text parts) in the chat shape; other parts (images,
-    files, audio) are refused by type: this server reads text only."""
+    """A message's content (a string, or input_text / output_text parts) in the chat shape; other
+    parts (images, files, audio) are refused by type: this server reads text only."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list) or not all(isinstance(p, dict) for p in content):
         raise bad(at, "must be a string or a list of content parts")
     for j, p in enumerate(content):
         if p.get("type") not in ("input_text", "output_text") or not isinstance(p.get("text"), str):
-            raise bad(f"{at}[{j}]", f"is a part of type {json.dumps(p.get('type'))[:40]}; this server takes text "
+            raise bad(f"{at}[{j}]",
+                      f"is a part of type {json.dumps(p.get('type'))[:40]}; this server takes text "
                                     "parts (input_text, output_text) only", "unsupported_content")
     return [{"type": "text", "text": p["text"]} for p in content]
 
 
 def tools(value) -> list[dict]:
-    """Function tools ({type: function, name, description, parameters, strict}) as chat tools; built-in tools
-    (web search, file search, computer use, MCP, ...) run on OpenAI's side and are refused."""
+    """Function tools ({type: function, name, description, parameters, strict}) as chat tools;
+    built-in tools (web search, file search, computer use, MCP, ...) run on OpenAI's side and are
+    refused."""
     if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
         raise bad("tools", "must be a list of tool objects")
     out = []
     for i, tool in enumerate(value):
         if tool.get("type") != "function":
-            raise bad(f"tools[{i}].type", f"is {json.dumps(tool.get('type'))[:40]}: this server runs no built-in "
+            raise bad(f"tools[{i}].type",
+                      f"is {json.dumps(tool.get('type'))[:40]}: this server runs no built-in "
                                           "tools; give function tools", "unsupported_tool")
         out.append({"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}})
     return out
@@ -151,22 +172,28 @@ def tool_choice(value):
     """auto, none, required, or {type: function, name} as the chat request's tool_choice."""
     if value in ("auto", "none", "required"):
         return value
-    if isinstance(value, dict) and value.get("type") == "function" and isinstance(value.get("name"), str):
+    if isinstance(value,
+                  dict) and value.get("type") == "function" and isinstance(value.get("name"), str):
         return {"type": "function", "function": {"name": value["name"]}}
-    raise bad("tool_choice", 'must be "auto", "none", "required" or {"type": "function", "name": ...} (it was sent '
+    raise bad("tool_choice",
+              'must be "auto", "none", "required" or {"type": "function", "name": ...} (it was '
+              'sent '
                              f"as {json.dumps(value)[:60]})")
 
 
 def text_format(value) -> dict:
-    """`text` ({format, verbosity}) as the chat request's response_format; verbosity is a hint, ignored."""
+    """`text` ({format, verbosity}) as the chat request's response_format; verbosity is a hint,
+    ignored."""
     if not isinstance(value, dict) or set(value) - {"format", "verbosity"}:
         raise bad("text", "must be {format, verbosity}")
     f = value.get("format")
     if f is None:
         return {}
     if not isinstance(f, dict) or f.get("type") not in ("text", "json_object", "json_schema"):
-        raise bad("text.format", 'must be {"type": "text"}, {"type": "json_object"} or {"type": "json_schema", '
-                                 f'"name": ..., "schema": {{...}}}} (it was sent as {json.dumps(f)[:60]})')
+        raise bad("text.format",
+                  'must be {"type": "text"}, {"type": "json_object"} or {"type": '
+                  '"json_schema", "name": ..., "schema": {...}} (it was sent as '
+                  f'{json.dumps(f)[:60]})')
     if f["type"] != "json_schema":
         return {"response_format": {"type": f["type"]}}
     spec = {k: f[k] for k in ("name", "schema", "strict", "description") if k in f}
@@ -174,39 +201,48 @@ def text_format(value) -> dict:
 
 
 def renamed(e: ApiError) -> ApiError:
-    """A chat request's error named in the Responses API's terms (max_tokens: max_output_tokens, ...)."""
+    """A chat request's error named in the Responses API's terms (max_tokens: max_output_tokens,
+    ...)."""
     for ours, theirs in RENAMED.items():
-        if e.param == theirs or (e.param or "").startswith(theirs + "["):
+        if e.param is not None and (e.param == theirs or e.param.startswith(theirs + "[")):
             e.param = ours + e.param[len(theirs):]
         e.message = e.message.replace(f"'{theirs}'", f"'{ours}'")
-        e.code = e.code.replace(f"invalid_{theirs}", f"invalid_{ours}".replace(".", "_")) if e.code else e.code
+        e.code = e.code.replace(f"invalid_{theirs}",
+                                f"invalid_{ours}".replace(".", "_")) if e.code else e.code
     return e
 
 
-# -- the answer ----------------------------------------------------------------------------------------------------
+# -- the answer
+# --------------------------------------------------------------------------------------------------
 def usage(chat_usage: dict) -> dict:
     n_in, n_out = chat_usage["prompt_tokens"], chat_usage["completion_tokens"]
-    return {"input_tokens": n_in, "input_tokens_details": chat_usage["prompt_tokens_details"], "output_tokens": n_out,
+    return {"input_tokens": n_in, "input_tokens_details": chat_usage["prompt_tokens_details"],
+            "output_tokens": n_out,
             "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": n_in + n_out,
-            "speculative": chat_usage.get("speculative")}  # spectool's own, as on chat: drafted, accepted, ...
+            # spectool's own, as on chat: drafted, accepted, ...
+            "speculative": chat_usage.get("speculative")}
 
 
-def message_item(mid: str, text: str, status: str = "completed", logprobs: list | None = None) -> dict:
+def message_item(mid: str, text: str, status: str = "completed",
+                 logprobs: list | None = None) -> dict:
     return {"type": "message", "id": mid, "status": status, "role": "assistant",
-            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}]
+            "content": [{"type": "output_text", "text": text, "annotations": [],
+                         "logprobs": logprobs or []}]
             if status == "completed" else []}
 
 
 def token_logprobs(choice: dict) -> list:
-    """A chat choice's (or chunk's) token log-probabilities, as the Responses API lists them: each token's
-    {token, logprob, bytes, top_logprobs} (and llama-server's id), none where none were asked for."""
+    """A chat choice's (or chunk's) token log-probabilities, as the Responses API lists them: each
+    token's {token, logprob, bytes, top_logprobs} (and llama-server's id), none where none were
+    asked for."""
     return (choice.get("logprobs") or {}).get("content") or []
 
 
 class TextTokens:
-    """Which tokens' log-probabilities go with a message's text: those that begin inside it, in order (a tool
-    call's tokens come after the text, and are not the text's). Fed every token's record as they come (`seen`)
-    and the text as it grows (`take`); `taken` holds the text's records so far."""
+    """Which tokens' log-probabilities go with a message's text: those that begin inside it, in
+    order (a tool call's tokens come after the text, and are not the text's). Fed every token's
+    record as they come (`seen`) and the text as it grows (`take`); `taken` holds the text's records
+    so far."""
 
     def __init__(self, seen: list[dict] | None = None):
         self.seen: list[dict] = seen or []  # every record so far
@@ -226,24 +262,33 @@ class TextTokens:
 
 def call_item(call: dict, status: str = "completed") -> dict:
     f = call.get("function", {})
-    return {"type": "function_call", "id": f"fc_{uuid.uuid4().hex[:24]}", "call_id": call.get("id", ""),
-            "name": f.get("name", ""), "arguments": f.get("arguments", "") if status == "completed" else "",
+    return {"type": "function_call", "id": f"fc_{uuid.uuid4().hex[:24]}",
+            "call_id": call.get("id", ""),
+            "name": f.get("name", ""), "arguments": f.get("arguments", "") if status == "completed"
+            else "",
             "status": status}
 
 
 def response(server, body: dict, rid: str, created: int, output: list, finish: str | None,
              chat_usage: dict | None) -> dict:
-    """The response object: in progress (no finish yet), completed, or incomplete (the token budget ran out)."""
-    status = "in_progress" if finish is None else "incomplete" if finish == "length" else "completed"
+    """The response object: in progress (no finish yet), completed, or incomplete (the token budget
+    ran out)."""
+    status = (
+        "in_progress" if finish is None else "incomplete" if finish == "length" else "completed"
+    )
     return {"id": rid, "object": "response", "created_at": created, "status": status,
             "completed_at": int(time.time()) if status == "completed" else None, "error": None,
-            "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
-            "instructions": body.get("instructions"), "max_output_tokens": body.get("max_output_tokens"),
-            "model": server.model_id, "output": output, "parallel_tool_calls": body.get("parallel_tool_calls", True),
+            "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete"
+            else None,
+            "instructions": body.get("instructions"),
+            "max_output_tokens": body.get("max_output_tokens"),
+            "model": server.model_id, "output": output,
+            "parallel_tool_calls": body.get("parallel_tool_calls", True),
             "temperature": body.get("temperature"), "top_p": body.get("top_p"),
             "top_logprobs": body.get("top_logprobs"),
             "tool_choice": body.get("tool_choice", "auto"), "tools": body.get("tools", []),
-            "text": body.get("text") or {"format": {"type": "text"}}, "store": False, "metadata": {},
+            "text": body.get("text") or {"format": {"type": "text"}}, "store": False,
+            "metadata": {},
             "usage": usage(chat_usage) if chat_usage else None}
 
 
@@ -259,11 +304,12 @@ def whole(server, body: dict, rid: str, created: int, chat: dict) -> dict:
 
 
 class Events:
-    """The Responses stream of one answer, built from the chat answer's chunks (see `events`): the output items so
-    far, each event numbered in turn."""
+    """The Responses stream of one answer, built from the chat answer's chunks (see `events`): the
+    output items so far, each event numbered in turn."""
 
     def __init__(self, server, body: dict, rid: str, created: int):
-        self.server, self.body, self.rid, self.created = server, body, rid, created  # (the response's own)
+        # (the response's own)
+        self.server, self.body, self.rid, self.created = server, body, rid, created
         self.seq = 0
         self.output: list[dict] = []
         self.text: list[str] = []
@@ -276,7 +322,8 @@ class Events:
         return f"event: {kind}\ndata: {json.dumps(data)}\n\n"
 
     def response(self, finish: str | None = None, chat_usage: dict | None = None) -> dict:
-        return response(self.server, self.body, self.rid, self.created, self.output, finish, chat_usage)
+        return response(self.server, self.body, self.rid, self.created, self.output, finish,
+                        chat_usage)
 
     def message_open(self) -> bool:
         return bool(self.output) and self.output[-1]["type"] == "message" and \
@@ -286,19 +333,23 @@ class Events:
         output = self.output
         output.append(message_item(f"msg_{uuid.uuid4().hex[:24]}", "", "in_progress"))
         at = {"item_id": output[-1]["id"], "output_index": len(output) - 1}
-        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-        return [self.event("response.output_item.added", output_index=len(output) - 1, item=dict(output[-1])),
+        part: dict[str, Any] = {"type": "output_text", "text": "", "annotations": [],
+                                "logprobs": []}
+        return [self.event("response.output_item.added", output_index=len(output) - 1,
+                           item=dict(output[-1])),
                 self.event("response.content_part.added", **at, content_index=0, part=part)]
 
     def close_message(self) -> list[str]:
         """The message item open at the end of output, done."""
         output, item = self.output, self.output[-1]
         self.tokens.take()  # (a token a stop string cut comes with no text of its own)
-        part = {"type": "output_text", "text": "".join(self.text), "annotations": [],
-                "logprobs": self.tokens.taken[:]}
+        part: dict[str, Any] = {"type": "output_text", "text": "".join(self.text),
+                                "annotations": [],
+                                "logprobs": self.tokens.taken[:]}
         at = {"item_id": item["id"], "output_index": len(output) - 1, "content_index": 0}
         item.update(message_item(item["id"], part["text"], logprobs=part["logprobs"]))
-        return [self.event("response.output_text.done", **at, text=part["text"], logprobs=part["logprobs"]),
+        return [self.event("response.output_text.done", **at, text=part["text"],
+                           logprobs=part["logprobs"]),
                 self.event("response.content_part.done", **at, part=part),
                 self.event("response.output_item.done", output_index=len(output) - 1, item=item)]
 
@@ -311,7 +362,8 @@ class Events:
                                  logprobs=self.tokens.take(piece))]
 
     def call(self, call: dict) -> list[str]:
-        """A tool call's delta: its item added the first time (closing the message before it), its arguments."""
+        """A tool call's delta: its item added the first time (closing the message before it), its
+        arguments."""
         out, c = [], self.calls.get(call.get("index", 0))
         if c is None:
             out = self.close_message() if self.message_open() else []
@@ -355,9 +407,10 @@ class Events:
 
 
 async def events(server, body: dict, rid: str, created: int, chunks):
-    """The Responses stream, from the chat answer's chunks: the response created and in progress, each output
-    item added (a message, whose text part gets its deltas; a function call, whose arguments do), done, and the
-    response completed or incomplete; or an error event where generation failed."""
+    """The Responses stream, from the chat answer's chunks: the response created and in progress,
+    each output item added (a message, whose text part gets its deltas; a function call, whose
+    arguments do), done, and the response completed or incomplete; or an error event where
+    generation failed."""
     stream = Events(server, body, rid, created)
     first = stream.response()
     yield stream.event("response.created", response=first)
@@ -366,7 +419,8 @@ async def events(server, body: dict, rid: str, created: int, chunks):
         async for chunk in chunks:
             if "error" in chunk:
                 err = chunk["error"]
-                yield stream.event("error", code=err.get("code") or err.get("type"), message=err["message"],
+                yield stream.event("error", code=err.get("code") or err.get("type"),
+                                   message=err["message"],
                                    param=None)
                 return
             for e in stream.chunk(chunk):
@@ -374,7 +428,8 @@ async def events(server, body: dict, rid: str, created: int, chunks):
 
 
 async def answer(server, request):
-    """POST /v1/responses: the request's body translated, run on the chat path, the answer translated back."""
+    """POST /v1/responses: the request's body translated, run on the chat path, the answer
+    translated back."""
     from starlette.responses import JSONResponse, StreamingResponse
 
     body = load(await server.body(request))

@@ -1,7 +1,7 @@
-"""Tool calls in chat completions: a request's `tools` and `tool_choice` checked (`read`), the conversation's tool
-messages made ready for the model's chat template (`template_messages`), the grammar that makes a call certain,
-and the model's text read back as OpenAI `tool_calls`, whole or streamed (`Tools`, `Stream`). The formats
-themselves, one class per family, are in formats.py."""
+"""Tool calls in chat completions: a request's `tools` and `tool_choice` checked (`read`), the
+conversation's tool messages made ready for the model's chat template (`template_messages`), the
+grammar that makes a call certain, and the model's text read back as OpenAI `tool_calls`, whole or
+streamed (`Tools`, `Stream`). The formats themselves, one class per family, are in formats.py."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from typing import Callable
 
 from spectool.server.tools.formats import FORMATS, Format, Generic, detect
 
-NATIVE_PROMPT = "You can call these tools (JSON schemas of their arguments):\n{tools}\n\nTo call one, write:\n{example}"
+NATIVE_PROMPT = ("You can call these tools (JSON schemas of their arguments):\n{tools}\n\n"
+                 "To call one, write:\n{example}")
 
 
 class ToolError(ValueError):
@@ -25,8 +26,8 @@ class ToolError(ValueError):
 
 @dataclass
 class Tools:
-    """A request's tools in the format of the model's template (formats.FORMATS' name): `choice` is auto, none,
-    required or a function's name."""
+    """A request's tools in the format of the model's template (formats.FORMATS' name): `choice` is
+    auto, none, required or a function's name."""
 
     format: str
     tools: list[dict]
@@ -44,24 +45,27 @@ class Tools:
 
     @property
     def constrained(self) -> bool:
-        """Whether the reply is held to a grammar: always but under `none` (auto: a lazy one, see grammar)."""
+        """Whether the reply is held to a grammar: always but under `none` (auto: a lazy one, see
+        grammar)."""
         return self.choice != "none"
 
     @property
     def forced(self) -> bool:
-        """Whether the reply is all a call (required, named) or JSON (the generic format): nothing to stream
-        before its end."""
+        """Whether the reply is all a call (required, named) or JSON (the generic format): nothing
+        to stream before its end."""
         return self.choice not in ("none", "auto") or self.format == Generic.name
 
     def grammar(self, model):
-        """The Grammar of the reply (None under `none`): a call of one of the tools (the named one), its markers
-        included; under `auto` a lazy one (formats.Format.grammar)."""
+        """The Grammar of the reply (None under `none`): a call of one of the tools (the named one),
+        its markers included; under `auto` a lazy one (formats.Format.grammar)."""
         if not self.constrained:
             return None
 
         def lit(text: str) -> str:  # a special token by its id: it has no text to match
             ids = model.tokenize(text, add_special=False, parse_special=True)
-            return f"<[{ids[0]}]>" if len(ids) == 1 and not model.piece(ids[0]) else json.dumps(text)
+            return (
+                f"<[{ids[0]}]>" if len(ids) == 1 and not model.piece(ids[0]) else json.dumps(text)
+            )
 
         fns = [self.named[self.choice]] if self.choice in self.named else list(self.named.values())
         return self.family.grammar(fns, self.choice == "auto", lit)
@@ -76,7 +80,8 @@ class Tools:
         for i, call in enumerate(calls):
             if i >= len(self.ids):
                 self.ids.append(call.id or f"call_{uuid.uuid4().hex[:24]}")
-            arguments = call.arguments if isinstance(call.arguments, str) else json.dumps(call.arguments)
+            arguments = call.arguments if isinstance(call.arguments,
+                                                     str) else json.dumps(call.arguments)
             out.append({"id": self.ids[i], "type": "function",
                         "function": {"name": call.name, "arguments": arguments}})
         return content or None, out
@@ -94,9 +99,10 @@ class Tools:
 
 
 class Stream:
-    """A streamed reply as chat-completion deltas: text that cannot start a call streams as content at once; from
-    a call's opening (or text that may become one) it is held, and read as calls at the end, each sent whole in
-    one delta (index, id, type, name and arguments), as the openai client's stream helpers accept."""
+    """A streamed reply as chat-completion deltas: text that cannot start a call streams as content
+    at once; from a call's opening (or text that may become one) it is held, and read as calls at
+    the end, each sent whole in one delta (index, id, type, name and arguments), as the openai
+    client's stream helpers accept."""
 
     def __init__(self, tools: Tools):
         self.tools = tools
@@ -122,7 +128,8 @@ class Stream:
         if bare and not self.text.strip():
             return []
         keep = next((n for n in range(min(len(opening), len(self.text)), 0, -1)
-                     if opening.startswith(self.text[-n:])), 0)  # text that may be the opening's start
+                     # text that may be the opening's start
+                     if opening.startswith(self.text[-n:])), 0)
         return self.content(len(self.text) - keep, strip=True)
 
     def content(self, end: int, strip: bool = False) -> list[dict]:
@@ -136,24 +143,28 @@ class Stream:
         """The deltas still to send once the reply is complete, and whether it called tools."""
         content, calls = self.tools.parse(self.text)
         if not calls:
-            rest = (content or "")[self.sent:] if (content or "").startswith(self.text[:self.sent]) else ""
+            rest = (content or "")[self.sent:] if (content
+                                                   or "").startswith(self.text[:self.sent]) else ""
             return ([{"content": rest}] if rest else []), False
         deltas = [{"content": content[self.sent:]}] if content and len(content) > self.sent else []
         return deltas + [{"tool_calls": [{"index": i, **c}]} for i, c in enumerate(calls)], True
 
 
 def read(body: dict, template: str | None) -> Tools | None:
-    """The request's tools and tool_choice in the template's format, None when it offers none; a ToolError naming
-    the field for anything malformed: a tool whose parameters the grammar library refuses as a JSON schema, a
-    tool_choice naming no tool."""
+    """The request's tools and tool_choice in the template's format, None when it offers none; a
+    ToolError naming the field for anything malformed: a tool whose parameters the grammar library
+    refuses as a JSON schema, a tool_choice naming no tool."""
     tools, choice = body.get("tools"), body.get("tool_choice")
     if tools is None or tools == []:
         if choice not in (None, "none", "auto"):
-            raise ToolError("tool_choice", f"'tool_choice' is {json.dumps(choice)[:60]} but the request has no "
+            raise ToolError("tool_choice",
+                            f"'tool_choice' is {json.dumps(choice)[:60]} but the request has no "
                                            "tools")
         return None
     if not isinstance(tools, list):
-        raise ToolError("tools", "'tools' must be a list of {\"type\": \"function\", \"function\": {...}} objects")
+        raise ToolError("tools",
+                        "'tools' must be a list of {\"type\": \"function\", \"function\": "
+                        "{...}} objects")
     checked = [checked_tool(t, i) for i, t in enumerate(tools)]
     fmt = detect(template)
     return Tools(fmt, checked, tool_choice(choice, [t["function"]["name"] for t in checked]),
@@ -166,24 +177,29 @@ def checked_tool(t, i: int) -> dict:
 
     fn = t.get("function") if isinstance(t, dict) and t.get("type") == "function" else None
     if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
-        raise ToolError("tools", f"'tools[{i}]' must be {{\"type\": \"function\", \"function\": {{\"name\": ..., "
-                                 "\"parameters\": {...}}}")
+        raise ToolError("tools",
+                        f"'tools[{i}]' must be {{\"type\": \"function\", \"function\": {{\"name\": "
+                        "..., \"parameters\": {...}}}")
     params = fn.get("parameters", {"type": "object", "properties": {}})
     try:
         Grammar.json_schema(params)
     except GrammarError as e:
-        raise ToolError("tools", f"'tools[{i}].function.parameters' is not a usable JSON schema: {e}") from None
+        raise ToolError("tools",
+                        f"'tools[{i}].function.parameters' is not a usable JSON schema: "
+                        f"{e}") from None
     return {"type": "function", "function": {**fn, "parameters": params}}
 
 
 def tool_choice(choice, names: list[str]) -> str:
-    """The request's tool_choice: auto (the default), none, required, or the name of the function it names."""
+    """The request's tool_choice: auto (the default), none, required, or the name of the function it
+    names."""
     if isinstance(choice, dict):
         fn = choice.get("function") if choice.get("type") == "function" else None
         name = fn.get("name") if isinstance(fn, dict) else None
         if name not in names:
-            raise ToolError("tool_choice", f"'tool_choice' names {json.dumps(name)}, which is not one of the tools "
-                                           f"({', '.join(names)})")
+            raise ToolError("tool_choice",
+                            f"'tool_choice' names {json.dumps(name)}, which is not one of the "
+                            f"tools ({', '.join(names)})")
         return name
     if choice is None:
         return "auto"
@@ -193,12 +209,14 @@ def tool_choice(choice, names: list[str]) -> str:
     return choice
 
 
-def template_messages(messages: list[dict], content: Callable[[dict, int], str], template: str | None,
+def template_messages(messages: list[dict], content: Callable[[dict, int], str],
+                      template: str | None,
                       tools: Tools | None) -> list[dict]:
-    """The request's messages as the template reads them: a tool result with its `tool_call_id`, an assistant's
-    `tool_calls` with their arguments as objects (templates write them with tojson) and null content as "". For
-    the generic format (or a template that does not read `tools`), the tools are described in the system message,
-    and calls and results are written as JSON text in ordinary user and assistant turns."""
+    """The request's messages as the template reads them: a tool result with its `tool_call_id`, an
+    assistant's `tool_calls` with their arguments as objects (templates write them with tojson) and
+    null content as "". For the generic format (or a template that does not read `tools`), the tools
+    are described in the system message, and calls and results are written as JSON text in ordinary
+    user and assistant turns."""
     plain = (tools.format if tools else detect(template)) == Generic.name
     out: list[dict] = []
     for i, m in enumerate(messages):
@@ -215,9 +233,10 @@ def template_messages(messages: list[dict], content: Callable[[dict, int], str],
     return out
 
 
-def tool_result(out: list[dict], m: dict, i: int, content: Callable[[dict, int], str], plain: bool) -> None:
-    """A tool message appended to `out`: as the template reads it, or in the generic format a user turn of JSON
-    (results in a row: one user turn, as roles alternate)."""
+def tool_result(out: list[dict], m: dict, i: int, content: Callable[[dict, int], str],
+                plain: bool) -> None:
+    """A tool message appended to `out`: as the template reads it, or in the generic format a user
+    turn of JSON (results in a row: one user turn, as roles alternate)."""
     if not isinstance(m.get("tool_call_id"), str) or not m["tool_call_id"]:
         raise ToolError("messages", f"'messages[{i}]' is a tool result without a 'tool_call_id'")
     text = content(m, i)
@@ -233,13 +252,16 @@ def tool_result(out: list[dict], m: dict, i: int, content: Callable[[dict, int],
 
 
 def assistant_calls(m: dict, i: int, content: Callable[[dict, int], str], plain: bool) -> dict:
-    """An assistant message with tool calls: as the template reads it, or in the generic format its JSON."""
+    """An assistant message with tool calls: as the template reads it, or in the generic format its
+    JSON."""
     calls = m["tool_calls"]
-    parsed = [checked_call(c, i, j) for j, c in enumerate(calls if isinstance(calls, list) else [None])]
+    parsed = [checked_call(c, i, j) for j,
+              c in enumerate(calls if isinstance(calls, list) else [None])]
     text = "" if m.get("content") is None else content(m, i)
     if not plain:
         return {"role": "assistant", "content": text, "tool_calls": parsed}
-    named = [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]} for c in parsed]
+    named = [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+             for c in parsed]
     return {"role": "assistant", "content": json.dumps(
         {"tool_call": named[0]} if len(named) == 1 else {"tool_calls": named})}
 
@@ -255,7 +277,8 @@ def described(out: list[dict], tools: Tools, template: str | None) -> None:
     if out and out[0]["role"] == "system":
         out[0] = {**out[0], "content": out[0]["content"] + "\n\n" + text}
     elif "System role not supported" in (template or "") and out and out[0]["role"] == "user":
-        out[0] = {**out[0], "content": text + "\n\n" + out[0]["content"]}  # Gemma 2's: no system turn
+        # Gemma 2's: no system turn
+        out[0] = {**out[0], "content": text + "\n\n" + out[0]["content"]}
     else:
         out.insert(0, {"role": "system", "content": text})
 
@@ -265,7 +288,8 @@ def checked_call(c, i: int, j: int) -> dict:
     where = f"messages[{i}].tool_calls[{j}]"
     fn = c.get("function") if isinstance(c, dict) else None
     if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
-        raise ToolError("messages", f"'{where}' must be {{\"type\": \"function\", \"id\": ..., \"function\": "
+        raise ToolError("messages",
+                        f"'{where}' must be {{\"type\": \"function\", \"id\": ..., \"function\": "
                                     "{\"name\": ..., \"arguments\": \"<JSON text>\"}}")
     args = fn.get("arguments", "{}")
     try:
@@ -273,6 +297,8 @@ def checked_call(c, i: int, j: int) -> dict:
             raise ValueError
         value = json.loads(args)
     except ValueError:
-        raise ToolError("messages", f"'{where}.function.arguments' must be a string of JSON (as OpenAI sends "
+        raise ToolError("messages",
+                        f"'{where}.function.arguments' must be a string of JSON (as OpenAI sends "
                                     "it)") from None
-    return {"id": c.get("id", ""), "type": "function", "function": {"name": fn["name"], "arguments": value}}
+    return {"id": c.get("id", ""), "type": "function",
+            "function": {"name": fn["name"], "arguments": value}}

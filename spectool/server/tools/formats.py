@@ -1,12 +1,12 @@
-"""The tool-call formats, one class per family as llama.cpp's common/chat.cpp has one parser per format: how a
-chat template shows it (`shows`), how a call opens, the grammar of a reply that calls (`grammar`), and how calls are
-read back from a reply (`parse`).
+"""The tool-call formats, one class per family as llama.cpp's common/chat.cpp has one parser per
+format: how a chat template shows it (`shows`), how a call opens, the grammar of a reply that calls
+(`grammar`), and how calls are read back from a reply (`parse`).
 
-Hermes `<tool_call>` JSON (Qwen2.5, Qwen3), Llama 3.x's bare JSON, Mistral's `[TOOL_CALLS]`, DeepSeek R1's and
-GLM 4.5's own markers, and for a template that knows no tools (or none at all) llama.cpp's generic format: every
-reply a JSON object, a call (`{"tool_call": {name, arguments}}`) or an answer (`{"response": "..."}`). Special
-tokens render as no text (vocab.Facts.piece), so a format's markers that are special tokens are optional when the
-text is read back.
+Hermes `<tool_call>` JSON (Qwen2.5, Qwen3), Llama 3.x's bare JSON, Mistral's `[TOOL_CALLS]`,
+DeepSeek R1's and GLM 4.5's own markers, and for a template that knows no tools (or none at all)
+llama.cpp's generic format: every reply a JSON object, a call (`{"tool_call": {name, arguments}}`)
+or an answer (`{"response": "..."}`). Special tokens render as no text (vocab.Facts.piece), so a
+format's markers that are special tokens are optional when the text is read back.
 """
 
 from __future__ import annotations
@@ -17,12 +17,13 @@ from typing import Callable, ClassVar, NamedTuple
 
 from spectool.core.grammar import Grammar, lark_json
 
-Literal = Callable[[str], str]  # text -> its Lark literal (a special token by its id: it has no text to match)
+# text -> its Lark literal (a special token by its id: it has no text to match)
+Literal = Callable[[str], str]
 
 
 class Call(NamedTuple):
-    """A call read back from a reply: the function's name, its arguments (an object, or JSON text) and the id the
-    model gave it (None: none)."""
+    """A call read back from a reply: the function's name, its arguments (an object, or JSON text)
+    and the id the model gave it (None: none)."""
 
     name: str
     arguments: object
@@ -31,7 +32,8 @@ class Call(NamedTuple):
 
 def call_schema(fn: dict) -> dict:
     """The JSON schema of {"name": fn's name, "arguments": its parameters}."""
-    return {"type": "object", "properties": {"name": {"const": fn["name"]}, "arguments": fn["parameters"]},
+    return {"type": "object",
+            "properties": {"name": {"const": fn["name"]}, "arguments": fn["parameters"]},
             "required": ["name", "arguments"]}
 
 
@@ -42,8 +44,9 @@ def first_json(text: str) -> object:
 
 
 class Format:
-    """A family whose calls open with a marker (`opening`) after any text: the reply under `auto` is text, or text
-    up to the opening and then calls; under `required` (or a named function), calls alone."""
+    """A family whose calls open with a marker (`opening`) after any text: the reply under `auto` is
+    text, or text up to the opening and then calls; under `required` (or a named function), calls
+    alone."""
 
     name: ClassVar[str]
     opening: ClassVar[str] = ""  # where streamed text is held back, and a reply's content ends
@@ -63,8 +66,8 @@ class Format:
         raise NotImplementedError
 
     def grammar(self, fns: list[dict], auto: bool, lit: Literal) -> Grammar:
-        """The grammar of a reply: a call of one of `fns`, or under `auto` any text up to a call's opening and
-        then the call (as llama.cpp's grammar triggers)."""
+        """The grammar of a reply: a call of one of `fns`, or under `auto` any text up to a call's
+        opening and then the call (as llama.cpp's grammar triggers)."""
         calls = "calls: " + " | ".join(self.call(f, lit) for f in fns) + "\n"
         opening = lit(self.opening)
         if not auto:
@@ -105,8 +108,8 @@ class Hermes(Format):
 
 
 class Llama3(Format):
-    """Llama 3.x: `{"name": ..., "parameters": {...}}`, bare or after `<|python_tag|>`; a reply that opens with
-    "{" is a call."""
+    """Llama 3.x: `{"name": ..., "parameters": {...}}`, bare or after `<|python_tag|>`; a reply that
+    opens with "{" is a call."""
 
     name, opening, bare = "llama3", "<|python_tag|>", True
     key: ClassVar[str] = "parameters"  # the arguments' key in a call
@@ -129,13 +132,15 @@ class Llama3(Format):
 
     def parse(self, text: str) -> tuple[str, list[Call]] | None:
         start = text.find(self.opening)
-        body, content = (text[start + len(self.opening):], text[:start]) if start >= 0 else (text, "")
+        body, content = (text[start + len(self.opening):],
+                         text[:start]) if start >= 0 else (text, "")
         try:
             obj = first_json(body)
         except ValueError:
             return None
         items = obj if isinstance(obj, list) else [obj]
-        calls = [self.read(c) for c in items if isinstance(c, dict) and isinstance(c.get("name"), str)]
+        calls = [self.read(c) for c in items if isinstance(c, dict)
+                 and isinstance(c.get("name"), str)]
         return (content.rstrip(), calls) if calls and len(calls) == len(items) else None
 
     def read(self, c: dict) -> Call:
@@ -143,8 +148,8 @@ class Llama3(Format):
 
 
 class Mistral(Llama3):
-    """`[TOOL_CALLS][{"name": ..., "arguments": {...}, "id": "abcdefghi"}]`: the model's own id, which its template
-    checks."""
+    """`[TOOL_CALLS][{"name": ..., "arguments": {...}, "id": "abcdefghi"}]`: the model's own id,
+    which its template checks."""
 
     name, opening, key = "mistral", "[TOOL_CALLS]", "arguments"
 
@@ -165,13 +170,17 @@ class Mistral(Llama3):
 
 
 class DeepSeekR1(Format):
-    """DeepSeek R1's markers around each call: `function<｜tool▁sep｜>NAME`, then its arguments in a json block."""
+    """DeepSeek R1's markers around each call: `function<｜tool▁sep｜>NAME`, then its arguments in a
+    json block."""
 
     name, opening = "deepseek_r1", "<｜tool▁calls▁begin｜>"
     example = ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\n"
                "{\"argument\": \"value\"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>")
-    CALL = re.compile(r"(?:<｜tool▁call▁begin｜>)?function(?:<｜tool▁sep｜>)?\s*([^\n`]+?)\s*\n```json\n(.*?)\n```"
-                      r"(?:<｜tool▁call▁end｜>)?", re.S)
+    CALL = re.compile(
+        r"(?:<｜tool▁call▁begin｜>)?function(?:<｜tool▁sep｜>)?\s*([^\n`]+?)\s*\n```json\n(.*?)\n```"
+        r"(?:<｜tool▁call▁end｜>)?",
+        re.S,
+    )
 
     @staticmethod
     def shows(template: str) -> bool:
@@ -180,7 +189,8 @@ class DeepSeekR1(Format):
     def call(self, fn: dict, lit: Literal) -> str:
         head = json.dumps(fn["name"] + "\n```json\n")
         return (f'{lit("<｜tool▁call▁begin｜>")} "function" {lit("<｜tool▁sep｜>")} {head} '
-                f'{lark_json(fn["parameters"])} "\\n```" {lit("<｜tool▁call▁end｜>")} {lit("<｜tool▁calls▁end｜>")}')
+                f'{lark_json(fn["parameters"])} "\\n```" {lit("<｜tool▁call▁end｜>")} '
+                f'{lit("<｜tool▁calls▁end｜>")}')
 
     def parse(self, text: str) -> tuple[str, list[Call]] | None:
         found = list(self.CALL.finditer(text))
@@ -195,8 +205,8 @@ class DeepSeekR1(Format):
 
 
 class Glm45(Format):
-    """GLM 4.5: `<tool_call>NAME` and its arguments as key/value pairs, not JSON: the keys the schema lists,
-    values up to the next tag."""
+    """GLM 4.5: `<tool_call>NAME` and its arguments as key/value pairs, not JSON: the keys the
+    schema lists, values up to the next tag."""
 
     name, opening = "glm45", "<tool_call>"
     CALL = re.compile(r"<tool_call>\s*([^\n<]+?)\s*\n(.*?)</tool_call>", re.S)
@@ -215,7 +225,8 @@ class Glm45(Format):
         found = list(self.CALL.finditer(text))
         if not found:
             return None
-        calls = [Call(m.group(1), {k.strip(): value(v) for k, v in self.ARG.findall(m.group(2))}) for m in found]
+        calls = [Call(m.group(1), {k.strip(): value(v) for k, v in self.ARG.findall(m.group(2))})
+                 for m in found]
         return text[:found[0].start()].rstrip(), calls
 
 
@@ -228,22 +239,25 @@ def value(v: str) -> object:
 
 
 class Generic(Format):
-    """llama.cpp's generic format, for a template that knows no tools: every reply a JSON object, a call or an
-    answer."""
+    """llama.cpp's generic format, for a template that knows no tools: every reply a JSON object, a
+    call or an answer."""
 
     name = "generic"
-    PROMPT = ("You can call these tools (JSON schemas of their arguments):\n{tools}\n\nReply with a JSON object: "
-              "either {{\"tool_call\": {{\"name\": <tool name>, \"arguments\": <arguments object>}}}} to call a "
-              "tool, or {{\"response\": <your reply as a string>}} to answer.")
+    PROMPT = ("You can call these tools (JSON schemas of their arguments):\n{tools}\n\nReply "
+              "with a JSON object: either {{\"tool_call\": {{\"name\": <tool name>, "
+              "\"arguments\": <arguments object>}}}} to call a tool, or {{\"response\": "
+              "<your reply as a string>}} to answer.")
 
     @staticmethod
     def shows(template: str) -> bool:
         return True
 
     def grammar(self, fns: list[dict], auto: bool, lit: Literal) -> Grammar:
-        call = {"type": "object", "properties": {"tool_call": {"anyOf": [call_schema(f) for f in fns]}},
+        call = {"type": "object",
+                "properties": {"tool_call": {"anyOf": [call_schema(f) for f in fns]}},
                 "required": ["tool_call"]}
-        answer = {"type": "object", "properties": {"response": {"type": "string"}}, "required": ["response"]}
+        answer = {"type": "object", "properties": {"response": {"type": "string"}},
+                  "required": ["response"]}
         return Grammar.json_schema({"anyOf": [call, answer]} if auto else call)
 
     def parse(self, text: str) -> tuple[str, list[Call]] | None:
@@ -253,7 +267,8 @@ class Generic(Format):
             return None
         if not isinstance(obj, dict):
             return None
-        raw = obj.get("tool_calls") or ([obj["tool_call"]] if isinstance(obj.get("tool_call"), dict) else [])
+        raw = obj.get("tool_calls") or ([obj["tool_call"]] if isinstance(obj.get("tool_call"), dict)
+                                        else [])
         calls = [Call(c["name"], c.get("arguments", {}), c.get("id")) for c in raw
                  if isinstance(c, dict) and isinstance(c.get("name"), str)]
         if calls:
@@ -261,7 +276,8 @@ class Generic(Format):
         return (obj["response"], []) if isinstance(obj.get("response"), str) else None
 
 
-# in the order templates are recognised: GLM's before Hermes's (both write <tool_call>), the generic one last
+# in the order templates are recognised: GLM's before Hermes's (both write <tool_call>), the generic
+# one last
 FAMILIES: tuple[Format, ...] = (Glm45(), DeepSeekR1(), Mistral(), Hermes(), Llama3(), Generic())
 FORMATS = {f.name: f for f in FAMILIES}
 
