@@ -340,8 +340,8 @@ def reference_completions(path, texts: Sequence[str], max_tokens: int, sampling:
             except Exception as e:  # noqa: BLE001
                 yield e
                 continue
-            yield "".join(pieces), max(0,
-                                       n - 1), (time.perf_counter() - t_first) if t_first else 0.0
+            yield ("".join(pieces), max(0, n - 1), (time.perf_counter() - t_first) if t_first
+                   else 0.0)
     finally:
         llm.close() if hasattr(llm, "close") else None
 

@@ -88,8 +88,9 @@ def tables(target: str | os.PathLike | None = None) -> list[Table]:
     """The saved tables, newest first; with `target`, only those of that model file."""
     folder = cache_dir("costs")
     found = []
-    for path in sorted(folder.glob("*.json"),
-                       key=lambda p: -p.stat().st_mtime) if folder.is_dir() else ():
+    newest_first = (sorted(folder.glob("*.json"), key=lambda p: -p.stat().st_mtime)
+                    if folder.is_dir() else [])
+    for path in newest_first:
         try:
             obj = json.loads(path.read_text())
             about = obj.get("about") if isinstance(obj.get("about"), dict) else {}

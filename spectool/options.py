@@ -359,9 +359,8 @@ def takes(*names: str, **defaults):
                for p in list(inspect.signature(fn, eval_str=True).parameters.values())[1:]]
         params = [_typer_param(n, decl, kind, defaults.get(n, default))
                   for n, (decl, kind, default) in chosen.items() if decl.group != COMMON] + own + \
-                 [_typer_param(n, decl, kind, default) for n,
-                  (decl, kind, default) in chosen.items()
-                  if decl.group == COMMON]
+                 [_typer_param(n, decl, kind, default)
+                  for n, (decl, kind, default) in chosen.items() if decl.group == COMMON]
 
         def command(**kwargs):
             o = Options(**{n: kwargs.pop(n) for n in chosen})

@@ -397,8 +397,8 @@ def costs_stage(o: Options, m: Models, drafts: bool,
     from spectool.core.costs import Costs
 
     try:
-        path = cost_files.path_for(m.target, m.draft, o.threads, o.rpc,
-                                   o.ctx_size) if drafts else None
+        path = (cost_files.path_for(m.target, m.draft, o.threads, o.rpc, o.ctx_size) if drafts
+                else None)
     except (OSError, RuntimeError):
         path = None
     costs, warning = cost_files.load(path, max_batch=m.target.n_ctx)

@@ -232,8 +232,8 @@ class WaitBar:
         if self.progress is None:
             if time.perf_counter() - self.t0 < self.delay:
                 return
-            counted = [MofNCompleteColumn(), TextColumn(self.unit),
-                       _Rate(self.unit)] if self.unit else []
+            counted = ([MofNCompleteColumn(), TextColumn(self.unit), _Rate(self.unit)] if self.unit
+                       else [])
             self.progress = Progress(TextColumn(self.description), BarColumn(),
                                      TaskProgressColumn(), *counted,
                                      console=self.console, transient=True)

@@ -55,8 +55,8 @@ def _default_priors() -> dict[Evidence, tuple[float, float]]:
     lookup = {Evidence.lookup(b, agreement, source=source): (a, 8.0 if source is Source.lookup
                                                              else CORPUS_PRIOR_WEIGHT)
               for source in (Source.lookup, Source.corpus)
-              for agreement, row in LOOKUP_PRIORS.items() for b,
-              a in zip(BUCKETS, row, strict=True)}
+              for agreement, row in LOOKUP_PRIORS.items()
+              for b, a in zip(BUCKETS, row, strict=True)}
     # a draft model's and an MTP head's: a guess that their first observations replace. A grammar's
     # forced tokens are the text's own unless the model spells them with other tokens than the
     # grammar's canonical ones

@@ -137,8 +137,8 @@ class Costs:
                                     if s.fresh else s.time}
                            for b, s in sorted(self._sizes.items()) if s.fresh
                            or not self.forgotten(s.run)},
-                "draft": [{"source": k.source.value, "temp": k.temp, "seconds": c} for k,
-                          c in self.draft.items()]}
+                "draft": [{"source": k.source.value, "temp": k.temp, "seconds": c}
+                          for k, c in self.draft.items()]}
 
     @classmethod
     def from_json(cls, obj, max_batch: int = 1 << 20, now: float | None = None) -> Costs:
@@ -151,8 +151,8 @@ class Costs:
         if not isinstance(obj, dict):
             return cls(rejected=1)
         runs = obj.get("runs", 0)
-        runs = runs if isinstance(runs, int) and not isinstance(runs,
-                                                                bool) and 0 <= runs < 1 << 40 else 0
+        whole = isinstance(runs, int) and not isinstance(runs, bool)
+        runs = runs if whole and 0 <= runs < 1 << 40 else 0
         costs, bad = cls(runs=runs), 0
         verify, draft = obj.get("verify", {}), obj.get("draft", [])
         for b, entry in (verify.items() if isinstance(verify, dict) else ()):
@@ -232,8 +232,8 @@ class Costs:
         the believed prices (`believed`), and between and beyond them the curve of `curve`,
         discounted by `unmeasured` (optimism that makes the controller measure a size)."""
         believed = self.believed()
-        return [c if b in believed else self.unmeasured * c for b,
-                c in enumerate(self.curve(believed, largest))]
+        return [c if b in believed else self.unmeasured * c
+                for b, c in enumerate(self.curve(believed, largest))]
 
     def believed(self) -> dict[int, float]:
         """The measured sizes whose price is believed, and at what price. A size confirmed by

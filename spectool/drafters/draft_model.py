@@ -38,8 +38,8 @@ class VocabMap:
         None when the two vocabularies are the same id for id."""
         if ids is None and n_draft == n_target:
             return None
-        to_target = np.arange(n_draft,
-                              dtype=np.int64) if ids is None else np.asarray(ids, np.int64).copy()
+        to_target = (np.arange(n_draft, dtype=np.int64) if ids is None
+                     else np.asarray(ids, np.int64).copy())
         to_target[to_target >= n_target] = -1
         ok = np.flatnonzero(to_target >= 0)
         to_draft = np.zeros(n_target, np.int64)

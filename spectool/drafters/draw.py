@@ -30,14 +30,17 @@ def draw(model, row: int, k: int, advance: Callable[[int, int], None], sampling:
             if sampling.greedy:
                 if p_min > 0 and top_probability(model.logits(row)) < p_min:
                     break
-                t = token_at(model, row, sampling, recent + tokens,
-                             banned) if constraint is None else \
-                    token_under(model, row, sampling, recent + tokens, constraint, to_target,
-                                banned)
+                if constraint is None:
+                    t = token_at(model, row, sampling, recent + tokens, banned)
+                else:
+                    t = token_under(model, row, sampling, recent + tokens, constraint, to_target,
+                                    banned)
             else:
-                q = dist_at(model, row, sampling, recent + tokens,
-                            banned) if constraint is None else \
-                    dist_under(model, row, sampling, recent + tokens, constraint, to_target, banned)
+                if constraint is None:
+                    q = dist_at(model, row, sampling, recent + tokens, banned)
+                else:
+                    q = dist_under(model, row, sampling, recent + tokens, constraint, to_target,
+                                   banned)
                 if p_min > 0 and q.p.max() < p_min:
                     break
                 t = q.sample(rng)

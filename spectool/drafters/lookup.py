@@ -262,8 +262,8 @@ class PromptLookup(Drafter):
         disputes from; None notes none)."""
         corpus = self.corpus
         both = corpus is not None and len(corpus.index) > 0
-        predicted = self._predict_both(history, corpus,
-                                       final) if both else self.index.predict(history)
+        predicted = (self._predict_both(history, corpus, final) if both
+                     else self.index.predict(history))
         key: Evidence | None = None
         prev = None
         for p in islice(predicted, k):

@@ -196,5 +196,5 @@ class Mtp(Drafter):
         recent = list(history[-sampling.window:]) if sampling.window else []
         tokens, qs = draw(head, 0, k, advance, sampling, rng, recent, self.p_min,
                           constraint=constraint)
-        return Draft(tokens, None if sampling.greedy else qs, Source.mtp,
-                     catch_up) if tokens else EMPTY
+        return (Draft(tokens, None if sampling.greedy else qs, Source.mtp, catch_up) if tokens
+                else EMPTY)

@@ -134,8 +134,8 @@ class Chunks:
 
     def opening(self) -> list[dict]:
         """A chat choice opens with its role."""
-        return [self.chunk(None,
-                           delta={"role": "assistant", "content": ""})] if self.reply.chat else []
+        return ([self.chunk(None, delta={"role": "assistant", "content": ""})] if self.reply.chat
+                else [])
 
     def piece(self, piece: str, records) -> list[dict]:
         self.held.extend(records or ())

@@ -51,9 +51,10 @@ def fim_prompt(target: Model, fim: dict[str, int], prefix: str, suffix: str, ext
 
     extra_tokens = [fim["rep"], *tok("myproject\n")] if "rep" in fim else []
     for chunk in extra:
-        extra_tokens += [fim["sep"],
-                         *tok(chunk.get("filename", "tmp") + "\n")] if "sep" in fim else tok(
-            CHUNK_SEPARATOR)
+        if "sep" in fim:
+            extra_tokens += [fim["sep"], *tok(chunk.get("filename", "tmp") + "\n")]
+        else:
+            extra_tokens += tok(CHUNK_SEPARATOR)
         extra_tokens += tok(chunk["text"])
     if "sep" in fim:
         extra_tokens += [fim["sep"], *tok("filename\n")]

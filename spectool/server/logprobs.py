@@ -125,9 +125,9 @@ def chat(records: list[dict], model: Model) -> dict:
         piece = model.piece(token)
         return {"id": token, "token": _text(piece), "logprob": logprob, "bytes": list(piece)}
 
-    return {"content": [entry(r["id"],
-                              r["logprob"]) | {"top_logprobs": [entry(t, lp) for t, lp in r["top"]]}
-                        for r in records], "refusal": None}
+    content = [entry(r["id"], r["logprob"]) | {"top_logprobs": [entry(t, lp) for t, lp in r["top"]]}
+               for r in records]
+    return {"content": content, "refusal": None}
 
 
 def completion(records: list[dict], model: Model) -> dict:

@@ -172,8 +172,8 @@ def tool_choice(value):
     """auto, none, required, or {type: function, name} as the chat request's tool_choice."""
     if value in ("auto", "none", "required"):
         return value
-    if isinstance(value,
-                  dict) and value.get("type") == "function" and isinstance(value.get("name"), str):
+    if (isinstance(value, dict) and value.get("type") == "function"
+            and isinstance(value.get("name"), str)):
         return {"type": "function", "function": {"name": value["name"]}}
     raise bad("tool_choice",
               'must be "auto", "none", "required" or {"type": "function", "name": ...} (it was '
@@ -207,8 +207,8 @@ def renamed(e: ApiError) -> ApiError:
         if e.param is not None and (e.param == theirs or e.param.startswith(theirs + "[")):
             e.param = ours + e.param[len(theirs):]
         e.message = e.message.replace(f"'{theirs}'", f"'{ours}'")
-        e.code = e.code.replace(f"invalid_{theirs}",
-                                f"invalid_{ours}".replace(".", "_")) if e.code else e.code
+        e.code = (e.code.replace(f"invalid_{theirs}", f"invalid_{ours}".replace(".", "_")) if e.code
+                  else e.code)
     return e
 
 

@@ -29,8 +29,8 @@ def tokenize(body: dict, target: Model) -> dict:
     with_pieces = flag(body, "with_pieces", False)
     if content is None:
         return {"tokens": []}
-    parts = content if isinstance(content, list) else [content] if isinstance(content,
-                                                                              str) else [None]
+    parts = (content if isinstance(content, list) else [content] if isinstance(content, str)
+             else [None])
     tokens: list[int] = []
     for i, part in enumerate(parts):
         if isinstance(part, str):

@@ -80,8 +80,8 @@ class Tools:
         for i, call in enumerate(calls):
             if i >= len(self.ids):
                 self.ids.append(call.id or f"call_{uuid.uuid4().hex[:24]}")
-            arguments = call.arguments if isinstance(call.arguments,
-                                                     str) else json.dumps(call.arguments)
+            arguments = (call.arguments if isinstance(call.arguments, str)
+                         else json.dumps(call.arguments))
             out.append({"id": self.ids[i], "type": "function",
                         "function": {"name": call.name, "arguments": arguments}})
         return content or None, out
@@ -255,8 +255,8 @@ def assistant_calls(m: dict, i: int, content: Callable[[dict, int], str], plain:
     """An assistant message with tool calls: as the template reads it, or in the generic format its
     JSON."""
     calls = m["tool_calls"]
-    parsed = [checked_call(c, i, j) for j,
-              c in enumerate(calls if isinstance(calls, list) else [None])]
+    parsed = [checked_call(c, i, j)
+              for j, c in enumerate(calls if isinstance(calls, list) else [None])]
     text = "" if m.get("content") is None else content(m, i)
     if not plain:
         return {"role": "assistant", "content": text, "tool_calls": parsed}

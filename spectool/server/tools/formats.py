@@ -132,8 +132,8 @@ class Llama3(Format):
 
     def parse(self, text: str) -> tuple[str, list[Call]] | None:
         start = text.find(self.opening)
-        body, content = (text[start + len(self.opening):],
-                         text[:start]) if start >= 0 else (text, "")
+        body, content = ((text[start + len(self.opening):], text[:start]) if start >= 0
+                         else (text, ""))
         try:
             obj = first_json(body)
         except ValueError:
