@@ -39,10 +39,10 @@ sys.meta_path.insert(0, Probe())
 """
 
 
-def order(code: str, tmp_path, *args: str) -> str:
+def order(code: str, tmp_path, *args: str, paths: tuple[str, ...] = ()) -> str:
     """Run `code` after the probe in a fresh interpreter: what the probe saw when numpy came in ('' if never)."""
     out = tmp_path / "order.txt"
-    env = dict(os.environ, ORDER_FILE=str(out), PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "benchmarks")]))
+    env = dict(os.environ, ORDER_FILE=str(out), PYTHONPATH=os.pathsep.join([str(ROOT), *paths]))
     cp = subprocess.run([sys.executable, "-c", PROBE + code, *args], env=env, capture_output=True, text=True,
                         timeout=120, cwd=tmp_path)
     assert cp.returncode == 0, cp.stderr[-2000:]
@@ -51,10 +51,9 @@ def order(code: str, tmp_path, *args: str) -> str:
 
 MODULES = sorted(m.name for m in pkgutil.walk_packages([str(ROOT / "spectool")], "spectool.")
                  if m.name != "spectool.__main__")
-BENCHMARKS = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.py"))
 
 
-@pytest.mark.parametrize("module", MODULES + BENCHMARKS)
+@pytest.mark.parametrize("module", MODULES)
 def test_importing_any_module_loads_llama_cpp_before_numpy(module, tmp_path):
     assert order(f"import {module}", tmp_path) in ("", "llama first")
 

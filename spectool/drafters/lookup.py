@@ -16,22 +16,12 @@ from spectool.core.verify import Sampling
 Followers = int | dict[int, int]
 
 
-class Vote(NamedTuple):
-    """The follower an n-gram's followers vote for."""
-
-    token: int
-    votes: int  # how often it followed
-    total: int  # how often any follower did
-
-
-class Prediction(NamedTuple):
-    """A predicted token, with its evidence: the n-gram match it follows and its vote."""
-
-    token: int
-    n: int  # the match's length
-    votes: int
-    total: int
-    source: Source = Source.lookup
+# The follower an n-gram's followers vote for: (token, how often it followed, how often any follower
+# did). Plain tuples, made and unpacked once per predicted token: a NamedTuple's making doubled
+# lookup's own time per step.
+Vote = tuple[int, int, int]
+# A predicted token with its evidence: (token, the match's length, its votes, their total, where)
+Prediction = tuple[int, int, int, int, Source]
 
 
 class Dispute(NamedTuple):
@@ -141,9 +131,9 @@ class NGramIndex:
         if f is not None:
             self.first_guess = n
         while f is not None:
-            v = vote(f)
-            yield Prediction(v.token, n, v.votes, v.total)
-            seq += chr(v.token)
+            token, votes, total = vote(f)
+            yield token, n, votes, total, Source.lookup
+            seq += chr(token)
             n, f = self.longest(seq, n + 1)
 
     def longest(self, seq: str, guess: int) -> tuple[int, Followers | None]:
@@ -169,20 +159,20 @@ def latest(f: Followers) -> Vote:
     """`vote`'s answer by recency alone: the follower seen last (research/corpus_replay.py measures
     both)."""
     if isinstance(f, int):
-        return Vote(f, 1, 1)
+        return f, 1, 1
     t = next(reversed(f))
-    return Vote(t, f[t], sum(f.values()))
+    return t, f[t], sum(f.values())
 
 
 def vote(f: Followers) -> Vote:
     """The most frequent follower; of those, the last seen."""
     if isinstance(f, int):  # the usual case: one follower, seen once
-        return Vote(f, 1, 1)
+        return f, 1, 1
     if len(f) == 1:
         ((t, c),) = f.items()
-        return Vote(t, c, c)
+        return t, c, c
     t = max(reversed(f), key=f.__getitem__)
-    return Vote(t, f[t], sum(f.values()))
+    return t, f[t], sum(f.values())
 
 
 class LookupOffer:
@@ -264,21 +254,21 @@ class PromptLookup(Drafter):
         both = corpus is not None and len(corpus.index) > 0
         predicted = (self._predict_both(history, corpus, final) if both
                      else self.index.predict(history))
+        corpus_n_max = corpus.index.n_max if corpus is not None else 0
         key: Evidence | None = None
-        prev = None
-        for p in islice(predicted, k):
-            n_max = corpus.index.n_max if p.source is Source.corpus else self.index.n_max
-            if (key is not None and prev is not None and p.votes == p.total
-                and p.source is prev.source
-                    and p.n == min(prev.n + 1, n_max)):
+        prev_n, prev_source = 0, Source.lookup
+        for token, n, votes, total, source in islice(predicted, k):
+            n_max = corpus_n_max if source is Source.corpus else self.index.n_max
+            if (key is not None and votes == total and source is prev_source
+                    and n == min(prev_n + 1, n_max)):
                 if key.pos < self.STRETCH_MAX:
                     key = key.next
             else:
-                key = self.key(p.n, p.votes, p.total, p.source)
-            tokens.append(p.token)
+                key = self.key(n, votes, total, source)
+            tokens.append(token)
             if sources is not None:
-                sources.append(p.source)
-            prev = p
+                sources.append(source)
+            prev_n, prev_source = n, source
             yield key
 
     def _predict_both(self, context: Sequence[int], corpus,
@@ -300,21 +290,22 @@ class PromptLookup(Drafter):
             theirs = corpus.vote(f2) if f2 is not None else None
             mine = vote(f1) if f1 is not None else None
             if theirs is not None and mine is not None and n2 > n1 + margin:
-                if final is not None and theirs.token != mine.token:
+                if final is not None and theirs[0] != mine[0]:  # their tokens
                     at = len(context) + len(ahead)
-                    self._disputes[at] = Dispute(final, [*context[final:], *ahead], mine.token,
-                                                 theirs.token)
+                    self._disputes[at] = Dispute(final, [*context[final:], *ahead], mine[0],
+                                                 theirs[0])
                 if not corpus.outranks():
                     theirs = None
             if theirs is not None and (mine is None or n2 > n1 + margin):
-                out = Prediction(theirs.token, n2, theirs.votes, theirs.total, Source.corpus)
+                token, votes, total = theirs
+                yield token, n2, votes, total, Source.corpus
             elif mine is not None:
-                out = Prediction(mine.token, n1, mine.votes, mine.total)
+                token, votes, total = mine
+                yield token, n1, votes, total, Source.lookup
             else:
                 return
-            yield out
-            ahead.append(out.token)
-            seq += chr(out.token)
+            ahead.append(token)
+            seq += chr(token)
             n1, f1 = own.longest(seq, n1 + 1)
             n2, f2 = other.longest(seq, n2 + 1)
 
