@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING
 
-from spectool.server.errors import ApiError, invalid
+from spectool.server.errors import invalid
+from spectool.server.requests import load
 
 if TYPE_CHECKING:
     from spectool.llama.engine import Model
@@ -66,10 +66,5 @@ def detokenize(body: dict, target: Model) -> dict:
 
 def answer(path: str, raw: bytes, target: Model) -> dict:
     """The answer to a POST to /tokenize or /detokenize with body `raw` (runs in a thread)."""
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        raise ApiError(400, "the request body is not valid JSON", code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
+    body = load(raw)
     return tokenize(body, target) if path == "/tokenize" else detokenize(body, target)
