@@ -47,11 +47,77 @@ def bad_inputs(tmp_path) -> list[tuple[list[str], str, str]]:
     ]
 
 
+def nested(n: int) -> dict:
+    """A schema nested n levels deep (grammar.deeper counts each object): arrays of arrays ... of strings."""
+    schema: dict = {"type": "string"}
+    for _ in range(n - 1):
+        schema = {"type": "array", "items": schema}
+    return schema
+
+
+def ref_chain(n: int) -> dict:
+    """A schema whose $refs run n deep (1,100 of them overflowed llguidance's stack: the process died)."""
+    defs = {f"d{i}": {"type": "array", "items": {"$ref": f"#/$defs/d{i + 1}"}} for i in range(n)}
+    return {"$defs": {**defs, f"d{n}": {"type": "string"}}, "$ref": "#/$defs/d0"}
+
+
+def rule_chain(n: int) -> str:
+    """A GBNF grammar of n rules, each calling the next (2,500 overflowed llguidance's stack as Lark)."""
+    return "root ::= r0\n" + "".join(f'r{i} ::= "x" r{i + 1}\n' for i in range(n)) + f'r{n} ::= "y"\n'
+
+
+def groups(n: int) -> str:
+    return "root ::= " + "(" * n + '"a" [()] "(" # )\n' + ")" * n  # (brackets in strings, classes, comments)
+
+
+def deep_inputs(tmp_path) -> list[tuple[list[str], str, str]]:
+    """Issue 47: each way of nesting too deep or of the wrong JSON type, on every source; before, the same
+    cause said "maximum recursion depth exceeded ..." or "'str' object is not a mapping" (exit 1), or killed the
+    process."""
+    files = {"deep.json": "[" * 1000 + "]" * 1000, "deep_schema.json": '{"type": "array", "items": ' * 1000 + "{}" + "}" * 1000, "refs.json": json.dumps(ref_chain(3000)),
+             "string.json": json.dumps('{"type": "object"}'), "guidance.json": json.dumps({"x-guidance": "s"}),
+             "groups.gbnf": groups(1000), "rules.gbnf": rule_chain(5000),
+             "lark.gbnf": "start: %json " + json.dumps(ref_chain(3000))}
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    deep, file = "nested deeper than 100 levels", "--json-schema-file"
+    return [
+        (["-jf", str(tmp_path / "deep.json")], f"{file} {tmp_path / 'deep.json'}", deep),
+        (["-jf", str(tmp_path / "deep_schema.json")], f"{file} {tmp_path / 'deep_schema.json'}", deep),
+        (["-jf", str(tmp_path / "refs.json")], f"{file} {tmp_path / 'refs.json'}", deep),
+        (["-j", "[" * 5000 + "]" * 5000], "--json-schema", deep),
+        (["-jf", str(tmp_path / "string.json")], file, "must be a JSON object (it is a string)"),
+        (["-j", "[]"], "--json-schema", "must be a JSON object (it is a list)"),
+        (["-j", "true"], "--json-schema", "must be a JSON object (it is a boolean)"),
+        (["-jf", str(tmp_path / "guidance.json")], file, "'x-guidance' must be a JSON object (it is a string)"),
+        (["-j", '{"x-guidance": [1]}'], "--json-schema", "'x-guidance' must be a JSON object (it is a list)"),
+        (["--grammar-file", str(tmp_path / "groups.gbnf")], f"--grammar-file {tmp_path / 'groups.gbnf'}",
+         "groups nest deeper than 100 levels"),
+        (["--grammar", groups(150)], "--grammar", "groups nest deeper than 100 levels"),
+        (["--grammar-file", str(tmp_path / "rules.gbnf")], "--grammar-file", "more than 1000 rules"),
+        (["--grammar-file", str(tmp_path / "lark.gbnf")], "--grammar-file", "a %json schema is " + deep),
+    ]
+
+
 def test_a_bad_grammar_is_one_line_and_exit_2_before_any_model_loads(tmp_path):
     """The model path does not exist: had it been looked at first, the error would be about the model."""
-    for args, flag, reason in bad_inputs(tmp_path):
+    for args, flag, reason in bad_inputs(tmp_path) + deep_inputs(tmp_path):
         line = one_line_error(runner.invoke(app, ["run", "-m", str(tmp_path / "none.gguf"), *args, "hi"]), flag)
         assert reason in line and "none.gguf" not in line, (args, line)
+
+
+def test_the_bounds_on_schemas_and_grammars_are_where_they_are_stated(tiny, tmp_path):
+    """grammar.DEPTH_MAX (100 levels: a schema's, $refs followed; a GBNF grammar's groups) and RULES_MAX (1,000
+    rules): at the bound, run takes it and writes; one past it, exit 2 naming the bound."""
+    base = ["run", "-m", str(tiny["target"]), "-n", "2", "-q"]
+    for ok, over, bound in (
+            (["-j", json.dumps(nested(100))], ["-j", json.dumps(nested(101))], "nested deeper than 100 levels"),
+            (["-j", json.dumps(ref_chain(48))], ["-j", json.dumps(ref_chain(49))], "nested deeper than 100 levels"),
+            (["--grammar", groups(100)], ["--grammar", groups(101)], "groups nest deeper than 100 levels"),
+            (["--grammar", rule_chain(998)], ["--grammar", rule_chain(999)], "more than 1000 rules")):
+        r = runner.invoke(app, [*base, *ok, "The quick brown fox"])
+        assert r.exit_code == 0 and r.stdout.strip(), (ok[0], r.output[-300:])
+        assert bound in one_line_error(runner.invoke(app, [*base, *over, "The quick brown fox"]), over[0])
 
 
 def test_chat_and_serve_refuse_a_bad_grammar_the_same_way(tmp_path):

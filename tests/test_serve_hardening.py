@@ -91,6 +91,117 @@ def test_bad_values_are_400s_naming_the_field_on_one_kept_alive_connection(serve
     conn.close()
 
 
+CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+
+
+def ref_chain(n: int) -> dict:
+    """A schema whose $refs run n deep."""
+    defs = {f"d{i}": {"type": "array", "items": {"$ref": f"#/$defs/d{i + 1}"}} for i in range(n)}
+    return {"$defs": {**defs, f"d{n}": {"type": "string"}}, "$ref": "#/$defs/d0"}
+
+
+def with_guidance(value) -> list[tuple[str, dict, str]]:
+    """`x-guidance` as `value` in each place a schema is taken: (path, body, the field the 400 names)."""
+    schema = {"type": "object", "x-guidance": value}
+    tool = {"type": "function", "function": {"name": "f", "parameters": schema}}
+    return [("/v1/chat/completions", {**CHAT, "json_schema": schema}, "json_schema"),
+            ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_schema", "json_schema": {
+                "name": "x", "schema": schema}}}, "response_format"),
+            ("/v1/chat/completions", {**CHAT, "tools": [tool]}, "tools"),
+            ("/v1/responses", {"input": "hi", "tools": [{"type": "function", "name": "f", "parameters": schema}]},
+             "tools"),
+            ("/v1/completions", {"prompt": "hi", "response_format": {"type": "json_object", "schema": schema}},
+             "response_format")]
+
+
+ISSUE_47 = [  # (path, body, the field the 400 names or None for the body, words of its message): each was a 500
+    # (RecursionError, TypeError), or killed the server (llguidance's stack overflowed: $refs, rule chains)
+    ("/v1/completions", "[" * 100_000, None, "nested deeper than 100 levels"),
+    ("/v1/chat/completions", json.dumps(CHAT)[:-1] + ', "json_schema": {"a": ' + "[" * 3000 + "]" * 3000 + "}}",
+     None, "nested deeper than 100 levels"),
+    ("/v1/chat/completions", json.dumps(CHAT)[:-1] + ', "json_schema": {"a": ' + "[" * 500 + "]" * 500 + "}}",
+     "json_schema", "nested deeper than"),
+    ("/v1/chat/completions", {**CHAT, "json_schema": ref_chain(3000)}, "json_schema", "nested deeper than 100"),
+    ("/v1/chat/completions", {**CHAT, "grammar": "root ::= r0\n" + "".join(
+        f'r{i} ::= "x" r{i + 1}\n' for i in range(5000)) + 'r5000 ::= "y"'}, "grammar", "more than 1000 rules"),
+    ("/v1/chat/completions", {**CHAT, "grammar": "start: %json " + json.dumps(ref_chain(3000))}, "grammar",
+     "nested deeper than 100"),
+    ("/v1/chat/completions", {**CHAT, "grammar": "root ::= " + "(" * 1000 + '"a"' + ")" * 1000}, "grammar",
+     "deeper than 100 levels"),
+    *[(path, body, field, "'x-guidance' must be a JSON object") for value in ("s", [1])
+      for path, body, field in with_guidance(value)],
+    # llguidance panicked (a BaseException: past every handler) cutting its message about maxLength inside the ü
+    ("/v1/chat/completions", {**CHAT, "json_schema": {"type": "object", "properties": {"a": {
+        "type": "string", "maxLength": [{"x" * 80 + "ü" * 10: 1}]}}}}, "json_schema", "grammar library failed"),
+    ("/v1/responses", {"input": [{"role": ["user"], "content": "hi"}]}, "input[0].role", "must be user"),
+    # (found by test_fuzz.py: the response repeats these, and JSON has no Infinity)
+    ("/v1/responses", {"input": "hi", "text": {"format": {"type": "json_schema", "name": float("inf"),
+                                                          "schema": {"type": "object"}}}}, "text", "Infinity"),
+    ("/v1/responses", {"input": "hi", "parallel_tool_calls": float("nan")}, "parallel_tool_calls", "NaN"),
+    # a lone surrogate (JSON can escape one; UTF-8 cannot spell it): UnicodeEncodeError where it was tokenized
+    ("/v1/completions", '{"prompt": "\\ud800", "max_tokens": 2}', "prompt", "lone surrogate"),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "a\\udfff"}]}', "messages",
+     "lone surrogate"),
+    ("/v1/completions", '{"prompt": "hi", "\\ud800": 1}', "\\ud800", "lone surrogate"),
+    ("/v1/responses", {"input": [{"role": {"a": 1}, "content": "hi"}]}, "input[0].role", "must be user"),
+]
+
+
+def test_what_was_a_500_or_a_crash_is_a_400_naming_the_field(server):
+    """Issue 47 item 1: each case, then a good request on the same keep-alive connection."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    for path, body, field, words in ISSUE_47:
+        status, answer, r = post(conn, body, path)
+        error = answer["error"]
+        assert status == 400 and words in error["message"] and error["param"] == field, (path, field, answer)
+        assert field is None or f"'{field}" in error["message"], error
+        status, answer, _ = post(conn, {"prompt": "The quick brown fox", "max_tokens": 2})
+        assert status == 200 and answer["choices"][0]["text"], (path, field)
+    conn.close()
+
+
+def test_a_request_body_may_nest_100_levels(server):
+    """grammar.DEPTH_MAX: a body nested 100 levels (an ignored field holding 99) is served; 101 is a 400 that
+    names the field and the bound."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    for levels, status in ((99, 200), (100, 400)):
+        body = '{"prompt": "The quick brown fox", "max_tokens": 2, "metadata": ' + "[" * levels + "]" * levels + "}"
+        got, answer, _ = post(conn, body)
+        assert got == status, (levels, answer)
+    assert answer["error"]["param"] == "metadata" and "100 levels" in answer["error"]["message"], answer
+    conn.close()
+
+
+def test_every_field_that_sizes_the_work_has_its_bound(server):
+    """Issue 47 item 1, the bounds docs/serve.md states: completions' `logprobs` 0-5 (100000 made a 98 MB answer),
+    `top_logprobs` 0-20, `n` 1-8; at the bound the answer has what was asked, one past it is a 400 naming the
+    field. `max_tokens` has no bound of its own: the context is its bound (finish_reason "length")."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
+    fox = {"prompt": "The quick brown fox", "max_tokens": 3}
+    chat = {**CHAT, "logprobs": True}
+    for path, ok, over, field in (("/v1/completions", {**fox, "logprobs": 5}, {**fox, "logprobs": 6}, "logprobs"),
+                                  ("/v1/chat/completions", {**chat, "top_logprobs": 20},
+                                   {**chat, "top_logprobs": 21}, "top_logprobs"),
+                                  ("/v1/completions", {**fox, "n": 8}, {**fox, "n": 9}, "n")):
+        status, answer, _ = post(conn, ok, path)
+        assert status == 200, answer
+        choices = answer["choices"]
+        if field == "logprobs":  # 5 alternatives, the chosen token among them or beside them
+            assert all(5 <= len(top) <= 6 for top in choices[0]["logprobs"]["top_logprobs"]), choices
+        elif field == "top_logprobs":
+            assert all(len(e["top_logprobs"]) == 20 for e in choices[0]["logprobs"]["content"]), choices
+        else:
+            assert len(choices) == 8
+        status, answer, _ = post(conn, over, path)
+        assert status == 400 and answer["error"]["param"] == field, answer
+    status, answer, _ = post(conn, {"prompt": LOOP, "max_tokens": 10**30})
+    usage = answer["usage"]
+    assert status == 200 and answer["choices"][0]["finish_reason"] == "length", answer
+    # the context's 1024 tokens (helpers.Server: -c 1024), and the last one sampled that needs no room of its own
+    assert usage["completion_tokens"] == 1024 - usage["prompt_tokens"] + 1, usage
+    conn.close()
+
+
 def test_a_500_answers_and_the_connection_stays_usable(tiny, capsys):
     """Item 3: a request that fails inside the server (a fault injected into the server's own request handling,
     as no known request makes one any more) gets an OpenAI-shaped 500, and the same keep-alive connection then

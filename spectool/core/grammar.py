@@ -13,9 +13,11 @@ invalid) gives.
 from __future__ import annotations
 
 import json
+import re
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from itertools import accumulate
+from typing import TYPE_CHECKING, Any, Sequence
 
 from spectool.llama import native  # noqa: F401, I001 - llama.cpp before numpy (native.py)
 import numpy as np  # noqa: E402
@@ -36,12 +38,125 @@ NO_FORCING = '%llguidance {"no_forcing": true}\n'
 JSON_WHITESPACE = r"(?: |\n{1,2}[ \t]{0,20})?"
 
 
+# The bounds on what reaches the parsers and llguidance, whose Rust code recurses over a grammar and
+# overflows its thread's stack (the process dies) on a chain of about 2,500 rules or 1,100 nested
+# `$ref`s (8 MB stacks); GBNF's converter (Python) fails at about 350 nested groups.
+DEPTH_MAX = 100  # levels of JSON (a schema's, its $refs followed; a request body's), of GBNF groups
+RULES_MAX = 1000  # a grammar's rules (GBNF's converter takes about a second for 1,000)
+# a grammar's rule, GBNF (`name ::=`) or Lark (`name:`), at the start of its line
+_RULE = re.compile(r"^[ \t]*[?!]?[A-Za-z_][\w.-]*[ \t]*(?:::=|:)", re.M)
+# what of GBNF's text holds no groups: string literals, character classes, comments
+_NO_GROUPS = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]|#[^\n]*')
+
+
 class GrammarError(ValueError):
     """A grammar or schema that cannot be used, with the reason in one line."""
 
 
 def _one_line(message: str) -> str:
     return " ".join(message.split())[:300]
+
+
+class _Deeper(Exception):
+    """Raised inside `deeper` past the limit: no deeper level is looked at."""
+
+
+def deeper(value: Any, limit: int = DEPTH_MAX, schema: bool = False) -> bool:
+    """Whether `value` (parsed JSON) nests lists and objects deeper than `limit` levels. In a JSON
+    `schema` each `$ref` to a place in it ("#/$defs/a") is one more level over what it points to, as
+    llguidance inlines it (a cycle counted once). Recursion stays within `limit` levels."""
+    heights: dict[str, int] = {}  # a $ref's target: its height (0 while it is being measured)
+
+    def height(v: Any, level: int) -> int:
+        if level > limit:
+            raise _Deeper
+        children = list(v.values()) if isinstance(v, dict) else v
+        h = 0
+        for c in children:
+            if isinstance(c, (dict, list)):
+                h = max(h, height(c, level + 1))
+        ref = v.get("$ref") if schema and isinstance(v, dict) else None
+        if isinstance(ref, str) and ref.startswith("#"):
+            if ref not in heights:
+                heights[ref] = 0
+                target = _pointed(value, ref)
+                heights[ref] = height(target, level + 1) if isinstance(target, (dict, list)) else 0
+            if level + heights[ref] > limit:
+                raise _Deeper
+            h = max(h, heights[ref])
+        return h + 1
+
+    try:
+        return isinstance(value, (dict, list)) and height(value, 1) > limit
+    except _Deeper:
+        return True
+
+
+def _pointed(root: Any, ref: str) -> Any:
+    """What a local JSON pointer ("#/$defs/a") points to in `root`, None where nothing is."""
+    node = root
+    for part in ref.lstrip("#").split("/")[1:]:
+        key = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, list):
+            node = node[int(key)] if key.isdigit() and int(key) < len(node) else None
+        else:
+            node = node.get(key) if isinstance(node, dict) else None
+    return node
+
+
+def _loads(text: str, what: str) -> Any:
+    """JSON text, parsed (a schema, or one embedded in Lark); too deep or not JSON: a GrammarError
+    that says which."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise _too_deep(what) from None
+    except ValueError as e:
+        raise GrammarError(f"{what} is not valid JSON: {e}") from None
+
+
+def _too_deep(what: str) -> GrammarError:
+    return GrammarError(f"{what} is nested deeper than {DEPTH_MAX} levels")
+
+
+def _bounded(lark: str) -> str:
+    """Lark text within the bounds (RULES_MAX rules; each `%json` schema in it, DEPTH_MAX levels):
+    else a GrammarError naming the bound."""
+    _few_rules(lark)
+    for m in re.finditer(r"%json\s*(?=\{)", lark):
+        try:
+            embedded, _ = json.JSONDecoder().raw_decode(lark, m.end())
+        except ValueError:
+            continue  # not JSON: llguidance says what is wrong
+        except RecursionError:
+            raise _too_deep("a %json schema") from None
+        _checked_schema(embedded, "a %json schema")
+    return lark
+
+
+def _few_rules(text: str) -> None:
+    """GBNF or Lark text of RULES_MAX rules at most, else a GrammarError naming the bound."""
+    if len(_RULE.findall(text)) > RULES_MAX:
+        raise GrammarError(f"the grammar has more than {RULES_MAX} rules")
+
+
+def _checked_schema(schema: Any, what: str = "the schema") -> dict:
+    """A JSON schema whose own fields llguidance reads without a TypeError (an object; its
+    `x-guidance` an object), nested at most DEPTH_MAX levels ($refs followed); else a GrammarError
+    that names what is wrong."""
+    if not isinstance(schema, dict):
+        raise GrammarError(f"{what} must be a JSON object (it is a {_json_type(schema)})")
+    if not isinstance(schema.get("x-guidance", {}), dict):
+        raise GrammarError(f"{what}'s 'x-guidance' must be a JSON object (it is a "
+                           f"{_json_type(schema['x-guidance'])})")
+    if deeper(schema, schema=True):  # (each $ref counted where it is used)
+        raise _too_deep(what)
+    return schema
+
+
+def _json_type(value: Any) -> str:
+    names = {dict: "object", list: "list", str: "string", bool: "boolean", type(None): "null"}
+    return names.get(type(value), "number")
 
 
 @dataclass(frozen=True)
@@ -56,7 +171,7 @@ class Grammar:
     def _checked(cls, source: str, kind: str) -> Grammar:
         from llguidance import LLMatcher
 
-        error = LLMatcher.validate_grammar(source)
+        error = _library(LLMatcher.validate_grammar, source)
         if error:
             raise GrammarError(_one_line(error))
         return cls(source, kind)
@@ -65,15 +180,18 @@ class Grammar:
     def _from_lark(cls, lark: str, kind: str) -> Grammar:
         from llguidance import LLMatcher
 
-        return cls._checked(
-            LLMatcher.grammar_from_lark(NO_FORCING + lark.replace("%llguidance {}", "", 1)), kind
-        )
+        lark = _bounded(lark.replace("%llguidance {}", "", 1))
+        return cls._checked(_library(LLMatcher.grammar_from_lark, NO_FORCING + lark), kind)
 
     @classmethod
     def gbnf(cls, text: str) -> Grammar:
         """llama.cpp's GBNF (its `root` rule starts), as --grammar takes it."""
         from llguidance.gbnf_to_lark import any_to_lark
 
+        _few_rules(text)  # (before the converter's time goes on them)
+        groups = re.sub(r"[^()]", "", _NO_GROUPS.sub("", text))
+        if max(accumulate(1 if c == "(" else -1 for c in groups), default=0) > DEPTH_MAX:
+            raise GrammarError(f"the grammar's groups nest deeper than {DEPTH_MAX} levels")
         try:
             lark = any_to_lark(text)
         except Exception as e:  # the converter raises what its parser raises
@@ -92,19 +210,10 @@ class Grammar:
         from llguidance import LLMatcher
 
         if isinstance(schema, str):
-            try:
-                schema = json.loads(schema)
-            except ValueError as e:
-                raise GrammarError(f"the JSON schema is not valid JSON: {e}") from None
-        if not isinstance(schema, dict):
-            raise GrammarError("a JSON schema must be a JSON object")
-        closed = {**_closed(schema),
-                  "x-guidance": {**schema.get("x-guidance", {}),
-                                 "whitespace_pattern": JSON_WHITESPACE}}
-        try:  # checked on its own first, for the library's own words about what is wrong with it
-            cls._checked(LLMatcher.grammar_from_json_schema(closed), "json_schema")
-        except ValueError as e:
-            raise GrammarError(_one_line(str(e))) from None
+            schema = _loads(schema, "the schema")
+        closed = _for_llguidance(schema)
+        # checked on its own first, for the library's own words about what is wrong with it
+        cls._checked(_library(LLMatcher.grammar_from_json_schema, closed), "json_schema")
         return cls._from_lark("start: %json " + json.dumps(closed), "json_schema")
 
     @classmethod
@@ -117,10 +226,24 @@ class Grammar:
         from llguidance import LLMatcher
 
         vocabulary = tokenizer_for(model)
-        m = LLMatcher(vocabulary.tokenizer, self.source, log_level=0)
+        m = _library(LLMatcher, vocabulary.tokenizer, self.source, log_level=0)
         if m.is_error():
             raise GrammarError(_one_line(m.get_error()))
         return Constraint(m, model.n_vocab, vocabulary)
+
+
+def _library(call, *args, **kwargs):
+    """llguidance's `call(*args, **kwargs)`; its ValueError, or its panic (pyo3's PanicException, a
+    BaseException: a bug of the library's, such as an error message cut inside a character), a
+    GrammarError."""
+    try:
+        return call(*args, **kwargs)
+    except ValueError as e:
+        raise GrammarError(_one_line(str(e))) from None
+    except BaseException as e:
+        if type(e).__name__ != "PanicException":
+            raise
+        raise GrammarError(_one_line(f"the grammar library failed on it: {e}")) from None
 
 
 def _closed(schema):
@@ -140,9 +263,14 @@ def lark_json(schema: dict) -> str:
     """A JSON schema as a Lark grammar's `%json` item, read as Grammar.json_schema reads it (closed
     objects, llama.cpp's whitespace): for a grammar that wraps JSON in text of its own (a tool
     call's markers)."""
-    closed = {**_closed(schema),
-              "x-guidance": {**schema.get("x-guidance", {}), "whitespace_pattern": JSON_WHITESPACE}}
-    return "%json " + json.dumps(closed)
+    return "%json " + json.dumps(_for_llguidance(schema))
+
+
+def _for_llguidance(schema: Any) -> dict:
+    """The schema as llguidance is given it (closed objects, llama.cpp's whitespace), checked first
+    (_checked_schema)."""
+    extra = _checked_schema(schema).get("x-guidance", {})
+    return {**_closed(schema), "x-guidance": {**extra, "whitespace_pattern": JSON_WHITESPACE}}
 
 
 _TOKENIZERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

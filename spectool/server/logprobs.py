@@ -24,36 +24,38 @@ if TYPE_CHECKING:
 
 # chat's top_logprobs: OpenAI's bound (llama-server's default when logprobs is true)
 TOP_LOGPROBS_MAX = 20
+# completions' logprobs: OpenAI's bound (each alternative is a record in every token's answer:
+# 100000 of them made a 98 MB answer of 64 tokens)
+COMPLETION_LOGPROBS_MAX = 5
 
 
-def requested(body: dict, chat: bool, n_vocab: int) -> int | None:
+def requested(body: dict, chat: bool) -> int | None:
     """How many alternatives a request asks for with each token's log-probability, None when it asks
     for none: chat's `logprobs: true` with `top_logprobs` 0..20 (0 when left out; without `logprobs:
-    true`, a 400, as OpenAI and llama-server answer), completions' `logprobs: N`, N >= 0 with no
-    bound of its own as llama-server's (at most the vocabulary's size come back). Anything else a
-    400 naming the field."""
+    true`, a 400, as OpenAI and llama-server answer), completions' `logprobs: N`, N 0..5 as at
+    OpenAI. Anything else a 400 naming the field."""
     logprobs, top = body.get("logprobs"), body.get("top_logprobs")
     if not chat:
         if top is not None:
             raise invalid("top_logprobs",
                           "is a chat completions field; a completion asks with 'logprobs': N")
-        if logprobs is None:
-            return None
-        if not _integer(logprobs) or logprobs < 0:
-            raise invalid("logprobs",
-                          f"must be an integer >= 0 (it was sent as {json.dumps(logprobs)[:60]})")
-        return min(logprobs, n_vocab)
+        return None if logprobs is None else count("logprobs", logprobs, COMPLETION_LOGPROBS_MAX)
     if logprobs is not None and not isinstance(logprobs, bool):
         raise invalid("logprobs",
                       f"must be true or false (it was sent as {json.dumps(logprobs)[:60]})")
     if top is not None:
-        if not _integer(top) or not 0 <= top <= TOP_LOGPROBS_MAX:
-            raise invalid("top_logprobs",
-                          f"must be an integer from 0 to {TOP_LOGPROBS_MAX} (it was sent as "
-                                          f"{json.dumps(top)[:60]})")
+        count("top_logprobs", top, TOP_LOGPROBS_MAX)
         if not logprobs:
             raise invalid("top_logprobs", "needs 'logprobs': true")
     return (top or 0) if logprobs else None
+
+
+def count(name: str, value: Any, most: int) -> int:
+    """A field's count of alternatives, 0 to `most`, else a 400 naming it."""
+    if not _integer(value) or not 0 <= value <= most:
+        raise invalid(name, f"must be an integer from 0 to {most} (it was sent as "
+                            f"{json.dumps(value)[:60]})")
+    return value
 
 
 def _integer(value: Any) -> bool:

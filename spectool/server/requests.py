@@ -80,15 +80,40 @@ def choices(body: dict, infill: bool) -> int:
 
 
 def load(raw: bytes) -> dict:
-    """A request body's JSON object, else a 400."""
+    """A request body's JSON object, else a 400: not JSON, not an object, nested deeper than
+    grammar.DEPTH_MAX levels (the parser's RecursionError too), or holding a string that is no text
+    (a lone surrogate, "\\ud800"); a field at fault is named."""
+    from spectool.core.grammar import DEPTH_MAX, deeper
+
     # (Python reads NaN and Infinity too: the field that holds one is named by request_options)
     try:
         body = json.loads(raw)
+    except RecursionError:
+        raise ApiError(400, f"the request body is nested deeper than {DEPTH_MAX} levels",
+                       code="invalid_json") from None
     except ValueError:
         raise ApiError(400, "the request body is not valid JSON", code="invalid_json") from None
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
+    for name, value in body.items():
+        field = name.encode("utf-8", "backslashreplace").decode()  # (a name may be no text)
+        if deeper(value, DEPTH_MAX - 1):
+            raise ApiError(400, f"'{field}' is nested deeper than a request body's {DEPTH_MAX} "
+                                "levels", code="invalid_json", param=field)
+        if not utf8({name: value}):
+            raise ApiError(400, f"'{field}' holds a lone surrogate (an escape such as \\ud800 "
+                                "that is no character): send text", code="invalid_json",
+                           param=field)
     return body
+
+
+def utf8(value) -> bool:
+    """Whether every string in a JSON value is text that UTF-8 can spell."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 @dataclass
@@ -167,7 +192,7 @@ def generations(body: dict, chat: bool, n: int, grammar: Grammar | None, session
         name, message = in_request(e)
         raise ApiError(400, message, code=f"invalid_{name}", param=name) from None
     seeds = [o.seed if o.seed is None else o.seed + i for i in range(n)]
-    logprobs = requested_logprobs(body, chat, session.gen.target.n_vocab)  # logprobs.py
+    logprobs = requested_logprobs(body, chat)  # logprobs.py
     return [replace(generation(session, replace(o, seed=seed), grammar), logprobs=logprobs)
             for seed in seeds]
 

@@ -45,6 +45,19 @@ MAPPED = {"input", "instructions", "max_output_tokens", "temperature", "top_p", 
           "text", "parallel_tool_calls", "include", "top_logprobs"}
 
 
+# the fields the response object repeats (`response`): JSON's numbers only, or it could not be sent
+ECHOED = {"parallel_tool_calls", "tool_choice", "tools", "text"}
+
+
+def compliant(value) -> bool:
+    """Whether a value is JSON as the answer is written (no NaN, no Infinity)."""
+    try:
+        json.dumps(value, allow_nan=False)
+    except ValueError:
+        return False
+    return True
+
+
 def bad(param: str, message: str, code: str = "invalid_request") -> ApiError:
     return ApiError(400, f"'{param}' {message}", code=code, param=param)
 
@@ -60,6 +73,8 @@ def to_chat(body: dict) -> dict:
                             "no tools of its own)", "unsupported_field")
         if name not in IGNORED | MAPPED | passed | set(NOT_HONOURED):
             raise bad(name, "is not a field this server knows", "unsupported_field")
+        if name in ECHOED and not compliant(value):
+            raise bad(name, "holds NaN or Infinity, which JSON has not (the response repeats it)")
     chat = {k: body[k] for k in passed | {"temperature", "top_p", "stream", "parallel_tool_calls"}
             if k in body}
     if body.get("max_output_tokens") is not None:
@@ -106,8 +121,8 @@ def messages(body: dict) -> list[dict]:
     for i, item in enumerate(items):
         kind, at = item.get("type", "message"), f"input[{i}]"
         if kind == "message" and "role" in item:
-            role = {"developer": "system"}.get(item["role"], item["role"])
-            if role not in ("user", "system", "assistant"):
+            role = "system" if item["role"] == "developer" else item["role"]  # (any JSON type)
+            if not isinstance(role, str) or role not in ("user", "system", "assistant"):
                 raise bad(f"{at}.role", "must be user, system, developer or assistant")
             out.append({"role": role, "content": parts(item.get("content"), f"{at}.content")})
         elif kind == "function_call":
