@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -148,6 +149,68 @@ def test_sigterm_during_download_leaves_no_file_at_the_final_path(tiny, tmp_path
         r = spectool("pull", "hf:test/tiny/target.gguf", env=env)
         assert r.returncode == 0 and Path(r.stdout.split(" -> ")[1].strip()).read_bytes() == \
             tiny["target"].read_bytes()
+
+
+def saved_cost_tables(cache: Path) -> list:
+    """The cost tables under SPECTOOL_CACHE `cache`, each read as `run` reads it: none may be damaged."""
+    from spectool.core.costs import Costs
+
+    tables = [Costs.from_json(json.loads(p.read_text())) for p in sorted((cache / "costs").glob("*.json"))]
+    assert all(t.rejected == 0 and t.verify for t in tables), tables
+    return tables
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_mid_stream_ends_the_answers_and_the_server_exits_its_code(tiny, tmp_path, sig, code):
+    """Issue 47 item 3: SIGTERM or Ctrl-C while a stream runs (4000 tokens asked: about 25 s here) and another
+    request waits its turn: the stream gets its last chunk (finish_reason "length", usage) and [DONE] at the next
+    step, the waiting request an answer, the process exits 143 / 130 within seconds, its cost table whole."""
+    from helpers import Server
+
+    s = Server(tiny["target"], "-c", "4096", env={"SPECTOOL_CACHE": str(tmp_path)})
+    c, waited = s.client(), []
+    loop = dict(model="m", prompt="the dog the fox the dog the fox the dog the", max_tokens=4000)
+    waiting = threading.Thread(target=lambda: waited.append(c.completions.create(**loop)))
+    chunks = []
+    try:
+        for chunk in c.completions.create(**loop, stream=True, stream_options={"include_usage": True}):
+            chunks.append(chunk)
+            if len(chunks) == 20:
+                waiting.start()
+                time.sleep(0.3)  # its turn taken, behind the stream
+                t0 = time.monotonic()
+                s.proc.send_signal(sig)
+        exit_code, err = s.proc.wait(timeout=30), s.proc.stderr.read()
+    finally:
+        s.proc.kill()
+    assert exit_code == code and "Traceback" not in err and "error" not in err, err
+    assert time.monotonic() - t0 < 10  # the next step, not the 4000 tokens (about 25 s)
+    ends = [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason]
+    assert ends == ["length"] and 0 < chunks[-1].usage.completion_tokens < 4000, chunks[-3:]
+    waiting.join(timeout=30)
+    assert waited and waited[0].choices[0].finish_reason == "length"
+    assert len(saved_cost_tables(tmp_path)) == 1
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_mid_run_keeps_the_lookup_cache_and_the_cost_table(tiny, tmp_path, sig, code):
+    """`run --lookup-cache FILE` stopped mid-generation: 143 / 130, the text so far, the cache written whole with
+    the interrupted generation in it, the cost table whole."""
+    cache = tmp_path / "lookup.json"
+    p = subprocess.Popen([sys.executable, "-m", "spectool", "run", "-m", str(tiny["target"]), "-c", "4096", "-t",
+                          "2", "-n", "4000", "--lookup-cache", str(cache), "the dog the fox the dog the fox"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                         env={**os.environ, "SPECTOOL_CACHE": str(tmp_path)})
+    first = p.stdout.read(1)
+    time.sleep(0.5)
+    p.send_signal(sig)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == code and b"Traceback" not in err, err
+    assert first and (first + out).strip()
+    saved = json.loads(cache.read_text())
+    (doc,) = saved["documents"]
+    assert saved["format"] == "spectool-lookup-cache" and 20 < len(doc) < 4000
+    assert len(saved_cost_tables(tmp_path)) == 1
 
 
 # -- long runs ---------------------------------------------------------------------------------------------------

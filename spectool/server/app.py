@@ -190,8 +190,10 @@ def check_api_key(api_key: str | None) -> None:
 def serve(session: Session, options: Options, model_id: str, host: str, port: int,
           api_key: str | None,
           say: Callable[[str], None] = print) -> None:
-    """Serve until Ctrl-C or SIGTERM (uvicorn's own handling: the response in progress finishes,
-    then it stops)."""
+    """Serve until Ctrl-C or SIGTERM: the generations under way end at their next step, their
+    answers end as a length-limited answer ends, uvicorn stops, and once the generation threads are
+    done the caller closes the session (its cost table saved) and exits 130 or 143 (cli/errors.py:
+    uvicorn raises the signal again once it has stopped)."""
     import uvicorn
 
     check_api_key(api_key)
@@ -203,5 +205,18 @@ def serve(session: Session, options: Options, model_id: str, host: str, port: in
     config = uvicorn.Config(make_app(server), host=host, port=port, log_level="warning",
                             access_log=False,
                             timeout_graceful_shutdown=30)
-    uvicorn.Server(config).run()
-    server.stopping.set()
+    try:
+        stopping_with(server, uvicorn.Server)(config).run()
+    finally:
+        server.close()
+
+
+def stopping_with(server: Server, base: type) -> type:
+    """uvicorn's Server class, whose handling of SIGTERM and Ctrl-C also stops `server`'s
+    generations at their next step: streams get their last chunk and [DONE] at once, and uvicorn's
+    graceful shutdown, which waits for them, is not cut short by its 30 s."""
+    class Stopping(base):
+        def handle_exit(self, sig, frame) -> None:
+            server.stopping.set()
+            super().handle_exit(sig, frame)
+    return Stopping

@@ -33,6 +33,8 @@ from spectool.session import Session
 # --max-body-bytes 0: a token is about 4 bytes of text, and JSON may spell one character in 12 bytes
 # (two \uXXXX escapes); 64 bytes a token leaves room for that and for a conversation's framing
 BODY_BYTES_PER_TOKEN = 64
+# the name of each choice's worker thread (Server.run), which Server.close waits for
+GENERATION_THREAD = "spectool-generation"
 
 
 class Turns:
@@ -134,7 +136,8 @@ class Server:
             # an /infill with n_predict 0 (an editor warming the cache): the prompt only
             if gen.max_tokens == 0:
                 warm(gen, tokens, stats)
-            elif not cancelled.is_set():  # a client that left while waiting costs nothing
+            # a client that left while waiting costs nothing, nor does a turn once the server stops
+            elif not cancelled.is_set() and not self.stopping.is_set():
                 self.generate(gen, tokens, stop, push, cancelled, limits, stats)
         # the prefill stopped between batches: the client left (loop.prefill)
         except KeyboardInterrupt:
@@ -144,8 +147,20 @@ class Server:
             return
         finally:
             self.turns.done()
+        if self.stopping.is_set() and stats.finish_reason in (None, "interrupted"):
+            stats.finish_reason = "length"  # cut short by SIGTERM or Ctrl-C, as by a token budget
         self.totals.add(len(tokens), stats, cancelled.is_set())
         push((None, stats))
+
+    def close(self, timeout: float = 30) -> None:
+        """Stop: the generations under way end at their next step, those waiting for their turn
+        generate nothing; wait (at most `timeout` seconds) until every generation thread is done, so
+        that the session closes (the model freed, the cost table saved) under none of them."""
+        self.stopping.set()
+        deadline = time.monotonic() + timeout
+        for t in threading.enumerate():
+            if t.name == GENERATION_THREAD:
+                t.join(max(0.0, deadline - time.monotonic()))
 
     def generate(self, gen, tokens: list[int], stop: list[str], push, cancelled: threading.Event,
                  limits: Limits | None, stats) -> None:
@@ -184,9 +199,8 @@ class Server:
         queues: list[asyncio.Queue] = []
         for ticket, gen in zip(tickets, asked.gens):
             queues.append(queue := asyncio.Queue[tuple]())
-            threading.Thread(target=self.run, daemon=True, args=(
-                ticket, gen, asked.tokens, asked.stop,
-                lambda item, q=queue: loop.call_soon_threadsafe(q.put_nowait, item), cancelled,
+            threading.Thread(target=self.run, daemon=True, name=GENERATION_THREAD, args=(
+                ticket, gen, asked.tokens, asked.stop, handing(loop, queue), cancelled,
                 asked.limits)).start()
         shape = None
         if asked.gens[0].logprobs is not None:  # OpenAI's shape of a choice's records (logprobs.py)
@@ -214,6 +228,17 @@ class Server:
             if "error" in obj:
                 return
         yield "data: [DONE]\n\n"
+
+
+def handing(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue) -> Callable[[tuple], None]:
+    """A worker's `push`: an item into `queue` on the event loop's thread; nothing once the loop has
+    closed (the server stopped: no one is left to read it)."""
+    def push(item: tuple) -> None:
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+        except RuntimeError:  # the event loop is closed
+            pass
+    return push
 
 
 def warm(gen, tokens: list[int], stats) -> None:
