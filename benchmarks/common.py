@@ -142,6 +142,66 @@ def freeform_prompts(n: int, limit: int = 5000) -> list[str]:
     return out
 
 
+# -- the tuning list and the unseen samples ---------------------------------------------------------------
+# Each set's prompts in one fixed order (HumanEval at stride 7, which visits all 164 problems; ShareGPT's fitting
+# turns as they come in its first POOL_CONVERSATIONS conversations). The first TUNING of each are the tuning list:
+# the prompts every default and constant was tuned on, never reported alone. What is reported is drawn afresh
+# from the rest at each run (`unseen`), seeded and printed, so that a figure is what users will see.
+TUNING = 8
+POOL_CONVERSATIONS = 20000
+SETS = {"code editing (HumanEval)": lambda: humaneval_prompts(164),
+        "grounded chat (ShareGPT)": lambda: grounded_prompts(10**6, POOL_CONVERSATIONS),
+        "free-form (ShareGPT)": lambda: freeform_prompts(10**6, POOL_CONVERSATIONS)}
+_POOLS: dict[str, list[str]] = {}
+
+
+def pool(name: str) -> list[str]:
+    """Every prompt of set `name` (a key of SETS) once, in its fixed order: the tuning list, then the unseen
+    pool."""
+    if name not in _POOLS:
+        _POOLS[name] = list(dict.fromkeys(SETS[name]()))  # ShareGPT repeats some turns
+    return _POOLS[name]
+
+
+def tuning(name: str, n: int = TUNING) -> list[str]:
+    return pool(name)[:min(n, TUNING)]
+
+
+def unseen(name: str, n: int, seed: int) -> list[str]:
+    """`n` prompts of set `name` drawn by `seed` from those not on its tuning list."""
+    import random
+
+    rest = pool(name)[TUNING:]
+    return random.Random(f"{seed}:{name}").sample(rest, min(n, len(rest)))
+
+
+def fresh_seed(given: int | None) -> int:
+    """The seed a run draws its unseen samples by: `given`, or a new one (printed by the caller, so that a run can
+    be repeated with --seed)."""
+    import secrets
+
+    return given if given is not None else secrets.randbelow(10**6)
+
+
+def sample_options(ap) -> None:
+    """The options every benchmark draws its prompts by (an argparse parser's): --seed, --tuning."""
+    ap.add_argument("--seed", type=int, default=None, help="the unseen sample's seed (default: a fresh one)")
+    ap.add_argument("--tuning", action="store_true", help="the tuning list instead of an unseen sample")
+
+
+def chosen(name: str, n: int, args, seed: int) -> list[str]:
+    """The prompts a benchmark reports on for set `name`, as its options say (see sample_options)."""
+    return tuning(name, n) if args.tuning else unseen(name, n, seed)
+
+
+def samples(name: str, n: int, seed: int, count: int) -> dict[str, list[str]]:
+    """The tuning list and `count` unseen samples of `n` prompts of set `name`, by label ("tuning", "unseen 1",
+    ...): the samples drawn by seed, seed + 1, ..."""
+    out = {"tuning": tuning(name, n)}
+    out.update({f"unseen {i + 1}": unseen(name, n, seed + i) for i in range(count)})
+    return out
+
+
 # -- the models ------------------------------------------------------------------------------------------
 CACHE = Path(os.environ.get("SPECTOOL_BENCH_CACHE", Path.home() / ".cache" / "spectool-bench"))
 

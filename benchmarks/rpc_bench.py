@@ -99,7 +99,7 @@ def child(args) -> None:
     with contextlib.ExitStack() as stack:
         loaded = load_models(o, stack, resolve_models(o), want_draft=True)
         target, draft = loaded.target, loaded.draft
-        texts = common.humaneval_prompts(args.prompts)
+        texts = common.chosen(next(iter(common.SETS)), args.prompts, args, args.seed)
         prompts = [target.tokenize(t) for t in texts]
         contenders = [Contender(name, mode, k) for name, mode, k in CONTENDERS]
         bench.run(target, {0: (draft, None)}, prompts[:1], contenders, 16)  # warm up both machines
@@ -124,7 +124,8 @@ def start_worker(threads: int) -> tuple[subprocess.Popen, int]:
 
 def measure(args, rpc: str | None) -> dict:
     cmd = [sys.executable, __file__, "--child", "--prompts", str(args.prompts), "--tokens", str(args.tokens),
-           "--threads", str(args.threads)] + (["--rpc", rpc] if rpc else [])
+           "--threads", str(args.threads), "--seed", str(args.seed)] + (["--rpc", rpc] if rpc else []) + (
+               ["--tuning"] if args.tuning else [])
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -137,9 +138,13 @@ def main() -> None:
     ap.add_argument("--latency", default="0,1,4", help="one-way latencies in ms (0: plain loopback)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--rpc", help=argparse.SUPPRESS)
+    import common
+
+    common.sample_options(ap)
     args = ap.parse_args()
     if args.child:
         return child(args)
+    args.seed = common.fresh_seed(args.seed)
     rows = [("local (no RPC)", measure(args, None))]
     worker, port = start_worker(args.threads)
     try:
@@ -152,7 +157,8 @@ def main() -> None:
         worker.terminate()
         worker.wait(timeout=30)
     print(f"\nF16 Gemma 3 270M on a `spectool worker` ({args.threads} threads), Q4_K_M draft local; code editing "
-          f"(HumanEval), {args.prompts} prompts, {args.tokens} tokens, greedy\n")
+          f"(HumanEval), {args.prompts} prompts ({'the tuning list' if args.tuning else f'unseen, --seed {args.seed}'}), "
+          f"{args.tokens} tokens, greedy\n")
     print("| link | plain tok/s | lookup tok/s | lookup speedup | draft tok/s | draft speedup | identical |\n"
           "|---|---:|---:|---:|---:|---:|---:|")
     for label, r in rows:

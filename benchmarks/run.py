@@ -75,6 +75,7 @@ def main() -> None:
     ap.add_argument("--no-external", action="store_true", help="skip llama-cpp-python's prompt lookup")
     ap.add_argument("--sampled-only", action="store_true", help=f"only the sets sampled at temperature {LLAMA_CPP_TEMP:g}")
     ap.add_argument("--only", default="", help="only the sets whose name contains this text")
+    common.sample_options(ap)
     args = ap.parse_args()
     if args.quick:
         args.prompts, args.tokens = 2, 48
@@ -89,8 +90,9 @@ def main() -> None:
     sampled_drafted = [Contender("plain", "none"), Contender("draft", "draft", 8), Contender("hybrid (auto)", "hybrid", 16),
                        Contender("draft, 64k vocab", "draft", 8, draft_vocab=65536),
                        Contender("hybrid, 64k vocab", "hybrid", 16, draft_vocab=65536)]
-    ext, code, grounded, free = (not args.no_external, common.humaneval_prompts(args.prompts),
-                                 common.grounded_prompts(args.prompts), common.freeform_prompts(args.prompts))
+    seed = common.fresh_seed(args.seed)
+    code, grounded, free = (common.chosen(name, args.prompts, args, seed) for name in common.SETS)
+    ext, drawn = not args.no_external, "the tuning list" if args.tuning else f"unseen prompts drawn with seed {seed}"
     S = bench.LLAMA_CPP_SAMPLING
     sets = [  # (name, model, prompts, contenders, options); each runs only when selected
         ("code editing (HumanEval), F16", "F16", code, lookup, dict(external=ext)),
@@ -109,8 +111,8 @@ def main() -> None:
               f"{platform.system()}; llama.cpp {'GPU (every layer)' if on_gpu() else 'CPU'} backend. Gemma 3 270M; "
               f"greedy, and sampled at temperature {S.temp:g} "
               f"with llama.cpp's defaults (top-k {S.top_k}, top-p {S.top_p:g}, min-p {S.min_p:g}; speedups over llama-cpp-python's own "
-              f"plain sampling); {args.prompts} prompts a set, {args.tokens} new tokens each. "
-              f"Command: `python benchmarks/run.py`.")
+              f"plain sampling); {args.prompts} prompts a set ({drawn}), {args.tokens} new tokens each. "
+              f"Command: `python benchmarks/run.py{' --tuning' if args.tuning else f' --seed {seed}'}`.")
     md = header + "\n\n" + "\n\n".join(bench.markdown_table(rs, name) for name, rs in groups.items()) + "\n"
     (args.out / "results.md").write_text(md)
     (args.out / "results.json").write_text(json.dumps(

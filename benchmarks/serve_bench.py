@@ -83,8 +83,10 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--logprobs", type=int, default=None, help="also measure lookup with logprobs: N")
+    common.sample_options(ap)
     args = ap.parse_args()
-    model, texts = models()["F16"], common.humaneval_prompts(args.prompts)
+    seed = common.fresh_seed(args.seed)
+    model, texts = models()["F16"], common.chosen(next(iter(common.SETS)), args.prompts, args, seed)
     rows = {}
     for spec in ("none", "lookup"):
         proc, url = start(model, spec, args.threads)
@@ -97,8 +99,9 @@ def main() -> None:
         finally:
             proc.terminate()
             proc.wait(timeout=60)
-    print(f"\nF16 Gemma 3 270M, code editing (HumanEval), {args.prompts} prompts, {args.tokens} tokens, greedy, "
-          "streamed through the OpenAI API\n")
+    drawn = "the tuning list" if args.tuning else f"unseen, --seed {seed}"
+    print(f"\nF16 Gemma 3 270M, code editing (HumanEval), {args.prompts} prompts ({drawn}), {args.tokens} tokens, "
+          "greedy, streamed through the OpenAI API\n")
     print("| server | end-to-end tok/s | speedup | server decode tok/s | API cost per token | drafted | "
           "accepted |\n|---|---:|---:|---:|---:|---:|---:|")
     base = rows["none"]["tokens"] / rows["none"]["wall"]

@@ -3,9 +3,15 @@ with `--spec-type ngram-simple | ngram-map-k | ngram-mod`), with plain decoding 
 the same prompts in the same run.
 
     pip install -e ".[test,bench]"
-    python benchmarks/vs_llamacpp.py         # builds llama.cpp's tools once (see llamacpp.py), then ~10 minutes
+    python benchmarks/vs_llamacpp.py         # builds llama.cpp's tools once (see llamacpp.py), then ~40 minutes
 
-F16 Gemma 3 270M, greedy, 8 prompts a set, 96 new tokens, 2 threads, every layer on the GPU where llama.cpp sees one
+Each set runs its tuning list and three samples drawn afresh from the rest of its data set (common.unseen; the
+seed is printed, --seed repeats a run), and the summary gives the unseen samples' mean and range beside the
+tuning list's figures. Beside the speeds it replays spectool lookup's drafting over spectool's plain output at
+batch costs measured once (replay.py): the controller's share of the oracle over the same drafts, and the bound
+that share puts on lookup (its ratio to llama-lookup over the share).
+
+F16 Gemma 3 270M, greedy, 8 prompts a sample, 96 new tokens, 2 threads, every layer on the GPU where llama.cpp sees one
 (spectool's `-ngl auto`, the tools' `-ngl 99`; the report names the backend); `llama-lookup` drafts at most 8 tokens
 (`--spec-draft-n-max 8`, as in llama.cpp's examples) from its context n-gram cache; the n-gram drafters of
 `llama-speculative-simple` are sized for short contexts (llamacpp.NGRAM). The contenders run prompt by prompt,
@@ -22,6 +28,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -30,6 +37,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from common import llamacpp  # noqa: E402
 import common  # noqa: E402
+import replay  # noqa: E402
 from common import models, on_gpu  # noqa: E402
 
 from common import machine  # noqa: E402
@@ -41,8 +49,24 @@ from spectool.core.stats import Stats  # noqa: E402
 from spectool.cli.display import offload_text  # noqa: E402
 from spectool.options import CTX_SIZE  # noqa: E402
 
-SETS = {"code editing (HumanEval)": common.humaneval_prompts, "grounded chat (ShareGPT)": common.grounded_prompts,
-        "free-form (ShareGPT)": common.freeform_prompts}
+K_MAX = 32  # spectool lookup's --draft-max here, and its replay's
+
+
+@dataclass
+class Share:
+    """The controller's share of its oracle on a sample: lookup's drafting replayed over spectool's plain output
+    at batch costs measured once (replay.py), by the controller and by the oracle over the same drafts."""
+
+    ours: float = 0.0  # replayed seconds
+    oracle: float = 0.0
+
+    def add(self, prompt: list[int], output: list[int], cost: list[float], costs: Costs) -> None:
+        self.ours += replay.ours(prompt, output, cost, K_MAX, costs)
+        self.oracle += replay.oracle(prompt, output, cost, K_MAX)
+
+    @property
+    def fraction(self) -> float:
+        return self.oracle / self.ours if self.ours else 0.0
 
 
 def decode(g: GenerationConfig, prompt: list[int], st: Stats) -> tuple[list[int], int, float]:
@@ -53,24 +77,27 @@ def decode(g: GenerationConfig, prompt: list[int], st: Stats) -> tuple[list[int]
     return tokens, len(tokens), time.perf_counter() - t0 - st.prompt_seconds
 
 
-def run_set(name: str, texts: list[str], model: Path, bins: dict, args) -> list[Result]:
-    ours = [Contender("spectool plain", "none"), Contender("spectool lookup", "lookup", 32)]
+def run_set(texts: list[str], model: Path, bins: dict, args) -> tuple[list[Result], Share]:
+    ours = [Contender("spectool plain", "none"), Contender("spectool lookup", "lookup", K_MAX)]
     theirs = [Result("llama-completion"), Result(f"llama-lookup ({args.n_draft})"),
               *[Result(f"llama.cpp {kind}") for kind in llamacpp.NGRAM]]
     results = {c.name: Result(c.name) for c in ours}
     costs = {c.name: Costs() for c in ours}
     repack = not engine.avoid_amx()  # the same weights layout as spectool's (see engine.avoid_amx)
-    gpu = on_gpu()
+    gpu, share, shared = on_gpu(), Share(), Costs()
     with engine.Model(model, n_ctx=CTX_SIZE, n_threads=args.threads, n_gpu_layers="auto") as target:
         print(f"   spectool's backend: {offload_text({'target': target.offload()})}; llama.cpp's tools: "
               f"-ngl {99 if gpu else 0}", flush=True)
-        plain_texts = []
+        plain_texts: list[str] = []
+        cost: list[float] = []
         for i, text in enumerate(texts):
             prompt = target.tokenize(text)
             for c in ours:
                 st = Stats(mode=c.mode)
                 g = c.generation(target, {}, args.tokens, costs[c.name])
                 results[c.name].add(st, *decode(g, prompt, st))
+            cost = cost or replay.batch_costs(target, prompt, K_MAX + 1)
+            share.add(prompt, results["spectool plain"].outputs[-1], cost, shared)
             plain_texts.append(target.detokenize(results["spectool plain"].outputs[-1]))
             # llama-lookup's clock leaves out its decode of the last prompt token (llamacpp.parse_lookup): priced as
             # one of llama-completion's single-token decodes on this prompt (on the earlier ones if that failed)
@@ -106,25 +133,59 @@ def run_set(name: str, texts: list[str], model: Path, bins: dict, args) -> list[
         r.identical = sum(a == b for a, b in zip(r.outputs, results["spectool plain"].outputs))
     for r in rows:
         r.speedup = r.tokens_per_second / theirs[0].tokens_per_second if theirs[0].tokens_per_second else 0.0
-    return rows
+    return rows, share
 
 
-def table(groups: dict[str, list[Result]]) -> str:
-    lines = ["| set | contender | tok/s | vs llama-completion | drafted | accepted | same text as plain |",
-             "|---|---|---:|---:|---:|---:|---:|"]
-    for name, rows in groups.items():
+Run = tuple[list[Result], Share]  # one sample of one set: its rows (as run_set orders them) and the share
+
+
+def table(groups: dict[tuple[str, str], Run]) -> str:
+    """Every contender of every (set, sample)."""
+    lines = ["| set | sample | contender | tok/s | vs llama-completion | drafted | accepted | same text as plain |",
+             "|---|---|---|---:|---:|---:|---:|---:|"]
+    for (name, sample), (rows, _) in groups.items():
         for r in rows:
             drafted = f"{r.drafted}" if r.drafted else ""
             accepted = f"{r.accepted}" if r.drafted else ""
-            lines.append(f"| {name} | {r.contender} | {r.tokens_per_second:.1f} | {r.speedup:.2f}x | {drafted} | "
-                         f"{accepted} | {r.identical}/{r.prompts} |")
-    lines += ["", "| set | spectool lookup / llama-lookup | spectool lookup / llama.cpp's best n-gram drafter | "
-                  "spectool plain / llama-completion |", "|---|---:|---:|---:|"]
-    for name, rows in groups.items():
-        ours, best = rows[-1], max(rows[3:-1], key=lambda r: r.tokens_per_second)
-        lines.append(f"| {name} | {ours.tokens_per_second / rows[2].tokens_per_second:.2f}x | "
-                     f"{ours.tokens_per_second / best.tokens_per_second:.2f}x ({best.contender}) | "
-                     f"{rows[1].tokens_per_second / rows[0].tokens_per_second:.2f}x |")
+            lines.append(f"| {name} | {sample} | {r.contender} | {r.tokens_per_second:.1f} | {r.speedup:.2f}x | "
+                         f"{drafted} | {accepted} | {r.identical}/{r.prompts} |")
+    return "\n".join(lines)
+
+
+def ratios(run: Run) -> tuple[float, float, str, float, float, float]:
+    """spectool lookup / llama-lookup, / llama.cpp's fastest n-gram drafter (and its name), spectool plain /
+    llama-completion, the controller's share of its oracle, and the oracle's bound over llama-lookup (the first
+    ratio over the share: what the oracle's draft lengths would make, at the speed spectool lookup runs)."""
+    rows, share = run
+    tps = [r.tokens_per_second for r in rows]
+    best = max(rows[3:-1], key=lambda r: r.tokens_per_second)
+    vs_lookup = tps[-1] / tps[2] if tps[2] else 0.0
+    bound = vs_lookup / share.fraction if share.fraction else 0.0
+    return (vs_lookup, tps[-1] / best.tokens_per_second if best.tokens_per_second else 0.0, best.contender,
+            tps[1] / tps[0] if tps[0] else 0.0, share.fraction, bound)
+
+
+def spread(values: list[float], unit: str = "x") -> str:
+    """The mean of the unseen samples' figures and their range: "1.12x (1.05-1.20)"."""
+    mean = sum(values) / len(values)
+    fmt = (lambda v: f"{v:.0%}") if unit == "%" else (lambda v: f"{v:.2f}")
+    tail = unit if unit != "%" else ""
+    return f"{fmt(mean)}{tail} ({fmt(min(values))}-{fmt(max(values))})" if len(values) > 1 else fmt(mean) + tail
+
+
+def summary(groups: dict[tuple[str, str], Run]) -> str:
+    """Per set: the tuning list beside the unseen samples (their mean and range), so that overfitting shows."""
+    heads = ["spectool lookup / llama-lookup", "/ fastest llama.cpp n-gram drafter", "plain / llama-completion",
+             "controller / its oracle", "oracle bound / llama-lookup"]
+    lines = ["| set | prompts | " + " | ".join(heads) + " |", "|---|---|" + "---:|" * len(heads)]
+    for name in dict.fromkeys(n for n, _ in groups):
+        tuned = [ratios(run) for (n, s), run in groups.items() if n == name and s == "tuning"]
+        drawn = [ratios(run) for (n, s), run in groups.items() if n == name and s != "tuning"]
+        for label, rs in (("tuning list", tuned), (f"unseen ({len(drawn)} samples)", drawn)):
+            if rs:
+                cells = [spread([r[i] for r in rs], "%" if i == 4 else "x") for i in (0, 1, 3, 4, 5)]
+                cells[1] += " (" + ", ".join(sorted({r[2].removeprefix("llama.cpp ") for r in rs})) + ")"
+                lines.append(f"| {name} | {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -135,22 +196,32 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--n-draft", type=int, default=8, help="llama-lookup's --spec-draft-n-max")
     ap.add_argument("--only", default="", help="only the sets whose name contains this text")
+    ap.add_argument("--samples", type=int, default=3, help="unseen samples a set, beside its tuning list")
+    ap.add_argument("--seed", type=int, default=None, help="the unseen samples' seed (default: a fresh one)")
+    ap.add_argument("--no-tuning", action="store_true", help="leave out the tuning list")
     ap.add_argument("--out", type=Path, default=HERE / "results")
     args = ap.parse_args()
     engine.set_verbose(False)
     bins = llamacpp.build()
     model = models()["F16"]
-    groups = {}
-    for name, make in SETS.items():
-        if args.only in name:
-            print(f"== {name}", flush=True)
-            groups[name] = run_set(name, make(args.prompts), model, bins, args)
-            print(table({name: groups[name]}), flush=True)
+    seed = common.fresh_seed(args.seed)
+    print(f"unseen samples drawn with --seed {seed}", flush=True)
+    groups: dict[tuple[str, str], Run] = {}
+    for name in common.SETS:
+        if args.only not in name:
+            continue
+        for sample, texts in common.samples(name, args.prompts, seed, args.samples).items():
+            if sample == "tuning" and args.no_tuning:
+                continue
+            print(f"== {name}, {sample}", flush=True)
+            groups[name, sample] = run_set(texts, model, bins, args)
+            print(table({(name, sample): groups[name, sample]}), flush=True)
     md = (f"Machine: {machine(args.threads)}; llama.cpp "
           f"{llamacpp.llama_cpp_version()} (llama-cpp-python's vendored sources) "
           f"{'GPU backend, every layer on the GPU' if on_gpu() else 'CPU backend'}. Gemma 3 270M F16, greedy, "
-          f"{args.prompts} prompts a set, {args.tokens} new tokens. Command: `python benchmarks/vs_llamacpp.py`.\n\n"
-          + table(groups) + "\n")
+          f"{args.prompts} prompts a sample, {args.tokens} new tokens; unseen samples drawn from each set less its "
+          f"tuning list with seed {seed}. Command: `python benchmarks/vs_llamacpp.py --seed {seed}`.\n\n"
+          + summary(groups) + "\n\n" + table(groups) + "\n")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "vs_llamacpp.md").write_text(md)
     print("\n" + md)

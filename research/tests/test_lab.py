@@ -36,6 +36,22 @@ def test_humaneval_prompts_contain_the_function_and_a_request():
     assert "_v2:" in ps[2]
 
 
+def test_unseen_samples_leave_out_the_tuning_list_and_follow_their_seed():
+    """benchmarks/common.py: what a benchmark reports on is drawn from each set less its tuning list, by a seed
+    that repeats it; the tuning list is what the fixed selections always gave."""
+    assert P.tuning("code editing (HumanEval)") == P.humaneval_prompts(P.TUNING)
+    assert P.tuning("free-form (ShareGPT)") == P.freeform_prompts(P.TUNING)
+    for name in P.SETS:
+        pool, tuned = P.pool(name), set(P.tuning(name))
+        assert len(pool) == len(set(pool)) > 3 * P.TUNING
+        a, b, c = P.unseen(name, 8, 1), P.unseen(name, 8, 1), P.unseen(name, 8, 2)
+        assert a == b and a != c and len(set(a)) == 8
+        assert not (set(a) | set(c)) & tuned
+    s = P.samples("code editing (HumanEval)", 8, 7, 3)
+    assert list(s) == ["tuning", "unseen 1", "unseen 2", "unseen 3"]
+    assert s["unseen 2"] == P.unseen("code editing (HumanEval)", 8, 8)
+
+
 def test_lookup_bound_replays_policies_and_the_oracle_bounds_them():
     """research/lookup_bound.py: replayed step costs, no model. The oracle drafts from the same lookup knowing
     what will be accepted, so nothing that drafts from it can be cheaper."""

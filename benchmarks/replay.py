@@ -1,0 +1,93 @@
+"""Replays of lookup's drafting over the target's own greedy output at this machine's measured batch costs, and the
+oracle that bounds them: what vs_llamacpp.py reports as the controller's share of its oracle, and what the replays
+in research/ build on.
+
+The oracle drafts from the same PromptLookup but knows in advance how many drafted tokens the target will accept (a
+shortest path over the output): no controller choosing draft lengths over these drafts can beat it. Replayed costs
+leave out Python time and machine noise, so compare ratios between policies replayed on the same costs.
+"""
+
+from __future__ import annotations
+
+import time
+
+from spectool.llama import native  # noqa: F401, I001 - llama.cpp's libraries before numpy (spectool/llama/native.py)
+import numpy as np  # noqa: E402
+
+from spectool.core.controller import Controller
+from spectool.core.costs import Costs
+from spectool.drafters.lookup import PromptLookup
+from spectool.generate.loop import GenerationConfig, speculative_generate
+
+
+def accepted(draft, y, j) -> int:
+    m = 0
+    while m < len(draft) and j + m < len(y) and draft[m] == y[j + m]:
+        m += 1
+    return m
+
+
+def batch_costs(target, prompt, sizes: int, reps: int = 5) -> list[float]:
+    """Median seconds to verify a batch of b tokens, b = 1..sizes (index 0 unused)."""
+    target.sync(prompt[:-1], logits="none")
+    n, times = len(prompt) - 1, {b: [] for b in range(1, sizes + 1)}
+    filler = (prompt * (sizes // len(prompt) + 1))[:sizes]
+    for rep in range(reps + 1):
+        for b in range(1, sizes + 1):
+            t0 = time.perf_counter()
+            target.eval([prompt[-1], *filler[: b - 1]], logits="all")
+            if rep:  # the first round builds each graph
+                times[b].append(time.perf_counter() - t0)
+            target.rollback(n)
+    return [0.0] + [float(np.median(times[b])) for b in range(1, sizes + 1)]
+
+
+def plain_output(target, prompt: list[int], tokens: int, grammar=None) -> list[int]:
+    """The target's own greedy output after `prompt` (under `grammar`, without its forced drafts), decoded one
+    token a step: what every replayed policy must reproduce."""
+    g = GenerationConfig(target, None, max_tokens=tokens, grammar=grammar)
+    return [t for s in speculative_generate(g, prompt) for t in s.tokens]
+
+
+def cost_line(cost: list[float]) -> str:
+    return "batch cost (ms): " + " ".join(f"{b}:{1000 * c:.1f}" for b, c in enumerate(cost) if b)
+
+
+def verified(ctl: Controller, keys, draft: list[int], y, j: int, cost) -> tuple[int, float]:
+    """One replayed step that drafted `draft` (under `keys`; None: not the controller's choice) at token j of the
+    output y: how many of it the target accepts, and what verifying it costs, both told to the controller."""
+    m, seconds = accepted(draft, y, j), cost[len(draft) + 1]
+    ctl.observe_verify(len(draft) + 1, seconds)
+    if draft and keys:
+        ctl.observe_accept(keys, len(draft), m)
+    return m, seconds
+
+
+def ours(p, y, cost, k_max: int, costs: Costs, lookup: PromptLookup | None = None,
+         ctl: Controller | None = None) -> float:
+    """spectool's lookup (`lookup`, a fresh one by default) under its controller (`ctl`: one of its own)."""
+    lookup, ctl, total, j = lookup or PromptLookup(), ctl or Controller(k_max=k_max, costs=costs), 0.0, 0
+    while j < len(y):
+        h = p + y[:j]
+        keys = ctl.pick(lookup.peek(h, min(k_max, len(y) - j - 1)))
+        draft = lookup.propose(h, len(keys), None, None).tokens if keys else []
+        m, seconds = verified(ctl, keys, draft, y, j, cost)
+        total += seconds
+        j += m + 1
+    return total
+
+
+def cheapest(reach: list[int], cost) -> float:
+    """Seconds of the cheapest way through an output whose draft at token j would have its first reach[j] tokens
+    accepted: at each step the oracle drafts k <= reach[j] of them, knowing which k pays best over the whole rest
+    (a shortest path). No policy drafting those drafts, however it picks k, can be cheaper."""
+    n = len(reach)
+    best = [0.0] * (n + 1)  # best[j]: the cheapest way to produce y[j:]
+    for j in range(n - 1, -1, -1):
+        best[j] = min(cost[k + 1] + best[min(n, j + k + 1)] for k in range(reach[j] + 1))
+    return best[0]
+
+
+def oracle(p, y, cost, k_max: int) -> float:
+    lookup = PromptLookup()
+    return cheapest([accepted(lookup.lookup(p + y[:j], k_max)[0], y, j) for j in range(len(y))], cost)
