@@ -3,10 +3,12 @@ over a thousand requests, how it ranks beside the request's own text, its file, 
 
 import json
 import random
+import subprocess
+import sys
 import tracemalloc
 
 import pytest
-from helpers import Server, spectool, tokens_of
+from helpers import SPECTOOL, Server, spectool, tokens_of
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -229,7 +231,8 @@ def test_serve_keeps_a_corpus_on_loopback_only_unless_told(tiny):
 def test_a_cache_file_is_read_and_written_back_and_a_broken_one_is_one_warning(tiny, tmp_path):
     """`run --lookup-cache FILE`: a first run writes it (the run's prompt and output), a second reads and extends
     it; a broken file, a foreign one and one of another vocabulary are one warning line each, never a crash, and a
-    file that is not a lookup cache is left as it was."""
+    file that is not a lookup cache is left as it was. One of ours that is cut short (anywhere, down to nothing),
+    damaged or huge (over 16 MiB: only that much is read) is a fresh start, replaced with this run's document."""
     cache = tmp_path / "lookup.json"
     args = ("run", "-m", tiny["target"], "-c", "1024", "-t", "2", "-n", "12", "-q", "--lookup-cache", cache)
     first = spectool(*args, "the dog the fox the dog")
@@ -243,7 +246,11 @@ def test_a_cache_file_is_read_and_written_back_and_a_broken_one_is_one_warning(t
                      "a cat and a bird")
     assert second.stdout == plain.stdout  # greedy: the corpus changes drafts, never the text
 
-    for content, kept in ((b'{"format": "spectool-lookup-cache", "version": 1, "vo', True),
+    whole = cache.read_bytes()
+    huge = json.dumps({**saved, "documents": [[300] * 1000] * 5000}, separators=(",", ":")).encode()
+    assert len(huge) > 1 << 24 and huge.startswith(whole[:30])  # 20 MB: over 16 MiB, not read
+    for content, kept in ((b'{"format": "spectool-lookup-cache", "version": 1, "vo', False),
+                          (whole[: len(whole) // 2], False), (whole[:20], False), (b"", False), (huge, False),
                           (b"\x00\xff not json at all", True), (b'{"some": "other tool"}', True),
                           (json.dumps({**saved, "vocab": "another"}).encode(), False),
                           (json.dumps({**saved, "documents": [[1, "x"]]}).encode(), False)):
@@ -253,6 +260,8 @@ def test_a_cache_file_is_read_and_written_back_and_a_broken_one_is_one_warning(t
         assert out.returncode == 0 and len(lines) == 1 and "--lookup-cache" in lines[0], out.stderr
         assert "Traceback" not in out.stderr and out.stdout
         assert (cache.read_bytes() == content) == kept  # a file of ours is replaced, anyone else's left alone
+        if not kept:  # a fresh start: this run's document alone
+            assert len(json.loads(cache.read_text())["documents"]) == 1, content[:60]
     bad = spectool(*args, "--no-lookup-corpus", "x")
     assert bad.returncode == 2 and len(bad.stderr.splitlines()) == 1
 
@@ -276,6 +285,62 @@ def test_the_cache_round_trips_and_knows_its_vocabulary(tmp_path):
     small, warning = Corpus.load(path, tag, 5)  # a smaller bound keeps the newest
     assert warning is None and list(small.docs) == [[4, 5, 6, 7]]
     assert Corpus.load(tmp_path / "none.json", tag, 10)[1] is None  # a first run
+
+
+def run_at_once(*argvs) -> list[subprocess.CompletedProcess]:
+    """`spectool ARGV` for each of `argvs`, all started at once, stdin closed; each one's result when all ended."""
+    procs = [subprocess.Popen([*SPECTOOL, *map(str, argv)], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for argv in argvs]
+    outs = [p.communicate(timeout=300) for p in procs]
+    return [subprocess.CompletedProcess(p.args, p.returncode, *out) for p, out in zip(procs, outs)]
+
+
+def test_runs_at_once_on_one_cache_file_keep_every_runs_document(tiny, tmp_path, target):
+    """Issue 47 item 3: three `spectool run --lookup-cache FILE` at once on a file that holds an earlier run's
+    document. Each reads the file when it starts and writes it when it ends, under the file's lock and merged with
+    what the file holds by then, so none loses another's document: the file ends with all four, each whole, the
+    earlier run's first."""
+    cache = tmp_path / "lookup.json"
+    args = ("run", "-m", tiny["target"], "-c", "1024", "-t", "1", "-n", "24", "-q", "--lookup-cache", cache)
+    prompts = ["the dog the fox the dog", "a cat and a bird", "the river and the stone", "bread salt rain wind"]
+    assert spectool(*args, prompts[0]).returncode == 0
+    runs = run_at_once(*((*args, p) for p in prompts[1:]))
+    assert all(r.returncode == 0 and r.stdout and not r.stderr for r in runs), runs
+    docs = json.loads(cache.read_text())["documents"]
+    starts = [target.tokenize(p) for p in prompts]
+    assert len(docs) == 4 and docs[0][: len(starts[0])] == starts[0]
+    for want, r in zip(starts, [None, *runs]):
+        (doc,) = [d for d in docs if d[: len(want)] == want]
+        assert len(doc) > len(want)  # its output too
+        if r is not None:  # the document holds the text the run wrote
+            assert target.detokenize(doc[len(want):]).strip() == r.stdout.strip()
+
+
+# a process that reads the cache file, adds a document of its own and saves, again and again, as many runs would
+SAVER = """
+import sys
+from spectool.drafters.corpus import Corpus
+path, me = sys.argv[1], int(sys.argv[2])
+for i in range(int(sys.argv[3])):
+    corpus, warning = Corpus.load(path, "v", 100_000)
+    assert warning is None, warning
+    corpus.add([me, i] * 30)
+    assert corpus.save(path, "v") is None
+"""
+
+
+def test_processes_saving_at_once_lose_no_document(tmp_path):
+    """Four processes, each reading the cache file, adding a document and saving it 25 times over, all at once: each
+    save merges under the file's lock, so the file ends with all 100 documents, each process's in its own order."""
+    cache = tmp_path / "lookup.json"
+    procs = [subprocess.Popen([sys.executable, "-c", SAVER, str(cache), str(me), "25"], stderr=subprocess.PIPE,
+                              text=True) for me in range(1000, 1004)]
+    errs = [p.communicate(timeout=300)[1] for p in procs]
+    assert all(p.returncode == 0 for p in procs), errs
+    docs = json.loads(cache.read_text())["documents"]
+    assert len(docs) == 100
+    for me in range(1000, 1004):
+        assert [d for d in docs if d[0] == me] == [[me, i] * 30 for i in range(25)]
 
 
 def test_chat_drafts_from_the_conversations_before_a_reset(target):

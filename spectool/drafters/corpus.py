@@ -21,19 +21,24 @@ request's own text.
 
 The file is JSON, versioned and tagged with the vocabulary it was made with, and keeps the disputes'
 tally beside the documents, so that `run --lookup-cache` learns it across runs; it is written whole
-and renamed (models/store.py), so a crash leaves the old file or the new one. Reading it never
-fails: a file that is not a lookup cache, is broken, or was made with another vocabulary is a
-one-line warning and an empty corpus (a file that is not one of ours is then never overwritten).
+and renamed (models/store.py), so a crash leaves the old file or the new one, and two processes that
+share it merge their documents into it, one save at a time (a lock file beside it). Reading it never
+fails: a file that is not a lookup cache is a one-line warning and an empty corpus, and is never
+overwritten; one of ours that is cut short, damaged, too large for its bound, or made with another
+vocabulary is a one-line warning and a fresh start.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import itertools
 import json
 import os
+import re
 from collections import deque
-from pathlib import Path
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Iterator, Sequence
 
 from spectool.drafters.lookup import NGramIndex, vote
 
@@ -42,6 +47,13 @@ CORPUS_N_MAX = 8
 # an older dispute weighs this much less with each new one (`judge`): about the last 50 count
 DISPUTE_DECAY = 0.98
 FORMAT, VERSION = "spectool-lookup-cache", 1
+# how a cache file of ours begins (`save` writes its format first): one that does not is left
+# alone, unless it is empty or cut short inside these first bytes (HEADER, as `save` writes them)
+OURS = re.compile(rb'\s*\{\s*"format"\s*:\s*"spectool-lookup-cache"')
+HEADER = b'{"format":"spectool-lookup-cache"'
+# a token's id takes at most 8 bytes of the file (below 0x110000, and a comma): a file over twice
+# that for the corpus's bound, and over 16 MiB, is not read
+FILE_BYTES_PER_TOKEN, FILE_BYTES_MIN = 16, 1 << 24
 
 
 class Corpus:
@@ -61,6 +73,7 @@ class Corpus:
         self.writable = True
         # disputes with the request's own text that the corpus won, that it lost (decayed)
         self.won = [0.0, 0.0]
+        self.n_read = 0  # how many of `docs` (the first) were read from its file and not saved
 
     def add(self, tokens: Sequence[int]) -> None:
         """One more document: a finished generation's prompt and output (its last `max_tokens`
@@ -72,6 +85,7 @@ class Corpus:
         if last is not None and len(doc) > len(last) and doc[: len(last)] == last:
             # it extends the last document: only its new n-grams
             self.index.add(doc, start=len(last))
+            self.n_read = min(self.n_read, len(self.docs) - 1)  # a new document now
             self.n_tokens += len(doc) - len(last)
             self.docs[-1] = doc
         else:
@@ -82,6 +96,7 @@ class Corpus:
             old = self.docs.popleft()
             self.index.remove(old)
             self.n_tokens -= len(old)
+            self.n_read = max(0, self.n_read - 1)
 
     def __len__(self) -> int:
         return self.n_tokens
@@ -105,64 +120,130 @@ class Corpus:
     def load(cls, path: str | os.PathLike, vocab: str,
              max_tokens: int) -> tuple[Corpus, str | None]:
         """The corpus in `path` for the vocabulary `vocab` (vocab_tag), and a one-line warning where
-        the file could not be used (an empty corpus then). A missing file is a first run: an empty
-        corpus, no warning."""
-        corpus, where = cls(max_tokens), f"--lookup-cache {path}"
-        try:
-            raw = Path(path).read_bytes()
-        except FileNotFoundError:
-            return corpus, None
-        except OSError as e:
-            corpus.writable = False
-            return (
-                corpus,
-                f"{where}: cannot read it ({e.strerror}); not using or writing a lookup cache",
-            )
-        try:
-            obj = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-            obj = None
-        if not isinstance(obj, dict) or obj.get("format") != FORMAT:
-            corpus.writable = False
-            return (
-                corpus,
-                f"{where}: not a spectool lookup cache; left as it is "
-                "(delete it, or name another file)",
-            )
-        if obj.get("version") != VERSION:
-            return (
-                corpus,
-                f"{where}: a lookup cache of another version ({obj.get('version')!r}); "
-                "starting anew",
-            )
-        if obj.get("vocab") != vocab:
-            return corpus, f"{where}: made with another model's vocabulary; starting anew"
-        docs = obj.get("documents")
-        if not isinstance(docs, list) or not all(
-                isinstance(d, list) and all(type(t) is int and 0 <= t < 0x110000 for t in d)
-                for d in docs):
-            return corpus, f"{where}: its documents are broken; starting anew"
-        for doc in docs:
+        the file could not be used (an empty corpus then: `read_cache`). A missing file is a first
+        run: an empty corpus, no warning."""
+        corpus, cached = cls(max_tokens), read_cache(path, vocab, max_tokens)
+        corpus.writable = cached.ours
+        for doc in cached.docs:
             corpus.add(doc)
-        won = obj.get("won")  # the disputes' tally (`judge`); a file without one starts it anew
-        if isinstance(won, list) and len(won) == 2 and all(type(w) in (int, float) and 0 <= w < 1e9
-                                                           for w in won):
-            corpus.won = [float(w) for w in won]
-        return corpus, None
+        corpus.n_read = len(corpus.docs)
+        if cached.won is not None:
+            corpus.won = cached.won
+        return corpus, cached.warning
 
     def save(self, path: str | os.PathLike, vocab: str) -> str | None:
-        """Write the corpus to `path` atomically; a one-line warning where it could not be
-        written."""
+        """Write the corpus to `path`, merged with what the file holds now (another process may
+        have saved to it since this one read it): under a lock (`locked`), the file's documents,
+        then this corpus's new ones (those not read from the file), as many as the corpus keeps
+        (`kept`), written whole and renamed, with this corpus's tally of disputes. A one-line
+        warning where it could not be written."""
         from spectool.models.store import write_json_atomic
 
         if not self.writable:  # the file was not ours
             return None
         try:
-            write_json_atomic(path, {"format": FORMAT, "version": VERSION, "vocab": vocab,
-                                     "documents": list(self.docs), "won": self.won}, indent=None)
+            with locked(path):
+                cached = read_cache(path, vocab, self.max_tokens)
+                if not cached.ours:  # it is not ours any more
+                    return cached.warning
+                mine = list(itertools.islice(self.docs, self.n_read, None))
+                write_json_atomic(path, {"format": FORMAT, "version": VERSION, "vocab": vocab,
+                                         "documents": kept(cached.docs + mine, self.max_tokens),
+                                         "won": self.won}, indent=None)
         except OSError as e:
             return f"--lookup-cache {path}: could not write it ({e.strerror})"
+        self.n_read = len(self.docs)  # all in the file now: a second save adds none of them again
         return None
+
+
+@dataclass
+class Cached:
+    """What a cache file holds for one vocabulary: its documents, the disputes' tally (None where
+    it has no valid one), a one-line warning where the file could not all be used, and whether it
+    may be replaced (False: it is not a lookup cache of ours, or cannot be read)."""
+    docs: list[list[int]]
+    won: list[float] | None = None
+    warning: str | None = None
+    ours: bool = True
+
+
+def read_cache(path: str | os.PathLike, vocab: str, max_tokens: int) -> Cached:
+    """The cache file at `path` as far as it can be used. Never fails: a file that is not one of
+    ours is a warning and left alone; one of ours (it begins as `save` writes it, or is empty or
+    cut short within that beginning) that is cut short, damaged, over the size a corpus of
+    `max_tokens` tokens takes (FILE_BYTES_PER_TOKEN: only that much is read), of another version
+    or vocabulary is a warning and a fresh start, and replaced."""
+    where = f"--lookup-cache {path}"
+    limit = max(FILE_BYTES_MIN, FILE_BYTES_PER_TOKEN * max_tokens)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(limit + 1)
+    except FileNotFoundError:
+        return Cached([])
+    except OSError as e:
+        return Cached([], warning=f"{where}: cannot read it ({e.strerror}); not using or writing "
+                                  "a lookup cache", ours=False)
+    if not OURS.match(raw) and not HEADER.startswith(raw.strip()):
+        return Cached([], warning=f"{where}: not a spectool lookup cache; left as it is (delete "
+                                  "it, or name another file)", ours=False)
+    if len(raw) > limit:
+        return Cached([], warning=f"{where}: over {limit} bytes, more than a corpus of "
+                                  f"{max_tokens} tokens takes (--lookup-corpus-size); "
+                                  "starting anew")
+    try:
+        obj = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        obj = None
+    if not isinstance(obj, dict) or obj.get("format") != FORMAT:
+        return Cached([], warning=f"{where}: empty or damaged (cut short?); starting anew")
+    if obj.get("version") != VERSION:
+        return Cached([], warning=f"{where}: a lookup cache of another version "
+                                  f"({obj.get('version')!r}); starting anew")
+    if obj.get("vocab") != vocab:
+        return Cached([], warning=f"{where}: made with another model's vocabulary; starting anew")
+    docs = obj.get("documents")
+    if not isinstance(docs, list) or not all(
+            isinstance(d, list) and all(type(t) is int and 0 <= t < 0x110000 for t in d)
+            for d in docs):
+        return Cached([], warning=f"{where}: its documents are broken; starting anew")
+    won = obj.get("won")  # the disputes' tally (`judge`); a file without one starts it anew
+    if not (isinstance(won, list) and len(won) == 2
+            and all(type(w) in (int, float) and 0 <= w < 1e9 for w in won)):
+        return Cached(docs)
+    return Cached(docs, [float(w) for w in won])
+
+
+def kept(docs: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """The documents a corpus of `max_tokens` tokens keeps of `docs`, added oldest first, by
+    Corpus.add's rules: each one's last `max_tokens` tokens, one that extends the last replacing
+    it, the oldest out first."""
+    out: list[list[int]] = []
+    for doc in docs:
+        doc = doc[-max_tokens:]
+        if out and len(doc) > len(out[-1]) and doc[: len(out[-1])] == out[-1]:
+            out[-1] = doc
+        elif doc:
+            out.append(doc)
+    n, first = sum(map(len, out)), 0
+    while n > max_tokens:
+        n -= len(out[first])
+        first += 1
+    return out[first:]
+
+
+@contextlib.contextmanager
+def locked(path: str | os.PathLike) -> Iterator[None]:
+    """One process's save to `path` at a time: an exclusive lock (fcntl.flock) on FILE.lock beside
+    it, a file of its own because the rename replaces the cache's; no lock where there is no
+    fcntl."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX
+        yield
+        return
+    with open(f"{os.fspath(path)}.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
 
 
 def vocab_tag(texts: Sequence[bytes], kind: int = 0) -> str:
