@@ -8,6 +8,7 @@ the chat path has tool calls (test_tool_loops_through_both_apis)."""
 import asyncio
 import http.client
 import json
+import re
 import time
 import urllib.request
 from pathlib import Path
@@ -19,7 +20,6 @@ from helpers import Server
 from test_logprobs import TOL_FLASH
 
 from spectool.server import messages, responses
-from spectool.server.requests import UNHONOURED
 
 SYSTEM, USER = "You answer briefly.", "Say something about foxes."
 COLOURS = {"type": "string", "enum": ["red", "green", "blue"]}
@@ -137,9 +137,8 @@ def test_input_items_and_a_json_schema_through_the_stream_helper(server):
 
 RESPONSES_BAD = [  # (fields, the param the 400 names)
     ({"previous_response_id": "resp_1"}, "previous_response_id"),
-    ({"store": True}, "store"),
     ({"background": True}, "background"),
-    ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+    ({"tools": [{"type": "file_search", "vector_store_ids": ["vs_1"]}]}, "tools[0].type"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "https://x/y.png"}]}]},
      "input[0].content[0]"),
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),
@@ -151,7 +150,7 @@ RESPONSES_BAD = [  # (fields, the param the 400 names)
     ({"text": {"format": {"type": "json_schema", "name": "c", "schema": {"type": "strin"}}}}, "text.format"),
     ({"tool_choice": {"type": "file_search"}}, "tool_choice"),
     ({"made_up_field": 1}, "made_up_field"),
-    ({"include": ["file_search_call.results"]}, "include"),
+    ({"include": ["made_up.results"]}, "include"),
     ({"include": [{}]}, "include"),
     ({"top_logprobs": 21}, "top_logprobs"),
     ({"top_logprobs": "all"}, "top_logprobs"),
@@ -172,6 +171,32 @@ def test_responses_errors_name_the_field_in_openai_shape(server):
     r = c.responses.create(model="any", input=USER, max_output_tokens=4, store=False, reasoning={"effort": "low"},
                            metadata={"run": "1"}, include=["reasoning.encrypted_content"], text={"verbosity": "low"})
     assert r.output_text and r.usage.output_tokens == 4
+
+
+def ignored_counts(server) -> dict[tuple[str, str], float]:
+    _, text = server.request("GET", "/metrics")
+    found = re.findall(r'^spectool_ignored_fields_total\{api="(\w+)",field="([\w.-]+)"\} (\d+)$', text, re.M)
+    return {(api, name): float(n) for api, name, n in found}
+
+
+def test_the_fields_that_ask_nothing_are_served_and_counted_by_api_and_name(server):
+    """What agents send by default and what asks nothing of the answer passes on each API, and /metrics counts it by
+    API and field: nobody is misled silently."""
+    before = ignored_counts(server)
+    assert chat(server, 4, metadata={"run": "1"}, extra_body={"a_field_of_its_own": 1}).usage.completion_tokens == 4
+    r = server.client().responses.create(model="any", input=USER, max_output_tokens=4, tools=[{"type": "web_search"}],
+                                         extra_body={"client_metadata": {"x-codex": "1"}})
+    assert r.usage.output_tokens == 4
+    m = claude(server).messages.create(model="any", max_tokens=4, messages=[{"role": "user", "content": USER}],
+                                       extra_body={"context_management": {"edits": [
+                                           {"type": "clear_thinking_20251015", "keep": "all"}]}})
+    assert m.usage.output_tokens == 4
+    after = ignored_counts(server)
+    grown = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+    assert grown == {("chat", "model"): 1, ("chat", "metadata"): 1, ("chat", "a_field_of_its_own"): 1,
+                     ("responses", "model"): 1, ("responses", "client_metadata"): 1,
+                     ("responses", "tools.web_search"): 1,
+                     ("messages", "model"): 1, ("messages", "context_management"): 1}
 
 
 # -- Messages ------------------------------------------------------------------------------------------------------
@@ -416,7 +441,6 @@ def test_a_chat_tool_call_answer_becomes_a_tool_use_block():
 
 
 # -- tools end to end: once the chat path has tool calls (issue 34's item 1) ----------------------------------------
-@pytest.mark.skipif("tools" in UNHONOURED, reason="the chat path has no tool calls yet (issue 34, item 1)")
 def test_tool_loops_through_both_apis(server):
     """A required call of one tool, its result sent back, and the answer after it: through responses.create and
     messages.create, streamed (the clients' stream helpers) and not."""

@@ -99,6 +99,15 @@ def test_each_familys_call_text_is_read_as_openai_tool_calls(fmt, text, content)
     assert not called and plain == {"role": "assistant", "content": "It is sunny in Paris."}
 
 
+def test_parallel_tool_calls_false_keeps_a_replys_first_call_only():
+    text = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+            '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')
+    both = read({"tools": [WEATHER, TIME]}, QWEN25_TEMPLATE).message(text)[0]["tool_calls"]
+    one = read({"tools": [WEATHER, TIME], "parallel_tool_calls": False}, QWEN25_TEMPLATE).message(text)[0]
+    assert [c["function"]["name"] for c in both] == ["get_weather", "get_time"]
+    assert [c["function"]["name"] for c in one["tool_calls"]] == ["get_weather"]
+
+
 def test_the_generic_formats_answer_is_the_content():
     from spectool.server.tools import Tools
 
@@ -183,6 +192,7 @@ BAD = [  # (request fields, messages, the field named)
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, None, "tool_choice"),
     ({"tools": [WEATHER], "tool_choice": "sometimes"}, None, "tool_choice"),
     ({"tool_choice": "required"}, None, "tool_choice"),
+    ({"tools": [WEATHER], "parallel_tool_calls": "no"}, None, "parallel_tool_calls"),
     ({}, [{"role": "tool", "content": "sunny"}], "messages"),
     ({}, [{"role": "assistant", "content": None, "tool_calls": [{"id": "1", "function": {"arguments": "{}"}}]}],
      "messages"),

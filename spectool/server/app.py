@@ -135,7 +135,8 @@ async def metrics(request: Request) -> Response:
     disputes' tally, where there is one (--lookup-corpus)."""
     server = server_of(request)
     corpus = server.session.corpus
-    text = server.totals.prometheus() + ("" if corpus is None else corpus_metrics(corpus))
+    text = server.totals.prometheus() + server.ignored.prometheus() + (
+        "" if corpus is None else corpus_metrics(corpus))
     return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
 

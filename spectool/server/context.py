@@ -26,7 +26,7 @@ from spectool.server import logprobs
 from spectool.server.completions import Reply, answer, choices, chunks
 from spectool.server.errors import ApiError
 from spectool.server.infill import Limits
-from spectool.server.metrics import Totals
+from spectool.server.metrics import Ignored, Totals
 from spectool.server.requests import Request, parse
 from spectool.session import Session
 
@@ -89,6 +89,7 @@ class Server:
         self.max_body = options.max_body_bytes or BODY_BYTES_PER_TOKEN * session.gen.target.n_ctx
         self.turns = Turns(options.queue)
         self.totals = Totals()
+        self.ignored = Ignored()  # the request fields that asked nothing (fields.py)
         self.stopping = threading.Event()
 
     def parse_request(self, raw: bytes | dict, chat: bool, infill: bool = False) -> Request:
@@ -188,6 +189,7 @@ class Server:
         one after another (503 when full). One model is served: any `model` names it, as with
         llama-server (answers name the real one)."""
         asked = await asyncio.to_thread(self.parse_request, raw, chat, infill)
+        self.ignored.add("chat" if chat else "completions", asked.ignored)
         try:
             tickets = self.turns.take(len(asked.gens))
         except ApiError:

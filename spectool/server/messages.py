@@ -4,8 +4,8 @@ completion's messages, its fields the chat request's (`to_chat`), and the chat a
 streamed, becomes a message (`message`) or the Messages stream's events (`events`); errors are in
 Anthropic's shape (`error_body`).
 
-Images, documents and server tools are a 400 naming the field; the fields IGNORED ask nothing of the
-output.
+Images, documents and server tools are a 400 naming the field; which fields are served, ignored or
+refused is fields.py's declaration.
 """
 
 from __future__ import annotations
@@ -14,20 +14,12 @@ import json
 import uuid
 from contextlib import aclosing
 
-from spectool.options import Options
+from spectool.server import fields
 from spectool.server.errors import ApiError
 from spectool.server.requests import load
 
-# fields that change nothing here: bookkeeping, cache hints (the KV cache keeps the longest common
-# prefix by itself), and `thinking` (Claude Code sends it with every request; the chat path renders
-# and returns no thinking)
-IGNORED = {"model", "metadata", "service_tier", "cache_control", "thinking", "inference_geo",
-           "speed", "diagnostics"}
-NOT_HONOURED: dict[str, tuple] = {"container": (None,), "mcp_servers": (None, []),
-                                  "context_management": (None,)}
-MAPPED = {"max_tokens", "messages", "system", "stop_sequences", "stream", "temperature", "top_p",
-          "top_k", "tools",
-          "tool_choice", "output_config"}
+# the fields passed to the chat request as they are
+PASSED = {*fields.passed(), "max_tokens", "temperature", "top_p", "top_k", "stream"}
 # Anthropic's error type for each status (its API's errors page); 503 is its 529's meaning,
 # overloaded
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -46,22 +38,14 @@ def bad(param: str, message: str, code: str = "invalid_request") -> ApiError:
     return ApiError(400, f"'{param}' {message}", code=code, param=param)
 
 
-def to_chat(body: dict) -> dict:
+def to_chat(body: dict, ignored: list[str] | None = None) -> dict:
     """The chat completion request a Messages request asks for (OpenAI's chat shape), else a 400
     naming the field (`max_tokens` and a non-empty `messages` are required, as Anthropic's API
-    requires them)."""
-    passed = {o.request for o, _, _ in Options.declared().values() if o.request} - {"max_tokens"}
-    for name, value in body.items():
-        if name in NOT_HONOURED and value not in NOT_HONOURED[name]:
-            raise bad(name, "is not supported by this server (it was sent as "
-                            f"{json.dumps(value)[:60]})",
-                      "unsupported_field")
-        if name not in IGNORED | MAPPED | passed | set(NOT_HONOURED):
-            raise bad(name, "is not a field this server knows", "unsupported_field")
+    requires them); the fields that asked nothing are added to `ignored` (fields.py)."""
+    (ignored if ignored is not None else []).extend(fields.check("messages", body))
     if body.get("max_tokens") is None:
         raise bad("max_tokens", "is required")
-    chat = {k: body[k] for k in passed | {"max_tokens", "temperature", "top_p", "top_k", "stream"}
-            if k in body}
+    chat = {k: body[k] for k in PASSED if k in body}
     chat["messages"] = system(body.get("system")) + messages(body.get("messages"))
     stop = body.get("stop_sequences")
     if stop is not None:
@@ -167,7 +151,8 @@ def tool_choice(value) -> dict:
     """{type: auto | any | tool (with name) | none} as the chat request's tool_choice, and
     disable_parallel_tool_use as its parallel_tool_calls."""
     kind = value.get("type") if isinstance(value, dict) else None
-    choice: str | dict | None = {"auto": "auto", "any": "required", "none": "none"}.get(kind or "")
+    kind = kind if isinstance(kind, str) else ""  # (any JSON type)
+    choice: str | dict | None = {"auto": "auto", "any": "required", "none": "none"}.get(kind)
     if kind == "tool" and isinstance(value.get("name"), str):
         choice = {"type": "function", "function": {"name": value["name"]}}
     if choice is None:
@@ -317,8 +302,10 @@ async def answer(server, request):
     back."""
     from starlette.responses import JSONResponse, StreamingResponse
 
-    body = load(await server.body(request))
-    reply = await server.start(request, to_chat(body), True)
+    body, ignored = load(await server.body(request)), []
+    chat = to_chat(body, ignored)
+    server.ignored.add("messages", ignored)
+    reply = await server.start(request, chat, True)
     mid = f"msg_{uuid.uuid4().hex[:24]}"
     if reply.stream:
         return StreamingResponse(events(server, body, mid, reply, server.chunks(reply)),

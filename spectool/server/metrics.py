@@ -1,8 +1,11 @@
-"""What `/metrics` reports, in Prometheus's text format: the server's totals, and the corpus's
-gauges."""
+"""What `/metrics` reports, in Prometheus's text format: the server's totals, the request fields
+that were ignored (by API and name), and the corpus's gauges."""
 
 from __future__ import annotations
 
+import re
+import threading
+from collections import Counter
 from dataclasses import dataclass, fields
 
 
@@ -35,6 +38,32 @@ class Totals:
             value = round(value, 6) if isinstance(value, float) else value
             lines += [f"# TYPE spectool_{f.name}_total counter", f"spectool_{f.name}_total {value}"]
         return "\n".join(lines) + "\n"
+
+
+class Ignored:
+    """The request fields that asked nothing of the output (fields.py), counted by API and name: at
+    most LIMIT names, any more (a client names fields at will) and any name that is not plain
+    ASCII as `other`."""
+
+    LIMIT = 200
+
+    def __init__(self):
+        self.counts: Counter[tuple[str, str]] = Counter()
+        self.lock = threading.Lock()  # (requests are parsed in threads of their own)
+
+    def add(self, api: str, names: list[str]) -> None:
+        with self.lock:
+            for name in names:
+                plain = re.fullmatch(r"[\w.\-]{1,64}", name, re.ASCII)
+                known = (api, name) in self.counts or len(self.counts) < self.LIMIT
+                self.counts[(api, name if plain and known else "other")] += 1
+
+    def prometheus(self) -> str:
+        with self.lock:
+            counts = sorted(self.counts.items())
+        return "# TYPE spectool_ignored_fields_total counter\n" + "".join(
+            f'spectool_ignored_fields_total{{api="{api}",field="{name}"}} {n}\n'
+            for (api, name), n in counts)
 
 
 def corpus_metrics(corpus) -> str:

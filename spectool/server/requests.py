@@ -2,20 +2,21 @@
 tokens, and the GenerationConfig it asks for (its fields over the server's options), or an ApiError
 that names what was wrong.
 
-A field this server does not honour is a 400 that names it (UNHONOURED), never ignored; the numeric
-fields are checked by their declarations in options.py, as the command line's are. What the output
-must be comes from OpenAI's `response_format` or llama-server's `json_schema` and `grammar` fields
+Which fields are served, ignored or refused is fields.py's declaration; the numeric fields are
+checked by their declarations in options.py, as the command line's are. What the output must be
+comes from OpenAI's `response_format` or llama-server's `json_schema` and `grammar` fields
 (request_grammar), at most one.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from spectool.options import Options, UserError, in_request, request_options
 from spectool.server.errors import ApiError, invalid
+from spectool.server.fields import check
 from spectool.server.logprobs import requested as requested_logprobs
 from spectool.session import Session, generation
 
@@ -25,31 +26,6 @@ if TYPE_CHECKING:
     from spectool.llama.engine import Model
     from spectool.server.infill import Limits
     from spectool.server.tools import Tools
-
-# request fields this server does not honour, and the values that ask nothing of it: anything else
-# is a 400 that names the field (a client that asked for best_of or logit_bias is told, not sent
-# something else)
-UNHONOURED = {
-    "best_of": (None, 1), "echo": (None, False), "logit_bias": (None, {}),
-    "functions": (None, []), "function_call": (None, "none", "auto"),
-    "audio": (None,), "modalities": (None, ["text"]),
-}
-
-
-def asks_nothing(value, fine: tuple) -> bool:
-    """Whether a field's value is one of those that ask nothing of the server (by value and type: 0
-    is not False)."""
-    return any(value == ok and type(value) is type(ok) for ok in fine)
-
-
-def unhonoured(body: dict, fields: dict = UNHONOURED) -> None:
-    for name, fine in fields.items():
-        value = body.get(name)
-        if not asks_nothing(value, fine):
-            raise ApiError(400, f"'{name}' is not supported by this server (it was sent as "
-                                f"{json.dumps(value)[:60]}); leave it "
-                                "out", code="unsupported_field", param=name)
-
 
 def stream_and_stop(body: dict) -> tuple[bool, list[str]]:
     """The request's `stream` (true or false) and `stop` (a string or a list of strings) by their
@@ -127,6 +103,7 @@ class Request:
     tools: Tools | None  # the tools it offers (chat)
     fields: list | None = None  # /infill: the answer's fields it keeps (None: all)
     limits: Limits | None = None  # /infill: the editors' limits on the answer
+    ignored: list[str] = field(default_factory=list)  # the fields that asked nothing (fields.py)
 
 
 def parse(raw: bytes | dict, chat: bool, session: Session, options: Options,
@@ -136,19 +113,12 @@ def parse(raw: bytes | dict, chat: bool, session: Session, options: Options,
     /infill request's fields (infill.py), the request's fields over the server's `options`. Choice i
     of a seeded request has seed + i."""
     body = raw if isinstance(raw, dict) else load(raw)
-    unhonoured(body)
-    # fill-in-the-middle is a completion's (infill.py)
-    if chat and body.get("suffix") not in (None, ""):
-        raise ApiError(400, "'suffix' is taken on /v1/completions, not by chat completions; "
-                            "leave it out", code="unsupported_field", param="suffix")
+    # (/infill's own fields are infill.py's, and it ignores llama-server's `samplers`)
+    ignored = check("chat" if chat else "completions",
+                    {k: v for k, v in body.items() if k != "samplers"} if infill else body)
     n = choices(body, infill)
     stream, more = stream_and_stop(body)
     target = session.gen.target
-    if not chat:  # tools are for chat completions only
-        unhonoured(
-            {name: body.get(name) for name in ("tools", "tool_choice")},
-            {"tools": (None, []), "tool_choice": (None, "none", "auto")},
-        )
     tools = request_tools(body, target) if chat else None
     if chat and body.get("max_completion_tokens") is not None:
         body = {**body, "max_tokens": body["max_completion_tokens"]}
@@ -177,7 +147,7 @@ def parse(raw: bytes | dict, chat: bool, session: Session, options: Options,
                and tools_grammar(tools, target)) or grammar or session.gen.grammar
     gens = generations(body, chat, n, grammar, session, options)
     return Request([replace(g, max_tokens=0) for g in gens] if warm else gens, tokens, stop + more,
-                   stream, tools, fields, limits)
+                   stream, tools, fields, limits, [] if infill else ignored)
 
 
 def generations(body: dict, chat: bool, n: int, grammar: Grammar | None, session: Session,

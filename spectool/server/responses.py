@@ -3,10 +3,9 @@
 (`to_chat`), and the chat answer, whole or streamed, becomes a response object (`response`) or the
 Responses stream's events (`events`).
 
-Nothing is stored, so what needs a stored response (`previous_response_id`, `store: true`,
-`background`, item references, `conversation`) is a 400 naming the field, as are built-in tools and
-input other than text. The fields IGNORED ask nothing of the output (bookkeeping, hints to reasoning
-models); anything else unknown is a 400.
+Nothing is stored, so what needs a stored response (`previous_response_id`, `background`, item
+references, `conversation`) is a 400 naming the field, as are built-in tools other than web search
+and input other than text; which fields are served, ignored or refused is fields.py's declaration.
 """
 
 from __future__ import annotations
@@ -17,32 +16,23 @@ import uuid
 from typing import Any
 from contextlib import aclosing
 
-from spectool.options import Options
+from spectool.server import fields
 from spectool.server.errors import ApiError
-from spectool.server.requests import asks_nothing, load
+from spectool.server.fields import asks_nothing
+from spectool.server.requests import load
 
-# fields that change nothing here: bookkeeping, and `reasoning` (an effort hint to reasoning models;
-# the chat path renders and returns no reasoning), which agents such as Codex send with every
-# request
-IGNORED = {"model", "metadata", "user", "safety_identifier", "prompt_cache_key",
-           "prompt_cache_retention",
-           "service_tier", "reasoning", "stream_options"}
-# fields whose other values need what this server has not (storage, tools run server-side, ...), and
-# the values that ask nothing: anything else is a 400 naming the field
-NOT_HONOURED = {"store": (None, False), "previous_response_id": (None, ""),
-                "background": (None, False),
-                "conversation": (None,), "prompt": (None,), "truncation": (None, "disabled"),
-                "max_tool_calls": (None,)}
-# what `include` may name: the output text's log-probabilities, and reasoning's (there are no
-# reasoning items)
+# what `include` may name: the output text's log-probabilities, and the parts of items this server
+# never makes (reasoning, built-in tools' calls, images), which ask nothing
 LOGPROBS = "message.output_text.logprobs"
-INCLUDABLE = (LOGPROBS, "reasoning.encrypted_content")
+INCLUDABLE = (LOGPROBS, "reasoning.encrypted_content", "file_search_call.results",
+              "web_search_call.results", "web_search_call.action.sources",
+              "message.input_image.image_url", "computer_call_output.output.image_url",
+              "code_interpreter_call.outputs")
 # the chat request's names for the fields mapped onto it, by the Responses names (errors name the
 # latter)
 RENAMED = {"max_output_tokens": "max_tokens", "input": "messages", "text.format": "response_format"}
-MAPPED = {"input", "instructions", "max_output_tokens", "temperature", "top_p", "stream", "tools",
-          "tool_choice",
-          "text", "parallel_tool_calls", "include", "top_logprobs"}
+# the fields passed to the chat request as they are
+PASSED = {*fields.passed(), "temperature", "top_p", "stream", "parallel_tool_calls"}
 
 
 # the fields the response object repeats (`response`): JSON's numbers only, or it could not be sent
@@ -62,21 +52,15 @@ def bad(param: str, message: str, code: str = "invalid_request") -> ApiError:
     return ApiError(400, f"'{param}' {message}", code=code, param=param)
 
 
-def to_chat(body: dict) -> dict:
+def to_chat(body: dict, ignored: list[str] | None = None) -> dict:
     """The chat completion request a Responses request asks for (OpenAI's chat shape), else a 400
-    naming the field in the Responses API's terms."""
-    passed = {o.request for o, _, _ in Options.declared().values() if o.request} - {"max_tokens"}
-    for name, value in body.items():
-        if name in NOT_HONOURED and not asks_nothing(value, NOT_HONOURED[name]):
-            raise bad(name, "is not supported by this server (it was sent as "
-                            f"{json.dumps(value)[:60]}); leave it out (it keeps no responses, runs "
-                            "no tools of its own)", "unsupported_field")
-        if name not in IGNORED | MAPPED | passed | set(NOT_HONOURED):
-            raise bad(name, "is not a field this server knows", "unsupported_field")
-        if name in ECHOED and not compliant(value):
+    naming the field in the Responses API's terms; the fields that asked nothing are added to
+    `ignored` (fields.py)."""
+    (ignored if ignored is not None else []).extend(fields.check("responses", body))
+    for name in ECHOED & set(body):
+        if not compliant(body[name]):
             raise bad(name, "holds NaN or Infinity, which JSON has not (the response repeats it)")
-    chat = {k: body[k] for k in passed | {"temperature", "top_p", "stream", "parallel_tool_calls"}
-            if k in body}
+    chat = {k: body[k] for k in PASSED if k in body}
     if body.get("max_output_tokens") is not None:
         chat["max_tokens"] = body["max_output_tokens"]
     chat["messages"] = messages(body)
@@ -169,12 +153,14 @@ def parts(content, at: str) -> str | list[dict]:
 
 def tools(value) -> list[dict]:
     """Function tools ({type: function, name, description, parameters, strict}) as chat tools;
-    built-in tools (web search, file search, computer use, MCP, ...) run on OpenAI's side and are
-    refused."""
+    built-in tools run on OpenAI's side: web search is left out (fields.built_in_ignored), the
+    others (file search, computer use, MCP, ...) are refused."""
     if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
         raise bad("tools", "must be a list of tool objects")
     out = []
     for i, tool in enumerate(value):
+        if fields.built_in_ignored(tool):
+            continue
         if tool.get("type") != "function":
             raise bad(f"tools[{i}].type",
                       f"is {json.dumps(tool.get('type'))[:40]}: this server runs no built-in "
@@ -447,9 +433,10 @@ async def answer(server, request):
     translated back."""
     from starlette.responses import JSONResponse, StreamingResponse
 
-    body = load(await server.body(request))
+    body, ignored = load(await server.body(request)), []
     try:
-        chat = to_chat(body)
+        chat = to_chat(body, ignored)
+        server.ignored.add("responses", ignored)
         reply = await server.start(request, chat, True)
     except ApiError as e:
         raise renamed(e) from None

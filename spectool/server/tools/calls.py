@@ -34,6 +34,7 @@ class Tools:
     choice: str = "auto"
     describe: bool = False  # the template does not read `tools`: they go in a system message
     ids: list[str] = field(default_factory=list)
+    parallel: bool = True  # parallel_tool_calls: false keeps a reply's first call only
 
     @property
     def family(self) -> Format:
@@ -76,6 +77,7 @@ class Tools:
         if found is None:
             return text, []
         content, calls = found
+        calls = calls if self.parallel else calls[:1]
         out = []
         for i, call in enumerate(calls):
             if i >= len(self.ids):
@@ -167,8 +169,12 @@ def read(body: dict, template: str | None) -> Tools | None:
                         "{...}} objects")
     checked = [checked_tool(t, i) for i, t in enumerate(tools)]
     fmt = detect(template)
+    parallel = body.get("parallel_tool_calls", True)
+    if not isinstance(parallel, (bool, type(None))):
+        raise ToolError("parallel_tool_calls", "'parallel_tool_calls' must be true or false")
     return Tools(fmt, checked, tool_choice(choice, [t["function"]["name"] for t in checked]),
-                 describe=fmt == Generic.name or "tools" not in (template or ""))
+                 describe=fmt == Generic.name or "tools" not in (template or ""),
+                 parallel=parallel is not False)
 
 
 def checked_tool(t, i: int) -> dict:
