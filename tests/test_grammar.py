@@ -233,6 +233,19 @@ def test_a_bad_grammar_or_schema_is_one_line_before_any_model():
         assert "\n" not in str(e.value) and str(e.value)
 
 
+def test_property_names_that_are_strings_ask_nothing_and_any_other_form_is_refused():
+    """`propertyNames: {"type": "string"}` (Claude Code's tools carry it) is dropped before llguidance, which has no
+    such keyword, wherever it stands; a property of that name stays; another form is refused, by name."""
+    strings = {"type": "object", "propertyNames": {"type": "string"}, "additionalProperties": {"type": "integer"}}
+    schema = {"type": "object", "properties": {"propertyNames": {"type": "string"}, "tags": strings},
+              "required": ["propertyNames"]}
+    source = Grammar.json_schema(schema).source
+    assert '"properties": {"propertyNames": {"type": "string"}' in source  # the property, kept
+    assert source.count("propertyNames") == 2  # (its name in `properties` and in `required`)
+    with pytest.raises(GrammarError, match="propertyNames"):
+        Grammar.json_schema({"type": "object", "propertyNames": {"pattern": "^[a-z]+$"}})
+
+
 def test_a_grammar_stopped_by_the_budget_ends_with_length(target):
     prompt = target.tokenize("a record:", add_special=True)
     st = Stats()

@@ -247,7 +247,8 @@ def test_a_stop_sequence_is_reported_as_anthropic_reports_it(server):
 MESSAGES_BAD = [  # (fields, a word the message names)
     ({"messages": [{"role": "user", "content": [{"type": "image", "source": {
         "type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}]}]}, "'messages[0].content[0]'"),
-    ({"messages": [{"role": "system", "content": "hi"}]}, "'messages[0].role'"),
+    ({"messages": [{"role": "system", "content": "hi"}]}, "'messages'"),
+    ({"messages": [{"role": "tool", "content": "hi"}]}, "'messages[0].role'"),
     ({"messages": []}, "'messages'"),
     ({"messages": [{"role": "user", "content": USER}, {"role": "assistant", "content": "Foxes"}]},
      "'messages[1].role'"),
@@ -438,6 +439,69 @@ def test_a_chat_tool_call_answer_becomes_a_tool_use_block():
     partial = "".join(e["delta"]["partial_json"] for k, e in events if k == "content_block_delta" and e["index"] == 1)
     assert json.loads(partial) == {"city": "Paris"}
     assert events[-2][1]["delta"]["stop_reason"] == "tool_use"
+
+
+# -- Claude Code's requests, as it sends them (issue 46) -----------------------------------------------------------
+CLAUDE_CODE = "You are Claude Code, Anthropic's official CLI for Claude."
+REMINDER = "<system-reminder>Today's date is 2026-12-02.</system-reminder>"
+EPHEMERAL = {"type": "ephemeral"}
+CLAUDE_CODE_TOOLS = [  # its Read tool, and TaskCreate with the `propertyNames` its tools carry
+    {"name": "Read", "description": "Reads a file.", "input_schema": {
+        "$schema": "http://json-schema.org/draft-07/schema#", "type": "object", "additionalProperties": False,
+        "properties": {"file_path": {"type": "string"}}, "required": ["file_path"]}},
+    {"name": "TaskCreate", "description": "Creates a task.", "cache_control": EPHEMERAL, "input_schema": {
+        "type": "object", "properties": {"subject": {"type": "string"}, "metadata": {
+            "type": "object", "propertyNames": {"type": "string"}, "additionalProperties": {}}},
+        "required": ["subject"]}},
+]
+
+
+def test_claude_codes_request_is_served_as_it_sends_it(server):
+    """Claude Code's request through the `anthropic` client's beta stream (`?beta=true`, its betas): context
+    management that clears thinking, output_config's effort, metadata, thinking, cache_control marks, a `system` turn
+    inside `messages`, tools whose schemas carry `propertyNames: {"type": "string"}`, a max_tokens past the
+    context. It streams to its end, and /metrics counts what was ignored. Before it starts it sends HEAD /."""
+    assert server.request("HEAD", "/")[0] == 200
+    before = ignored_counts(server)
+    with claude(server).beta.messages.stream(
+            model="claude-sonnet-4-5", max_tokens=32000, betas=["claude-code-20250219", "context-management-2025-06-27"],
+            system=[{"type": "text", "text": CLAUDE_CODE, "cache_control": EPHEMERAL}], tools=CLAUDE_CODE_TOOLS,
+            messages=[{"role": "user", "content": [{"type": "text", "text": REMINDER},
+                                                   {"type": "text", "text": USER, "cache_control": EPHEMERAL}]},
+                      {"role": "system", "content": "The working directory is /tmp."}],
+            metadata={"user_id": "user_1_account_2_session_3"}, thinking={"type": "enabled", "budget_tokens": 1024},
+            extra_body={"context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+                        "output_config": {"effort": "medium"}}) as stream:
+        kinds = [e.type for e in stream]
+        final = stream.get_final_message()
+    assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
+    assert final.stop_reason in ("end_turn", "max_tokens", "tool_use") and final.usage.output_tokens > 0
+    grown = {k for k, v in ignored_counts(server).items() if v > before.get(k, 0)}
+    assert grown == {("messages", name) for name in (
+        "model", "metadata", "thinking", "context_management", "output_config.effort", "cache_control")}
+
+
+def test_a_system_turn_joins_the_system_prompt_and_the_turns_beside_it_combine(server):
+    """A `system` turn inside `messages` is folded into the system prompt, and the user turns on either side of it
+    become one, as Anthropic combines them: the same prompt as the chat request written that way."""
+    want = server.client().chat.completions.create(model="any", max_tokens=16, messages=[
+        {"role": "system", "content": SYSTEM + "\nThe working directory is /tmp."},
+        {"role": "user", "content": REMINDER + "\n" + USER}])
+    m = claude(server).messages.create(model="any", max_tokens=16, system=SYSTEM, messages=[
+        {"role": "user", "content": REMINDER}, {"role": "system", "content": "The working directory is /tmp."},
+        {"role": "user", "content": USER}])
+    assert m.content[0].text == want.choices[0].message.content
+    assert m.usage.input_tokens + m.usage.cache_read_input_tokens == want.usage.prompt_tokens
+
+
+def test_a_schema_the_grammar_cannot_use_is_named_by_its_messages_field(server):
+    tools = [CLAUDE_CODE_TOOLS[0], {**CLAUDE_CODE_TOOLS[1], "input_schema": {
+        "type": "object", "properties": {"tags": {"type": "object", "propertyNames": {"pattern": "^[a-z]+$"}}}}}]
+    with pytest.raises(anthropic.BadRequestError) as e:
+        claude(server).messages.create(model="any", max_tokens=4, tools=tools,
+                                       messages=[{"role": "user", "content": USER}])
+    message = e.value.body["error"]["message"]
+    assert "'tools[1].input_schema'" in message and "propertyNames" in message and "function" not in message
 
 
 # -- tools end to end: once the chat path has tool calls (issue 34's item 1) ----------------------------------------

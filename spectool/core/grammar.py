@@ -267,10 +267,29 @@ def lark_json(schema: dict) -> str:
 
 
 def _for_llguidance(schema: Any) -> dict:
-    """The schema as llguidance is given it (closed objects, llama.cpp's whitespace), checked first
-    (_checked_schema)."""
+    """The schema as llguidance is given it (closed objects, llama.cpp's whitespace, no
+    `propertyNames` that asks nothing), checked first (_checked_schema)."""
     extra = _checked_schema(schema).get("x-guidance", {})
-    return {**_closed(schema), "x-guidance": {**extra, "whitespace_pattern": JSON_WHITESPACE}}
+    return {**_closed(_any_keys(schema)),
+            "x-guidance": {**extra, "whitespace_pattern": JSON_WHITESPACE}}
+
+
+# the keywords whose object maps names to schemas (the map is no schema), and those that hold data
+_SCHEMA_MAPS = {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"}
+_DATA = {"enum", "const", "default", "examples"}
+
+
+def _any_keys(schema):
+    """The schema without `propertyNames: {"type": "string"}` wherever it stands: JSON's keys are
+    strings, so it asks nothing (Claude Code's tools carry it). llguidance implements no
+    `propertyNames`: any other form stays, and is refused there."""
+    if isinstance(schema, list):
+        return [_any_keys(v) for v in schema]
+    if not isinstance(schema, dict):
+        return schema
+    return {k: v if k in _DATA else {name: _any_keys(s) for name, s in v.items()}
+            if k in _SCHEMA_MAPS and isinstance(v, dict) else _any_keys(v)
+            for k, v in schema.items() if not (k == "propertyNames" and v == {"type": "string"})}
 
 
 _TOKENIZERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

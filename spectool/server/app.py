@@ -169,6 +169,7 @@ ROUTES = [
     post("/v1/messages/count_tokens", over_chat(messages.count_tokens), messages.error_body),
     get("/v1/models", models),
     get("/health", health),
+    get("/", health),  # (and HEAD /, which Claude Code sends before it starts)
     get("/metrics", metrics),
 ]
 

@@ -11,6 +11,7 @@ refused is fields.py's declaration.
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from contextlib import aclosing
 
@@ -46,7 +47,10 @@ def to_chat(body: dict, ignored: list[str] | None = None) -> dict:
     if body.get("max_tokens") is None:
         raise bad("max_tokens", "is required")
     chat = {k: body[k] for k in PASSED if k in body}
-    chat["messages"] = system(body.get("system")) + messages(body.get("messages"))
+    turns = combined(messages(body.get("messages")))
+    if not turns:
+        raise bad("messages", "holds no user or assistant turn")
+    chat["messages"] = system(body.get("system"), folded(body["messages"])) + turns
     stop = body.get("stop_sequences")
     if stop is not None:
         if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
@@ -61,17 +65,27 @@ def to_chat(body: dict, ignored: list[str] | None = None) -> dict:
     return chat
 
 
-def system(value) -> list[dict]:
-    """`system` (a string, or text blocks joined as Anthropic joins them) as a system message."""
-    if value is None:
-        return []
+def system(value, more: list[str]) -> list[dict]:
+    """`system` and the `system` turns' texts (`more`) as one system message."""
+    texts = ([] if value is None else [system_text(value, "system")]) + more
+    return [{"role": "system", "content": "\n".join(texts)}] if texts else []
+
+
+def system_text(value, at: str) -> str:
+    """A system prompt: a string, or text blocks joined as Anthropic joins them."""
     if isinstance(value, list) and all(isinstance(b, dict) and b.get("type") == "text"
-                                       and isinstance(
-            b.get("text"), str) for b in value):
+                                       and isinstance(b.get("text"), str) for b in value):
         value = "\n".join(b["text"] for b in value)
     if not isinstance(value, str):
-        raise bad("system", "must be a string or a list of text blocks")
-    return [{"role": "system", "content": value}]
+        raise bad(at, "must be a string or a list of text blocks")
+    return value
+
+
+def folded(turns: list[dict]) -> list[str]:
+    """The texts of the `system` turns among the messages (Claude Code sends one beside the
+    top-level `system`): they join the system prompt, as a chat template wants it first."""
+    return [system_text(m.get("content"), f"messages[{i}].content")
+            for i, m in enumerate(turns) if m.get("role") == "system"]
 
 
 def messages(value) -> list[dict]:
@@ -81,12 +95,13 @@ def messages(value) -> list[dict]:
     dropped: this server returns none."""
     if not isinstance(value, list) or not value or not all(isinstance(m, dict) for m in value):
         raise bad("messages", "must be a non-empty list of {role, content} objects")
-    out = []
+    out: list[dict] = []
     for i, m in enumerate(value):
         role, content, at = m.get("role"), m.get("content"), f"messages[{i}]"
+        if role == "system":  # (folded into the system prompt)
+            continue
         if role not in ("user", "assistant"):
-            raise bad(f"{at}.role",
-                      "must be user or assistant (the system prompt goes in 'system')")
+            raise bad(f"{at}.role", "must be user, assistant or system")
         # Anthropic continues such a turn: not done here
         if role == "assistant" and i == len(value) - 1:
             raise bad(f"{at}.role",
@@ -120,6 +135,28 @@ def messages(value) -> list[dict]:
     return out
 
 
+def combined(turns: list[dict]) -> list[dict]:
+    """Consecutive user turns as one, and consecutive assistant turns, as Anthropic combines them
+    (a `system` turn taken out between two user turns leaves them side by side): chat templates
+    want the roles to alternate."""
+    out: list[dict] = []
+    for m in turns:
+        last = out[-1] if out else None
+        if last is None or last["role"] != m["role"] or m["role"] == "tool" or last.get(
+                "tool_calls"):
+            out.append(m)
+            continue
+        last["content"] = text_parts(last["content"]) + text_parts(m["content"])
+        if m.get("tool_calls"):
+            last["tool_calls"] = m["tool_calls"]
+    return out
+
+
+def text_parts(content: str | list[dict]) -> list[dict]:
+    return content if isinstance(content, list) else [{"type": "text", "text": content}] * bool(
+        content)
+
+
 def result_text(content, at: str) -> str:
     if content is None or isinstance(content, str):
         return content or ""
@@ -145,6 +182,16 @@ def tools(value) -> list[dict]:
                     "function": {"name": t.get("name"), "description": t.get("description", ""),
                                                       "parameters": t.get("input_schema")}})
     return out
+
+
+def renamed(e: ApiError) -> ApiError:
+    """A chat request's error in the Messages API's terms: a tool's `function.parameters` is its
+    `input_schema`."""
+    def ours(text: str) -> str:
+        return re.sub(r"tools\[(\d+)\]\.function\.parameters", r"tools[\1].input_schema", text)
+
+    e.message, e.param = ours(e.message), e.param and ours(e.param)
+    return e
 
 
 def tool_choice(value) -> dict:
@@ -305,7 +352,10 @@ async def answer(server, request):
     body, ignored = load(await server.body(request)), []
     chat = to_chat(body, ignored)
     server.ignored.add("messages", ignored)
-    reply = await server.start(request, chat, True)
+    try:
+        reply = await server.start(request, chat, True)
+    except ApiError as e:
+        raise renamed(e) from None
     mid = f"msg_{uuid.uuid4().hex[:24]}"
     if reply.stream:
         return StreamingResponse(events(server, body, mid, reply, server.chunks(reply)),
@@ -321,6 +371,9 @@ async def count_tokens(server, request):
     from starlette.responses import JSONResponse
 
     body = {k: v for k, v in load(await server.body(request)).items() if k != "stream"}
-    tokens = (await asyncio.to_thread(server.parse_request, to_chat({"max_tokens": 1, **body}),
-                                      True)).tokens
+    try:
+        tokens = (await asyncio.to_thread(server.parse_request,
+                                          to_chat({"max_tokens": 1, **body}), True)).tokens
+    except ApiError as e:
+        raise renamed(e) from None
     return JSONResponse({"input_tokens": len(tokens)})
