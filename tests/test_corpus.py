@@ -228,6 +228,76 @@ def test_serve_keeps_a_corpus_on_loopback_only_unless_told(tiny):
             assert won >= 0 and lost >= 0 and gauges["spectool_lookup_corpus_outranks"] == float(won >= lost)
 
 
+SECRETS = {"a": "amber falcon 7731", "b": "cobalt heron 2968"}
+PROBE = "Tell me: the vault code is"  # what each secret's request says before it: the corpus drafts the secret after it
+SHARED = ["The quick brown fox", "def add(a, b):\n    return a + b\n\ndef greet(name):", "the dog the fox the dog"]
+
+
+def secret(who: str) -> str:
+    return f"Remember this: the vault code is {SECRETS[who]}, {SECRETS[who]}."
+
+
+def ask(server, prompt: str, chat: bool) -> tuple[str, dict]:
+    """A greedy answer to `prompt` from a client of its own (chat or completions): its text and drafts by source."""
+    c = server.client()
+    if chat:
+        r = c.chat.completions.create(model="m", messages=[{"role": "user", "content": prompt}], max_tokens=24,
+                                      temperature=0)
+        text = r.choices[0].message.content or ""
+    else:
+        r = c.completions.create(model="m", prompt=prompt, max_tokens=24, temperature=0)
+        text = r.choices[0].text
+    return text, r.usage.model_extra["speculative"]["by_source"]
+
+
+def clients_session(server) -> dict:
+    """Client a tells its secret, then client b asks after it; b tells its own, then a asks. Then four clients at
+    once, a and b telling their secrets again, every client asking after them and sending prompts the others send
+    too, by chat and by completions in turn. Every answer, keyed (client, what, chat)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    out = {}
+    for who, other in (("a", "b"), ("b", "a")):
+        out[who, secret(who), False] = ask(server, secret(who), False)
+        out[other, "first " + PROBE, False] = ask(server, PROBE, False)
+    plans = {"a": [secret("a"), PROBE, *SHARED], "b": [secret("b"), PROBE, *SHARED[::-1]],
+             "c": [PROBE, *SHARED, PROBE], "d": [SHARED[1], PROBE, SHARED[2], SHARED[0], PROBE]}
+
+    def client(who):
+        return {(who, p, i % 2 == 1): ask(server, p, i % 2 == 1) for i, p in enumerate(plans[who])}
+
+    with ThreadPoolExecutor(4) as ex:
+        for answers in ex.map(client, plans):
+            out.update(answers)
+    return out
+
+
+def test_the_corpus_changes_no_answer_and_carries_no_clients_text_to_another(tiny):
+    """Issue 47 item 4: greedy answers are the same text with the corpus and without it (--no-lookup-corpus), for
+    every client, one after another and four at once, and the same for every client that sends the same request.
+    Two clients with disjoint secrets: where one asks after the other told its secret, the corpus drafts that secret
+    (its match is longer than the request's own), and the target's verification rejects it: neither secret's words
+    reach another client's answer."""
+    servers = {"with": Server(tiny["target"], "-t", "1"), "without": Server(tiny["target"], "-t", "1",
+                                                                            "--no-lookup-corpus")}
+    try:
+        got = {name: clients_session(s) for name, s in servers.items()}
+    finally:
+        for s in servers.values():
+            s.stop()
+    assert {k: text for k, (text, _) in got["with"].items()} == {k: text for k, (text, _) in got["without"].items()}
+    by_request: dict = {}
+    for (who, prompt, chat), (text, _) in got["with"].items():
+        by_request.setdefault((prompt.removeprefix("first "), chat), set()).add(text)
+    assert all(len(texts) == 1 for texts in by_request.values()), by_request
+    assert got["with"]["b", "first " + PROBE, False][1].get("corpus", 0) > 0  # a's secret was drafted for b
+    assert not any(by.get("corpus") for _, by in got["without"].values())
+    for who in SECRETS:
+        words = SECRETS[who].split()
+        theirs = [text for (client, _, _), (text, _) in got["with"].items() if client != who]
+        assert len(theirs) > 10 and not any(w in text for w in words for text in theirs), (who, theirs)
+
+
 def test_a_cache_file_is_read_and_written_back_and_a_broken_one_is_one_warning(tiny, tmp_path):
     """`run --lookup-cache FILE`: a first run writes it (the run's prompt and output), a second reads and extends
     it; a broken file, a foreign one and one of another vocabulary are one warning line each, never a crash, and a
