@@ -504,6 +504,80 @@ def test_a_schema_the_grammar_cannot_use_is_named_by_its_messages_field(server):
     assert "'tools[1].input_schema'" in message and "propertyNames" in message and "function" not in message
 
 
+# -- Codex's requests, as it sends them (issue 46) -----------------------------------------------------------------
+READ_FILE = {"type": "function", "name": "read_file", "description": "Reads a file.", "strict": False, "parameters": {
+    "type": "object", "properties": {"path": {"type": "string", "maxLength": 12}},  # (the tiny model's text is long)
+    "required": ["path"], "additionalProperties": False}}
+CODEX_TOOLS = [
+    {"type": "function", "name": "shell", "description": "Runs a command.", "strict": False, "parameters": {
+        "type": "object", "properties": {"command": {"type": "array", "items": {"type": "string", "maxLength": 8},
+                                                     "maxItems": 2}},
+        "required": ["command"], "additionalProperties": False}},
+    {"type": "namespace", "name": "mcp__files", "description": "Tools in the mcp__files namespace.",
+     "tools": [READ_FILE]},
+    {"type": "web_search", "external_web_access": False},
+]
+
+
+def codex(server, stream, **fields):
+    """Codex's request through the `openai` client: its instructions, a developer message, its tools (a function, a
+    namespace, web search), reasoning, store, include, prompt_cache_key, parallel_tool_calls and client_metadata,
+    and no max_output_tokens."""
+    return server.client().responses.create(
+        model="gpt-5.1-codex", instructions=SYSTEM, stream=stream, tools=CODEX_TOOLS, parallel_tool_calls=False,
+        input=[{"type": "message", "role": "developer", "content": [{"type": "input_text", "text": REMINDER}]},
+               {"type": "message", "role": "user", "content": [{"type": "input_text", "text": USER}]}],
+        reasoning={"effort": "medium", "summary": "auto"}, store=False, include=["reasoning.encrypted_content"],
+        prompt_cache_key="019ad6f0-codex-session", extra_body={"client_metadata": {"x-codex-turn": "1"}}, **fields)
+
+
+@pytest.fixture(scope="module")
+def short(tiny):
+    """A server whose -n (4 tokens) would cut any call, and whose context holds Codex's tools in the tiny model's
+    tokens (about 950)."""
+    s = Server(tiny["target"], "--no-lookup-corpus", "-n", "4", "-c", "2048")
+    yield s
+    s.stop()
+
+
+def test_codexs_request_is_served_and_a_namespaced_call_names_its_namespace(short):
+    """A namespace's functions are offered as function tools, web search is left out, and a call of a namespaced
+    function comes back as a function_call item that names its namespace, whole and streamed; without
+    max_output_tokens the call is not cut by the server's -n (4 here)."""
+    server = short
+    r = codex(server, False, tool_choice={"type": "function", "name": "read_file"})
+    (call,) = [item for item in r.output if item.type == "function_call"]
+    assert (call.name, call.namespace) == ("read_file", "mcp__files") and r.status == "completed"
+    assert isinstance(json.loads(call.arguments)["path"], str) and r.usage.output_tokens > 4
+    events = list(codex(server, True, tool_choice={"type": "function", "name": "read_file"}))
+    done = [e.item for e in events if e.type == "response.output_item.done" and e.item.type == "function_call"]
+    assert [(c.name, c.namespace, c.arguments) for c in done] == [(call.name, call.namespace, call.arguments)]
+    assert events[-1].type == "response.completed"
+    shell = codex(server, False, tool_choice={"type": "function", "name": "shell"})
+    (call,) = [item for item in shell.output if item.type == "function_call"]
+    assert call.name == "shell" and call.namespace is None
+    # the same prompt as the chat request with the namespace's function among its tools, and no web search
+    want = server.client().chat.completions.create(
+        model="any", max_tokens=16, tool_choice="none",
+        tools=[{"type": "function", "function": {k: t[k] for k in ("name", "description", "strict", "parameters")}}
+               for t in (CODEX_TOOLS[0], READ_FILE)],
+        messages=[{"role": "system", "content": SYSTEM}, {"role": "system", "content": REMINDER},
+                  {"role": "user", "content": USER}])
+    r = codex(server, False, tool_choice="none", max_output_tokens=16)
+    assert r.output_text == want.choices[0].message.content and r.usage.input_tokens == want.usage.prompt_tokens
+
+
+def test_a_namespaced_functions_errors_name_its_path(server):
+    bad = {**READ_FILE, "name": "list_files", "parameters": {"type": "object", "propertyNames": {"pattern": "^a"}}}
+    for tools, param in (([CODEX_TOOLS[0], {**CODEX_TOOLS[1], "tools": [READ_FILE, bad]}], "tools[1].tools[1].parameters'"),
+                         ([READ_FILE, CODEX_TOOLS[1]], "tools[1].tools[0].name"),
+                         ([{**CODEX_TOOLS[1], "tools": [{"type": "custom", "name": "apply_patch"}]}],
+                          "tools[0].tools[0].type")):
+        with pytest.raises(openai.BadRequestError) as e:
+            server.client().responses.create(model="any", input=USER, max_output_tokens=4, tools=tools)
+        assert f"'{param}" in e.value.body["message"], e.value.body
+
+
 # -- tools end to end: once the chat path has tool calls (issue 34's item 1) ----------------------------------------
 def test_tool_loops_through_both_apis(server):
     """A required call of one tool, its result sent back, and the answer after it: through responses.create and

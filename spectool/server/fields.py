@@ -134,8 +134,8 @@ RESPONSES = [
     Field(("temperature", "top_p", "parallel_tool_calls", *passed("temperature", "top_p")),
           SERVED, "as on chat"),
     Field(("tools", "tool_choice"), SERVED, "function tools, and `namespace` tools' functions; a "
-          "call comes back as a `function_call` item; `web_search` tools are ignored (counted as "
-          "`tools.web_search`), other built-in tools are a 400"),
+          "call comes back as a `function_call` item (with its `namespace`); `web_search` tools "
+          "are ignored (counted as `tools.web_search`), other built-in tools are a 400"),
     Field(("text",), SERVED, "`format` (`text`, `json_object`, `json_schema`) as "
           "`response_format`; `verbosity` ignored"),
     Field(("stream",), SERVED, "the Responses events, `response.created` to "

@@ -11,6 +11,7 @@ and input other than text; which fields are served, ignored or refused is fields
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from typing import Any
@@ -152,21 +153,48 @@ def parts(content, at: str) -> str | list[dict]:
 
 
 def tools(value) -> list[dict]:
-    """Function tools ({type: function, name, description, parameters, strict}) as chat tools;
-    built-in tools run on OpenAI's side: web search is left out (fields.built_in_ignored), the
-    others (file search, computer use, MCP, ...) are refused."""
+    """Function tools ({type: function, name, description, parameters, strict}) as chat tools, a
+    namespace's among them (flattened)."""
+    keys = ("name", "description", "parameters", "strict")
+    return [{"type": "function", "function": {k: tool[k] for k in keys if k in tool}}
+            for _, tool, _ in flattened(value)]
+
+
+def flattened(value) -> list[tuple[str, dict, str | None]]:
+    """The function tools of `tools`, each with its path (what errors name) and its namespace: a
+    `namespace` tool's functions stand in its place (Codex groups tools so), web search is left out
+    (fields.built_in_ignored), and any other built-in tool (file search, computer use, MCP, ...)
+    runs on OpenAI's side and is refused. Two functions of one name are a 400."""
     if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
         raise bad("tools", "must be a list of tool objects")
-    out = []
+    out: list[tuple[str, dict, str | None]] = []
     for i, tool in enumerate(value):
+        inner, space = tool.get("tools"), tool.get("name")
         if fields.built_in_ignored(tool):
             continue
+        if tool.get("type") != "namespace":
+            out.append((f"tools[{i}]", tool, None))
+        elif isinstance(space, str) and isinstance(inner, list) and all(
+                isinstance(t, dict) for t in inner):
+            out += [(f"tools[{i}].tools[{j}]", t, space) for j, t in enumerate(inner)]
+        else:
+            raise bad(f"tools[{i}]", "is a namespace: it needs a 'name' and a list of 'tools'")
+    names = [tool.get("name") for _, tool, _ in out]
+    for k, (path, tool, _) in enumerate(out):
         if tool.get("type") != "function":
-            raise bad(f"tools[{i}].type",
+            raise bad(f"{path}.type",
                       f"is {json.dumps(tool.get('type'))[:40]}: this server runs no built-in "
-                                          "tools; give function tools", "unsupported_tool")
-        out.append({"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}})
+                      "tools; give function tools", "unsupported_tool")
+        if tool.get("name") in names[:k]:
+            raise bad(f"{path}.name", "is the name of an earlier function too (namespaces are "
+                                      "flattened here: give each function a name of its own)")
     return out
+
+
+def namespaces(body: dict) -> dict[str, str]:
+    """Each namespaced function's namespace, by its name (a call of it names its namespace)."""
+    return {tool["name"]: space for _, tool, space in flattened(body.get("tools") or [])
+            if space is not None}
 
 
 def tool_choice(value):
@@ -201,9 +229,18 @@ def text_format(value) -> dict:
     return {"response_format": {"type": "json_schema", "json_schema": spec}}
 
 
-def renamed(e: ApiError) -> ApiError:
+def renamed(e: ApiError, body: dict) -> ApiError:
     """A chat request's error named in the Responses API's terms (max_tokens: max_output_tokens,
-    ...)."""
+    a tool's `function.parameters`: its path's `parameters`, ...)."""
+    try:
+        paths = [path for path, _, _ in flattened(body.get("tools") or [])]
+    except ApiError:
+        paths = []
+    for name in ("message", "param"):
+        setattr(e, name, getattr(e, name) and re.sub(
+            r"tools\[(\d+)\]\.function\.parameters",
+            lambda m: f"{paths[int(m[1])] if int(m[1]) < len(paths) else m[0]}.parameters",
+            getattr(e, name)))
     for ours, theirs in RENAMED.items():
         if e.param is not None and (e.param == theirs or e.param.startswith(theirs + "[")):
             e.param = ours + e.param[len(theirs):]
@@ -261,13 +298,15 @@ class TextTokens:
         return self.taken[start:]
 
 
-def call_item(call: dict, status: str = "completed") -> dict:
+def call_item(call: dict, spaces: dict[str, str], status: str = "completed") -> dict:
+    """A chat tool call as a function_call item (with its function's namespace, `spaces`)."""
     f = call.get("function", {})
+    space = spaces.get(f.get("name", ""))
     return {"type": "function_call", "id": f"fc_{uuid.uuid4().hex[:24]}",
             "call_id": call.get("id", ""),
             "name": f.get("name", ""), "arguments": f.get("arguments", "") if status == "completed"
             else "",
-            "status": status}
+            "status": status, **({"namespace": space} if space is not None else {})}
 
 
 def response(server, body: dict, rid: str, created: int, output: list, finish: str | None,
@@ -296,7 +335,7 @@ def response(server, body: dict, rid: str, created: int, output: list, finish: s
 def whole(server, body: dict, rid: str, created: int, chat: dict) -> dict:
     choice = chat["choices"][0]
     message, calls = choice["message"], choice["message"].get("tool_calls") or []
-    output = [call_item(c) for c in calls]
+    output = [call_item(c, namespaces(body)) for c in calls]
     if message.get("content") or not calls:
         content = message.get("content") or ""
         output.insert(0, message_item(f"msg_{uuid.uuid4().hex[:24]}", content,
@@ -368,7 +407,8 @@ class Events:
         out, c = [], self.calls.get(call.get("index", 0))
         if c is None:
             out = self.close_message() if self.message_open() else []
-            c = self.calls[call.get("index", 0)] = {"item": call_item(call, "in_progress")}
+            c = self.calls[call.get("index", 0)] = {
+                "item": call_item(call, namespaces(self.body), "in_progress")}
             self.output.append(c["item"])
             out.append(self.event("response.output_item.added", output_index=len(self.output) - 1,
                                   item=dict(c["item"])))
@@ -437,9 +477,12 @@ async def answer(server, request):
     try:
         chat = to_chat(body, ignored)
         server.ignored.add("responses", ignored)
+        # without max_output_tokens, the rest of the context (as at OpenAI): an agent's call is
+        # never cut by the server's -n (Codex sends none)
+        chat.setdefault("max_tokens", server.session.gen.target.n_ctx)
         reply = await server.start(request, chat, True)
     except ApiError as e:
-        raise renamed(e) from None
+        raise renamed(e, body) from None
     rid, created = f"resp_{uuid.uuid4().hex[:24]}", int(time.time())
     if reply.stream:
         return StreamingResponse(events(server, body, rid, created, server.chunks(reply)),
