@@ -241,6 +241,10 @@ class Options:
     queue: int = opt(8, "--queue", group=SERVE, min=0,
                      help="Requests that may wait for their turn; one more gets a "
                      "503.")
+    keepalive: float = opt(5.0, "--keepalive", group=SERVE, min=0.0, metavar="SECONDS",
+                           help="Seconds a stream may stay silent (a long prompt prefilled, a "
+                           "tool call held until whole) before a keep-alive is sent: a Messages "
+                           "ping, an SSE comment elsewhere. 0 = none.")
     # -- common
     yes: bool = opt(False, "--yes", "-y", group=COMMON, help="Download without asking.")
     debug: bool = opt(False, "--debug", group=COMMON, help="Show tracebacks and llama.cpp's log.")

@@ -578,6 +578,66 @@ def test_a_namespaced_functions_errors_name_its_path(server):
         assert f"'{param}" in e.value.body["message"], e.value.body
 
 
+# -- long prompts, as agents send them (issue 46) ------------------------------------------------------------------
+def test_a_prompt_past_the_context_is_refused_in_each_apis_own_words(server):
+    """OpenAI's `context_length_exceeded`, the Responses API's words for it, and Anthropic's "prompt is too long: N
+    tokens > M maximum" (what Claude Code reads to compact its conversation), streamed or not, each naming the flag
+    that raises the context; count_tokens still counts such a prompt."""
+    long = "word " * 2000
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError) as e:
+            server.client().chat.completions.create(model="any", max_tokens=4, stream=stream,
+                                                    messages=[{"role": "user", "content": long}])
+        err = e.value.body
+        assert err["code"] == "context_length_exceeded" and err["param"] == "messages", err
+        assert "maximum context length is 1024 tokens" in err["message"] and "-c/--ctx-size" in err["message"]
+        with pytest.raises(openai.BadRequestError) as e:
+            server.client().responses.create(model="any", input=long, stream=stream)
+        err = e.value.body
+        assert err["code"] == "context_length_exceeded" and err["param"] == "input", err
+        assert "exceeds the context window" in err["message"] and "-c/--ctx-size" in err["message"]
+        with pytest.raises(anthropic.BadRequestError) as e:
+            claude(server).messages.create(model="any", max_tokens=4, stream=stream,
+                                           messages=[{"role": "user", "content": long}])
+        err = e.value.body["error"]
+        found = re.match(r"prompt is too long: (\d+) tokens > 1024 maximum", err["message"])
+        assert err["type"] == "invalid_request_error" and found and "-c/--ctx-size" in err["message"], err
+    count = claude(server).messages.count_tokens(model="any", messages=[{"role": "user", "content": long}])
+    assert count.input_tokens == int(found[1]) > 1024
+
+
+@pytest.fixture(scope="module")
+def beating(tiny):
+    """A server that sends a keep-alive after 50 ms of silence."""
+    s = Server(tiny["target"], "--no-lookup-corpus", "--keepalive", "0.05", "-c", "2048")
+    yield s
+    s.stop()
+
+
+def test_a_stream_is_kept_alive_while_a_long_prompt_is_prefilled(beating):
+    """Streamed, a long prompt's prefill (here over 50 ms: about 1,500 tokens on the tiny model) is not silent: SSE
+    comments on chat completions and the Responses API, `ping` events on the Messages API; the clients skip them and
+    read the same answer as without them."""
+    def prompt(tag: str) -> str:  # (a prompt of its own for each request: none is read from the KV cache)
+        return " ".join(f"{tag}{i}" for i in range(500))
+
+    _, raw = beating.request("POST", "/v1/chat/completions", {"max_tokens": 4, "stream": True, "messages": [
+        {"role": "user", "content": prompt("c")}]})
+    events = raw.split("\n\n")
+    text = next(i for i, e in enumerate(events) if e.startswith("data: {") and json.loads(e[6:])["choices"][0][
+        "delta"].get("content"))
+    assert ": keep-alive" in events[:text] and raw.endswith("data: [DONE]\n\n")  # (before the answer's first text)
+    _, raw = beating.request("POST", "/v1/responses", {"max_output_tokens": 4, "stream": True, "input": prompt("r")})
+    assert raw.count(": keep-alive\n\n") >= 1 and "response.incomplete" in raw
+    _, raw = beating.request("POST", "/v1/messages", {"max_tokens": 4, "stream": True, "messages": [
+        {"role": "user", "content": prompt("m")}]})
+    names = [line[7:] for line in raw.splitlines() if line.startswith("event: ")]
+    assert names[:3] == ["message_start", "ping", "ping"] and names[-1] == "message_stop" and ": keep-alive" not in raw
+    r = beating.client().chat.completions.create(model="any", max_tokens=4, stream=True, messages=[
+        {"role": "user", "content": prompt("o")}])
+    assert len("".join(c.choices[0].delta.content or "" for c in r if c.choices)) > 0
+
+
 # -- tools end to end: once the chat path has tool calls (issue 34's item 1) ----------------------------------------
 def test_tool_loops_through_both_apis(server):
     """A required call of one tool, its result sent back, and the answer after it: through responses.create and

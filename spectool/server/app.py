@@ -15,7 +15,7 @@ from typing import Awaitable, Callable
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from spectool.options import Options, UserError
@@ -85,7 +85,7 @@ async def generate_route(request: Request, chat: bool, fim: bool = False) -> Res
         return await infill.respond(reply.pieces, reply.stream, reply.n_prompt, server.model_id,
                                     reply.fields)
     if reply.stream:
-        return StreamingResponse(server.events(reply), media_type="text/event-stream")
+        return server.stream(server.events(reply))
     return JSONResponse(await server.whole(reply))
 
 

@@ -19,7 +19,7 @@ import threading
 import time
 import uuid
 from functools import partial
-from typing import Callable
+from typing import AsyncGenerator, Callable
 
 from spectool.options import Options
 from spectool.server import logprobs
@@ -35,6 +35,8 @@ from spectool.session import Session
 BODY_BYTES_PER_TOKEN = 64
 # the name of each choice's worker thread (Server.run), which Server.close waits for
 GENERATION_THREAD = "spectool-generation"
+# a keep-alive where an API has no event of its own for one: an SSE comment, which clients skip
+COMMENT = ": keep-alive\n\n"
 
 
 class Turns:
@@ -223,6 +225,13 @@ class Server:
         """The reply's answer as the objects OpenAI streams (completions.chunks)."""
         return chunks(reply, self.model_id, self.session.mode)
 
+    def stream(self, events, beat: str = COMMENT):
+        """A stream of server-sent `events`, kept alive (`kept_alive`, --keepalive)."""
+        from starlette.responses import StreamingResponse
+
+        return StreamingResponse(kept_alive(events, beat, self.options.keepalive),
+                                 media_type="text/event-stream")
+
     async def events(self, reply: Reply):
         """The reply's chunks as server-sent events."""
         async for obj in self.chunks(reply):
@@ -230,6 +239,30 @@ class Server:
             if "error" in obj:
                 return
         yield "data: [DONE]\n\n"
+
+
+async def kept_alive(events: AsyncGenerator[str, None], beat: str, seconds: float):
+    """A stream's `events`, with `beat` after each `seconds` of silence (a long prompt prefilled, a
+    tool call held until it is whole), so that a client's idle watchdog does not give up on it (0:
+    none). Closed early, it closes `events`, which stops the generation."""
+    pending: asyncio.Future | None = None
+    try:
+        while True:
+            pending = pending or asyncio.ensure_future(anext(events))
+            done, _ = await asyncio.wait({pending}, timeout=seconds or None)
+            if not done:
+                yield beat
+                continue
+            try:
+                event = pending.result()
+            except StopAsyncIteration:
+                return
+            pending = None
+            yield event
+    finally:
+        if pending is not None and pending.cancel():
+            await asyncio.gather(pending, return_exceptions=True)
+        await events.aclose()
 
 
 def handing(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue) -> Callable[[tuple], None]:

@@ -16,7 +16,7 @@ import uuid
 from contextlib import aclosing
 
 from spectool.server import fields
-from spectool.server.errors import ApiError
+from spectool.server.errors import RAISE_CONTEXT, ApiError, Overflow
 from spectool.server.requests import load
 
 # the fields passed to the chat request as they are
@@ -30,9 +30,12 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "
 
 
 def error_body(e: ApiError) -> dict:
-    """An error in Anthropic's shape: {type: error, error: {type, message}}."""
+    """An error in Anthropic's shape: {type: error, error: {type, message}}; a prompt longer than
+    the context in Anthropic's words, which Claude Code reads to compact its conversation."""
+    message = e.message if not isinstance(e, Overflow) else (
+        f"prompt is too long: {e.n_prompt} tokens > {e.n_ctx} maximum {RAISE_CONTEXT}")
     return {"type": "error",
-            "error": {"type": ERROR_TYPES.get(e.status, "api_error"), "message": e.message}}
+            "error": {"type": ERROR_TYPES.get(e.status, "api_error"), "message": message}}
 
 
 def bad(param: str, message: str, code: str = "invalid_request") -> ApiError:
@@ -347,7 +350,7 @@ async def events(server, body: dict, mid: str, reply, chunks):
 async def answer(server, request):
     """POST /v1/messages: the request's body translated, run on the chat path, the answer translated
     back."""
-    from starlette.responses import JSONResponse, StreamingResponse
+    from starlette.responses import JSONResponse
 
     body, ignored = load(await server.body(request)), []
     chat = to_chat(body, ignored)
@@ -357,9 +360,8 @@ async def answer(server, request):
     except ApiError as e:
         raise renamed(e) from None
     mid = f"msg_{uuid.uuid4().hex[:24]}"
-    if reply.stream:
-        return StreamingResponse(events(server, body, mid, reply, server.chunks(reply)),
-                                 media_type="text/event-stream")
+    if reply.stream:  # (kept alive by pings, as Anthropic's stream is)
+        return server.stream(events(server, body, mid, reply, server.chunks(reply)), event("ping"))
     chat = await server.whole(reply)
     return JSONResponse(message(server, body, mid, chat, reply.stats))
 
@@ -372,8 +374,10 @@ async def count_tokens(server, request):
 
     body = {k: v for k, v in load(await server.body(request)).items() if k != "stream"}
     try:
-        tokens = (await asyncio.to_thread(server.parse_request,
-                                          to_chat({"max_tokens": 1, **body}), True)).tokens
+        n = len((await asyncio.to_thread(server.parse_request,
+                                         to_chat({"max_tokens": 1, **body}), True)).tokens)
+    except Overflow as e:  # counted all the same: a client counts to know whether it fits
+        n = e.n_prompt
     except ApiError as e:
         raise renamed(e) from None
-    return JSONResponse({"input_tokens": len(tokens)})
+    return JSONResponse({"input_tokens": n})

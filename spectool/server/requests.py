@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from spectool.options import Options, UserError, in_request, request_options
-from spectool.server.errors import ApiError, invalid
+from spectool.server.errors import ApiError, Overflow, invalid
 from spectool.server.fields import check
 from spectool.server.logprobs import requested as requested_logprobs
 from spectool.session import Session, generation
@@ -134,9 +134,7 @@ def parse(raw: bytes | dict, chat: bool, session: Session, options: Options,
     else:
         tokens, stop = completion_prompt(body, target, infill, options)
     if len(tokens) >= target.n_ctx:
-        raise ApiError(400, f"the prompt has {len(tokens)} tokens but the context holds "
-                            f"{target.n_ctx}",
-                       code="context_length_exceeded")
+        raise Overflow(len(tokens), target.n_ctx, "messages" if chat else "prompt")
     grammar = request_grammar(body)
     if tools and tools.constrained and grammar is not None:
         raise invalid("tools",

@@ -18,7 +18,7 @@ from typing import Any
 from contextlib import aclosing
 
 from spectool.server import fields
-from spectool.server.errors import ApiError
+from spectool.server.errors import RAISE_CONTEXT, ApiError, Overflow
 from spectool.server.fields import asks_nothing
 from spectool.server.requests import load
 
@@ -232,6 +232,11 @@ def text_format(value) -> dict:
 def renamed(e: ApiError, body: dict) -> ApiError:
     """A chat request's error named in the Responses API's terms (max_tokens: max_output_tokens,
     a tool's `function.parameters`: its path's `parameters`, ...)."""
+    if isinstance(e, Overflow):
+        e.message, e.param = ("Your input exceeds the context window of this model: "
+                              f"{e.n_prompt} tokens > {e.n_ctx} maximum. Please adjust your input "
+                              f"and try again. {RAISE_CONTEXT}", "input")
+        return e
     try:
         paths = [path for path, _, _ in flattened(body.get("tools") or [])]
     except ApiError:
@@ -471,7 +476,7 @@ async def events(server, body: dict, rid: str, created: int, chunks):
 async def answer(server, request):
     """POST /v1/responses: the request's body translated, run on the chat path, the answer
     translated back."""
-    from starlette.responses import JSONResponse, StreamingResponse
+    from starlette.responses import JSONResponse
 
     body, ignored = load(await server.body(request)), []
     try:
@@ -485,6 +490,5 @@ async def answer(server, request):
         raise renamed(e, body) from None
     rid, created = f"resp_{uuid.uuid4().hex[:24]}", int(time.time())
     if reply.stream:
-        return StreamingResponse(events(server, body, rid, created, server.chunks(reply)),
-                                 media_type="text/event-stream")
+        return server.stream(events(server, body, rid, created, server.chunks(reply)))
     return JSONResponse(whole(server, body, rid, created, await server.whole(reply)))
