@@ -105,3 +105,29 @@ def test_corpus_replay_bounds_hold_its_rules():
     # an output written whole before is charged foresight, the others replayed as they were
     again = R.replay([*data, data[0]], R.Rule(), cost, 32, foresee_repeats=True)
     assert again == default + R.foresight(data[0][1], cost, 32) < R.replay([*data, data[0]], R.Rule(), cost, 32)
+
+
+def test_no_controller_variant_or_hindsight_beats_the_oracle_over_the_same_drafts():
+    """research/controller_replay.py: every policy it replays drafts lookup's drafts, so none may be cheaper than the
+    oracle over them (a shortest path), on a text that copies and strays; and best_k is the argmax it says."""
+    import itertools
+    import random
+
+    import controller_replay as C
+    from replay import oracle
+
+    rng = random.Random(7)
+    cost = [0.0] + [0.016 + 0.004 * b + (0.003 if b % 3 else 0.0) for b in range(1, C.K_MAX + 3)]
+    words = [rng.randrange(50) for _ in range(40)]
+    p = words * 2  # the prompt repeats itself: long matches
+    y = words[:15] + [rng.randrange(50) for _ in range(10)] + words[20:40]  # copies, strays, copies again
+    bound = oracle(p, y, cost, C.K_MAX)
+    pos = C.features(p, y)
+    seconds = [C.hindsight_seconds(pos, cost, fn) for fn in C.FEATURES.values()]
+    seconds += [C.online_seconds(pos, cost, fn) for fn in (None, C.FEATURES["key (today's)"])]
+    seconds += [C.replay(v, [(p, y)], cost) for v in C.variants().values()]
+    assert min(seconds) >= bound - 1e-12 and max(seconds) > bound * 1.01
+    for a in ([0.9, 0.8, 0.1], [0.2, 0.99, 0.99, 0.99], [0.5] * 6, []):
+        ratio = {k: (1 + sum(itertools.accumulate(a[:k], lambda x, y: x * y))) / cost[k + 1]
+                 for k in range(len(a) + 1)}
+        assert C.best_k(a, cost) == max(ratio, key=ratio.__getitem__)
