@@ -213,7 +213,8 @@ class Options:
                                           "JSON schema in this file.")
     # -- hardware
     ctx_size: int = opt(CTX_SIZE, "--ctx-size", "-c", group=HARDWARE, min=0,
-                        help="Context size in tokens (0 = the model's).")
+                        help="Context size in tokens (0 = the model's trained context, less where "
+                        "memory would not hold its KV cache).")
     threads: Optional[int] = opt(None, "--threads", "-t", group=HARDWARE, min=1, parse=_threads,
                                   help="CPU threads.")
     gpu_layers: str = opt("auto", "--gpu-layers", "-ngl", group=HARDWARE, metavar="N|auto|all",

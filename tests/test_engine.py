@@ -119,6 +119,30 @@ def test_vocab_facts_and_template(target, tiny):
     assert isinstance(backend_info()["gpu_offload"], bool)
 
 
+def test_c_0_is_the_trained_context_where_memory_holds_its_kv_cache(tiny, monkeypatch):
+    """-c 0 (serve's default): the trained context, whose KV cache spectool sizes as llama.cpp allocates it (its log
+    says so); where half the free memory would not hold it, the most that does, in multiples of 256."""
+    import collections
+    import re
+
+    from spectool.llama import memory, native
+
+    monkeypatch.setattr(native, "_RECENT_LOG", collections.deque(maxlen=100_000))  # (the whole log, kept)
+    m = Model(tiny["target"], n_ctx=0)
+    try:
+        per = memory.kv_bytes_per_token(m.lib, m._model)
+        mib, cells = re.search(r"llama_kv_cache: size = +([\d.]+) MiB \( *(\d+) cells", native.recent_log()).groups()
+        assert m.n_ctx == int(cells) == m.lib.llama_model_n_ctx_train(m._model) == 2048
+        assert per * m.n_ctx == float(mib) * 2 ** 20
+        monkeypatch.setattr(memory, "FLOOR", 256)
+        monkeypatch.setattr(memory, "free_bytes", lambda usable: 2 * 1000 * per)  # half of it holds 1,000 tokens
+        assert memory.context_that_fits(m.lib, m._model, []) == 768
+        monkeypatch.setattr(memory, "free_bytes", lambda usable: 2 * 10**9)
+        assert memory.context_that_fits(m.lib, m._model, []) == 2048
+    finally:
+        m.close()
+
+
 def test_missing_file(tmp_path):
     with pytest.raises(ModelLoadError, match="not found"):
         Model(tmp_path / "nope.gguf")

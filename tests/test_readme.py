@@ -156,7 +156,7 @@ def test_the_check_fails_on_a_flag_or_default_that_is_not_so():
     assert any("--drafts is not an option of benchmarks/structured.py" in p
                for p in problems(text + "\nRun `python benchmarks/structured.py --drafts`.\n"))
     text = (ROOT / "docs" / "usage.md").read_text()
-    wrong = text.replace("| `-c` | 4096 |", "| `-c` | 8192 |")
+    wrong = text.replace("| `-c` | 4096 (`run`", "| `-c` | 8192 (`run`")
     assert wrong != text and any("-c" in p and "8192" in p for p in problems(wrong))
     wrong = text.replace("0.8 (`chat`) | 0.8 |", "0.7 (`chat`) | 0.8 |")
     assert wrong != text and any("chat --temp" in p for p in problems(wrong))

@@ -249,7 +249,7 @@ def chat(
 # --------------------------------------------------------------------------------------------------
 @app.command(epilog="Examples:\n\n  spectool serve --pair demo-chat\n\n  spectool serve -m "
              "big.gguf -md small.gguf --host 0.0.0.0 --port 8080 --api-key SECRET")
-@takes(MODELS, DRAFTING, GENERATION, SAMPLING, GRAMMAR, HARDWARE, SERVE, COMMON)
+@takes(MODELS, DRAFTING, GENERATION, SAMPLING, GRAMMAR, HARDWARE, SERVE, COMMON, ctx_size=0)
 def serve(
     o: Options,
     host: Host = "127.0.0.1",
@@ -261,7 +261,8 @@ def serve(
 ) -> None:
     """An OpenAI-compatible server (/v1/chat/completions, /v1/completions, /v1/models, /health,
     /metrics) with speculative decoding. The generation options are the defaults of requests that do
-    not set them (greedy unless --temp or a request's temperature says otherwise)."""
+    not set them (greedy unless --temp or a request's temperature says otherwise); the context is
+    the model's trained one where memory holds it (-c 0), as agents' long prompts need."""
     with cli_errors(o.debug):
         # before the model loads: a missing server library is one line, not a wait and then a
         # failure

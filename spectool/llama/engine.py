@@ -19,7 +19,8 @@ from spectool.llama import native  # noqa: F401, I001 - llama.cpp before numpy (
 import numpy as np  # noqa: E402
 
 from spectool.llama.devices import resolve_gpu_layers
-from spectool.llama.memory import no_context, ran_out_of_memory, weights_do_not_fit
+from spectool.llama.memory import (context_that_fits, no_context, ran_out_of_memory,
+                                   weights_do_not_fit)
 # the engine's errors and backend facts, re-exported
 from spectool.llama.native import (  # noqa: F401
     DecodeError,
@@ -88,7 +89,7 @@ class Model(Facts):
         # MTP (NextN) heads the file carries
         self.n_nextn = int(lib.llama_model_n_layer_nextn(model))
         self.n_threads = n_threads or max(1, os.cpu_count() or 1)
-        n_ctx = n_ctx if n_ctx > 0 else lib.llama_model_n_ctx_train(model)
+        n_ctx = n_ctx if n_ctx > 0 else context_that_fits(lib, model, self.offload_devices)
         self._ctx = self._make_context(n_ctx, n_batch, flash_attn)
         self._mem = lib.llama_get_memory(self._ctx)
         self.n_ctx = lib.llama_n_ctx(self._ctx)

@@ -1,5 +1,5 @@
 """What to tell the user when a model or its context does not fit in memory: how much was asked and
-free, and what to try (fewer -ngl layers, a smaller -c)."""
+free, and what to try (fewer -ngl layers, a smaller -c); and the context that fits (-c 0)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,45 @@ from typing import Sequence
 from spectool.llama.devices import Device
 from spectool.llama.native import DoesNotFit, ModelLoadError, last_log_error, lib, recent_log
 from spectool.llama.vocab import meta_value
+
+
+# -c 0's context: the trained one, unless its KV cache would take more than this share of the memory
+# free where it goes (the rest: compute buffers, a draft model's cache, the corpus); never less than
+# FLOOR tokens, the context -c defaulted to (a smaller one fails as a -c that does not fit fails)
+KV_SHARE, FLOOR = 0.5, 4096
+
+
+def kv_bytes_per_token(lib, model) -> int:
+    """What one token of context costs in the KV cache: K and V, f16, in every layer (sliding-window
+    layers counted whole: an upper bound)."""
+    arch = meta_value(lib, model, "general.architecture")
+    n_head = max(1, lib.llama_model_n_head(model))
+    head_k = int(meta_value(lib, model, f"{arch}.attention.key_length")
+                 or lib.llama_model_n_embd(model) // n_head)
+    head_v = int(meta_value(lib, model, f"{arch}.attention.value_length") or head_k)
+    return 2 * lib.llama_model_n_layer(model) * lib.llama_model_n_head_kv(model) * (head_k + head_v)
+
+
+def free_bytes(usable: Sequence[Device]) -> int:
+    """The memory free now on `usable` (the devices the layers went to), or in RAM (none)."""
+    if usable:
+        from spectool.llama.devices import devices
+
+        handles = {d.handle for d in usable}
+        return sum(d.free for d in devices() if d.handle in handles)
+    meminfo = Path("/proc/meminfo")  # (Linux: what can be had without swapping, caches included)
+    found = re.search(r"^MemAvailable:\s+(\d+) kB", meminfo.read_text(), re.M) if (
+        meminfo.exists()) else None
+    return int(found[1]) * 1024 if found else os.sysconf("SC_AVPHYS_PAGES") * os.sysconf(
+        "SC_PAGE_SIZE")
+
+
+def context_that_fits(lib, model, usable: Sequence[Device]) -> int:
+    """-c 0: the model's trained context where its KV cache takes at most KV_SHARE of the memory
+    free where it goes, else the most that does (a multiple of 256), at least FLOOR tokens."""
+    trained = int(lib.llama_model_n_ctx_train(model))
+    fits = int(KV_SHARE * free_bytes(usable)) // max(1, kv_bytes_per_token(lib, model))
+    return min(trained, max(FLOOR, fits // 256 * 256))
 
 
 def ran_out_of_memory() -> bool:

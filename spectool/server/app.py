@@ -203,7 +203,8 @@ def serve(session: Session, options: Options, model_id: str, host: str, port: in
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         say(f"warning: serving on {host} without --api-key: anyone who can reach this port can use "
             "the model")
-    say(f"serving {model_id} on http://{host}:{port}/v1 ({session.mode}); Ctrl-C stops")
+    say(f"serving {model_id} on http://{host}:{port}/v1 ({session.mode}, a context of "
+        f"{session.gen.target.n_ctx} tokens); Ctrl-C stops")
     config = uvicorn.Config(make_app(server), host=host, port=port, log_level="warning",
                             access_log=False,
                             timeout_graceful_shutdown=30)
