@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "benchmarks"))
 sys.path.insert(0, str(HERE.parent))
 
@@ -266,11 +267,29 @@ def feature_table(saved: dict) -> None:
         print(f"| {name} | " + " | ".join(f"{c:.1%}" for c in cells) + " |", flush=True)
 
 
+def llama_lookup_table(saved: dict) -> None:
+    """spectool's lookup (its controller, cost table known) and the oracle over its drafts, each over llama-lookup's
+    drafting (lookup_bound.llama_lookup, its port, at 8 tokens a step as vs_llamacpp.py runs it), replayed at the
+    same costs: what the bar "1.15x llama-lookup" asks of the controller, with no Python or machine time in it."""
+    from lookup_bound import llama_lookup
+
+    cost = saved["cost"]
+    print("\n| set / sample | spectool lookup / llama-lookup | oracle / llama-lookup | share of the oracle that "
+          "1.15x needs |\n|---|---:|---:|---:|")
+    for name, data in saved["data"].items():
+        theirs = sum(llama_lookup(p, y, cost) for p, y in data)
+        mine = replay(Variant("costs known", lambda c: Controller(k_max=K_MAX, costs=c), known_costs=True), data,
+                      cost)
+        bound = sum(oracle(p, y, cost, K_MAX) for p, y in data)
+        print(f"| {name} | {theirs / mine:.2f}x | {theirs / bound:.2f}x | {1.15 * bound / theirs:.0%} |", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("data", type=Path, help="lookup_bound.py --save's file")
     ap.add_argument("--variants", default=None, help="names, separated by ; (default: all)")
     ap.add_argument("--features", action="store_true", help="also the table of features in hindsight")
+    ap.add_argument("--llama-lookup", action="store_true", help="also the table against llama-lookup, replayed")
     args = ap.parse_args()
     saved = json.loads(args.data.read_text())
     known = variants()
@@ -279,6 +298,8 @@ def main() -> None:
     table(saved, chosen)
     if args.features:
         feature_table(saved)
+    if args.llama_lookup:
+        llama_lookup_table(saved)
 
 
 if __name__ == "__main__":

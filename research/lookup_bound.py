@@ -9,7 +9,9 @@ of 1..k_max+1 tokens costs, then charges each policy that cost per step, without
   through its own drafting function;
 - spectool's PromptLookup with its adaptive Controller (learning costs and acceptance as it goes);
 - an oracle that drafts from the same PromptLookup but knows in advance how many drafted tokens the target will
-  accept (a shortest path over the output): no controller can beat it with these drafts.
+  accept (a shortest path over the output): no controller can beat it with these drafts;
+- llama-lookup's drafting (common/ngram-cache.cpp ported: `llama_lookup_steps`, checked against the tool in
+  research/tests), 8 tokens a step as benchmarks/vs_llamacpp.py runs it.
 Replayed costs leave out Python time and machine noise, so compare the ratios, not the tokens/s.
 """
 
@@ -53,12 +55,62 @@ def theirs(p, y, cost) -> float:
     return total
 
 
+# llama-lookup's context cache (common/ngram-cache.cpp): n-grams of 1-4 tokens; a draft token needs its n-gram seen
+# at least this often, its follower at least this share of the time (the "lax" thresholds), longest n-gram first
+NGRAM_MAX, LAX_SAMPLES, LAX_PERCENT = 4, (2, 2, 1, 1), (66, 50, 50, 50)
+
+
+def llama_lookup_steps(p, y, n_draft: int = 8) -> list[tuple[int, int]]:
+    """llama-lookup's steps over output y of prompt p (examples/lookup, no static or dynamic cache file), as
+    (tokens drafted, tokens accepted): its common_ngram_cache_draft ported, each step's draft up to `n_draft`
+    tokens, each token from the longest n-gram ending the text and the draft that passes the thresholds."""
+    cache: dict[tuple[int, ...], dict[int, int]] = {}
+
+    def update(seq, new: int) -> None:  # common_ngram_cache_update over the last `new` tokens of seq
+        for n in range(1, NGRAM_MAX + 1):
+            for i in range(max(len(seq) - new, n), len(seq)):
+                part = cache.setdefault(tuple(seq[i - n:i]), {})
+                part[seq[i]] = part.get(seq[i], 0) + 1
+
+    def draft_token(ctx) -> int | None:
+        for n in range(min(NGRAM_MAX, len(ctx)), 0, -1):
+            part = cache.get(tuple(ctx[-n:]))
+            if part is None:
+                continue
+            # the most frequent; of those, the last seen (libstdc++'s unordered_map lists the newest first)
+            token = max(reversed(part), key=part.__getitem__)
+            total = sum(part.values())
+            if total >= LAX_SAMPLES[n - 1] and 100 * part[token] >= LAX_PERCENT[n - 1] * total:
+                return token
+        return None
+
+    seq, steps, j = list(p) + y[:1], [(0, 0)], 1
+    update(seq, len(seq))
+    while j < len(y):
+        draft: list[int] = []
+        while len(draft) < n_draft and (t := draft_token(seq + draft)) is not None:
+            draft.append(t)
+        m = accepted(draft, y, j)
+        steps.append((len(draft), m))
+        for t in y[j:j + m + 1]:
+            seq.append(t)
+            update(seq, 1)
+        j += m + 1
+    return steps
+
+
+def llama_lookup(p, y, cost, n_draft: int = 8) -> float:
+    """Seconds of llama-lookup's drafting over output y of prompt p, replayed at `cost`."""
+    return sum(cost[d + 1] for d, _ in llama_lookup_steps(p, y, n_draft))
+
+
 def replayed(data, cost, k_max: int) -> list[tuple[str, float]]:
     """Seconds of each policy over `data` (prompt, output pairs), replayed at `cost`."""
     n, shared = sum(len(y) for _, y in data), Costs()
     return [("plain", n * cost[1]), ("llama-cpp-python lookup", sum(theirs(p, y, cost) for p, y in data)),
             ("spectool lookup", sum(ours(p, y, cost, k_max, shared) for p, y in data)),
-            ("oracle (knows what is accepted)", sum(oracle(p, y, cost, k_max) for p, y in data))]
+            ("oracle (knows what is accepted)", sum(oracle(p, y, cost, k_max) for p, y in data)),
+            ("llama-lookup (8)", sum(llama_lookup(p, y, cost) for p, y in data))]
 
 
 def main() -> None:
@@ -74,8 +126,8 @@ def main() -> None:
     engine.set_verbose(False)
     seed = common.fresh_seed(args.seed)
     print(f"{common.machine(args.threads)}; unseen samples drawn with --seed {seed}")
-    print("\n| set | sample | plain | llama-cpp-python lookup | spectool lookup | oracle | controller / oracle |"
-          "\n|---|---|---:|---:|---:|---:|---:|")
+    print("\n| set | sample | plain | llama-cpp-python lookup | spectool lookup | oracle | llama-lookup (ported) |"
+          " controller / oracle |\n|---|---|---:|---:|---:|---:|---:|---:|")
     with engine.Model(models()["F16"], n_ctx=CTX_SIZE, n_threads=args.threads) as target:
         cost: list[float] = []
         saved: dict = {}

@@ -131,3 +131,31 @@ def test_no_controller_variant_or_hindsight_beats_the_oracle_over_the_same_draft
         ratio = {k: (1 + sum(itertools.accumulate(a[:k], lambda x, y: x * y))) / cost[k + 1]
                  for k in range(len(a) + 1)}
         assert C.best_k(a, cost) == max(ratio, key=ratio.__getitem__)
+
+
+def test_llama_lookup_port_drafts_what_llama_lookup_drafts(gemma_f16):
+    """research/lookup_bound.py's port of llama-lookup's drafting (common/ngram-cache.cpp) against llama-lookup
+    itself, built from the vendored llama.cpp (tests/llamacpp.py, cached): over the same greedy output of F16 Gemma
+    3 270M on a HumanEval edit, the port drafts as many tokens as the real tool reports (n_drafted), step for step
+    up to where the tool stops (after the step that takes its count past -n)."""
+    import llamacpp
+    import lookup_bound as L
+    from replay import plain_output
+    from spectool.llama import engine
+
+    binary = llamacpp.build(quiet=True, targets=("llama-lookup",))["llama-lookup"]
+    tokens = 96
+    # prompts where llama-lookup's tie between followers seen as often decides drafts (its newest wins)
+    for name in ("code editing (HumanEval)", "grounded chat (ShareGPT)"):
+        text = P.unseen(name, 8, 4401)[0]
+        with engine.Model(gemma_f16, n_ctx=llamacpp.CTX_SIZE, n_threads=2) as target:
+            p = target.tokenize(text)
+            y = plain_output(target, p, tokens + 16)
+        run = llamacpp.lookup(binary, gemma_f16, text, tokens)
+        drafted, made = 0, 0
+        for d, m in L.llama_lookup_steps(p, y):
+            if made > tokens - 1:  # the tool stops before drafting again
+                break
+            drafted, made = drafted + d, made + m + 1
+        assert run.drafted > 10 and run.accepted > 5  # both copy from their prompt: drafted
+        assert drafted == run.drafted, name
