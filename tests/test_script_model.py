@@ -58,3 +58,26 @@ def test_the_tool_result_is_one_token_the_prompt_never_makes_of_text(scripted):
     alone never switch the model."""
     assert len(scripted.tokenize("<tool_response>", add_special=False, parse_special=True)) == 1
     assert greedy(scripted, [{"role": "user", "content": "tool_response " + ANSWER}]).startswith("<tool_call>")
+
+
+def test_served_its_call_is_a_tool_call_and_its_answer_text(tmp_path):
+    """Through `spectool serve` under tool_choice auto: Qwen2.5's `<tool_call>` is a user-defined token, which
+    llguidance counts as special, so the grammar names it by its id (a text literal masked it: the reply became the
+    answer's words)."""
+    from helpers import Server
+    from tinymodels import write_script_model
+
+    server = Server(write_script_model(tmp_path, CALL, ANSWER))
+    try:
+        client = server.client()
+        messages = conversation(1, False)
+        r = client.chat.completions.create(model="x", messages=messages, tools=TOOLS).choices[0]
+        assert (r.finish_reason, r.message.content) == ("tool_calls", None)
+        call = r.message.tool_calls[0]
+        assert (call.function.name, call.function.arguments) == ("Bash", '{"command": "echo spectool-$((6*7))"}')
+        messages += [r.message.model_dump(exclude_none=True),
+                     {"role": "tool", "tool_call_id": call.id, "content": "spectool-42"}]
+        r = client.chat.completions.create(model="x", messages=messages, tools=TOOLS).choices[0]
+        assert (r.finish_reason, r.message.content) == ("stop", ANSWER)
+    finally:
+        server.stop()

@@ -10,6 +10,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable
 
+from spectool.core.grammar import tokenizer_for
 from spectool.server.tools.formats import FORMATS, Format, Generic, detect
 
 NATIVE_PROMPT = ("You can call these tools (JSON schemas of their arguments):\n{tools}\n\n"
@@ -62,11 +63,10 @@ class Tools:
         if not self.constrained:
             return None
 
-        def lit(text: str) -> str:  # a special token by its id: it has no text to match
-            ids = model.tokenize(text, add_special=False, parse_special=True)
-            return (
-                f"<[{ids[0]}]>" if len(ids) == 1 and not model.piece(ids[0]) else json.dumps(text)
-            )
+        def lit(text: str) -> str:  # a special token by its id: llguidance matches no text to it
+            ids = model.tokenize(text, add_special=False, parse_special=True)  # (Qwen2.5's
+            special = len(ids) == 1 and tokenizer_for(model).tokenizer.is_special_token(ids[0])
+            return f"<[{ids[0]}]>" if special else json.dumps(text)  # user-defined <tool_call> too)
 
         fns = [self.named[self.choice]] if self.choice in self.named else list(self.named.values())
         return self.family.grammar(fns, self.choice == "auto", lit)
