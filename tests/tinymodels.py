@@ -126,25 +126,26 @@ def _weights(rng: np.random.Generator, n_vocab: int, n_layer: int, last_scale: f
 
 def _write(path: Path, weights: dict[str, np.ndarray], n_layer: int, vocab, name: str, split: int = 0,
            template: str | None = CHAT_TEMPLATE, ids: dict[str, int] | None = None, rope_base: float = 0.0,
-           n_ctx: int = N_CTX) -> Path:
+           n_ctx: int = N_CTX, dims: tuple[int, int, int, int] = (N_EMBD, N_HEAD, N_HEAD_KV, N_FF)) -> Path:
     """Write a model; split > 0 writes shards of that many tensors (NAME-00001-of-0000N.gguf, ...). `template`:
     its chat template (None: none); `ids`: more token ids by their GGUF keys (the end of turn, the FIM tokens);
-    `rope_base`: RoPE's freq_base (0: llama.cpp's default); `n_ctx`: the trained context."""
+    `rope_base`: RoPE's freq_base (0: llama.cpp's default); `n_ctx`: the trained context; `dims`: the width, heads,
+    key-value heads and FFN width."""
     import gguf
 
     path.parent.mkdir(parents=True, exist_ok=True)
     w = gguf.GGUFWriter(str(path), "llama", split_max_tensors=split)
     w.add_name(name)
     w.add_context_length(n_ctx)
-    w.add_embedding_length(N_EMBD)
+    w.add_embedding_length(dims[0])
     w.add_block_count(n_layer)
     if rope_base:
         w.add_rope_freq_base(rope_base)
-    w.add_feed_forward_length(N_FF)
-    w.add_head_count(N_HEAD)
-    w.add_head_count_kv(N_HEAD_KV)
+    w.add_feed_forward_length(dims[3])
+    w.add_head_count(dims[1])
+    w.add_head_count_kv(dims[2])
     w.add_layer_norm_rms_eps(1e-5)
-    w.add_rope_dimension_count(N_EMBD // N_HEAD)
+    w.add_rope_dimension_count(dims[0] // dims[1])
     if template is not None:
         w.add_chat_template(template)
     for key, token in (ids or {}).items():
@@ -391,36 +392,39 @@ def _script_vocab(call: str, answer: str):
 
 def write_script_model(folder: Path, call: str, answer: str, name: str = "script") -> Path:
     """NAME.gguf: greedy output `<tool_call>\\n{call}\\n</tool_call>` while the prompt holds no `<tool_response>`,
-    `answer` once it does, each then end of turn. One layer: each token's embedding is a random direction (dims
-    0-59) with -2 on a switch dimension (63); one attention head attends only to `<tool_response>` (its flag, dim
-    60) and turns the switch to +2; the FFN and every other head write nothing. The output layer's row of each
-    script token is its predecessor's direction (scaled) and the switch's sign, so the next token is the script's
-    successor of the current one (after the prompt's last "\\n": the first piece). RoPE is made negligible on the
-    head's dimensions (freq_base 1e30), so the marker counts at any distance."""
+    `answer` once it does, each then end of turn. One layer, 16 wide, one head (an agent's prompt of 60k tokens is
+    prefilled in seconds): each token's embedding is a direction (dims 0-11; the scripts' tokens orthogonal) and
+    -2 on a switch dimension (15); the head attends only to `<tool_response>` (its flag, dim 12) and turns the
+    switch to +2; the FFN writes nothing. The output layer's row of each script token is its predecessor's
+    direction and the switch's sign, so the next token is the script's successor of the current one (after the
+    prompt's last "\\n": the first piece). RoPE is made negligible on the head's dimensions (freq_base 1e30), so
+    the marker counts at any distance."""
     vocab, scripts = _script_vocab(call, answer)
-    n, d, hd = len(vocab[0]), N_EMBD, N_EMBD // N_HEAD
+    n, d = len(vocab[0]), 16
     rng = np.random.default_rng(46)
-    emb = rng.normal(0.0, 1.0, (n, d)).astype(np.float32)
-    emb[:, 60:] = 0.0
-    emb[:, :60] *= np.sqrt(60) / np.linalg.norm(emb[:, :60], axis=1, keepdims=True)
-    emb[:, 63] = -2.0
-    marker = vocab[0].index("<tool_response>")
-    emb[marker, 60] = 8.0  # the marker's rms is sqrt(2): 5.66 on dim 60 after the attention's norm
-    zero = {"attn_q": (d, d), "attn_k": (hd * N_HEAD_KV, d), "attn_v": (hd * N_HEAD_KV, d), "attn_output": (d, d),
-            "ffn_gate": (N_FF, d), "ffn_up": (N_FF, d), "ffn_down": (d, N_FF)}
-    blk = {k: np.zeros(s, np.float32) for k, s in zero.items()}
-    blk["attn_q"][14, 63] = -5.0  # query 10 (the switch dim is -2 on every token), in RoPE's slowest pair
-    blk["attn_k"][14, 60] = 2.83  # key 16 on the marker only: score 10 * 16 / sqrt(16) = 40
-    blk["attn_v"][0, 60] = 1 / 5.66  # value 1 on the marker only
-    blk["attn_output"][63, 0] = 4.0  # the switch: -2 to +2
+    emb = np.zeros((n, d), np.float32)
+    emb[:, :12] = rng.normal(0.0, 1.0, (n, 12))
+    before = list(dict.fromkeys([vocab[0].index("<0x0A>")] + scripts[0][:-1] + scripts[1][:-1]))
+    if len(before) > 12:
+        raise ValueError("at most 11 pieces in the two scripts")
+    emb[before, :12] = np.linalg.qr(rng.normal(0.0, 1.0, (12, len(before))))[0].T
+    emb[:, :12] *= np.sqrt(12) / np.linalg.norm(emb[:, :12], axis=1, keepdims=True)
+    emb[:, 15] = -2.0
+    emb[vocab[0].index("<tool_response>"), 12] = 4.0  # the marker's rms is sqrt(2): 2.83 after the norm
+    blk = {k: np.zeros((d, d), np.float32) for k in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate",
+                                                      "ffn_up", "ffn_down")}
+    blk["attn_q"][14, 15] = -5.0  # query 10 (the switch is -2 on every token), in RoPE's slowest pair
+    blk["attn_k"][14, 12] = 5.66  # key 16 on the marker only: score 10 * 16 / sqrt(16) = 40
+    blk["attn_v"][0, 12] = 1 / 2.83  # value 1 on the marker only
+    blk["attn_output"][15, 0] = 4.0  # the switch: -2 to +2
     out = np.zeros((n, d), np.float32)
     for sign, script in zip((-1.0, 1.0), scripts):
         for prev, token in zip([vocab[0].index("<0x0A>")] + script, script):
-            out[token, :60] += 100.0 * emb[prev, :60] / 60.0
-            out[token, 63] = 15.0 * sign if token != script[-1] else 0.0
+            out[token, :12] += 100.0 * emb[prev, :12] / 12.0
+            out[token, 15] = 15.0 * sign if token != script[-1] else 0.0
     weights = {"token_embd.weight": emb, "output_norm.weight": np.ones(d, np.float32), "output.weight": out}
     weights |= {f"blk.0.{k}.weight": v for k, v in blk.items()}
     weights |= {f"blk.0.{k}.weight": np.ones(d, np.float32) for k in ("attn_norm", "ffn_norm")}
     return _write(Path(folder) / f"{name}.gguf", weights, 1, vocab, f"tiny-{name}", template=QWEN25_TEMPLATE,
                   ids={"tokenizer.ggml.eot_token_id": vocab[0].index("<|im_end|>")}, rope_base=1e30,
-                  n_ctx=131072)
+                  n_ctx=131072, dims=(d, 1, 1, d))
