@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from spectool.options import Options, UserError
-from spectool.server import infill, messages, responses, tokens
+from spectool.server import infill, messages, responses, slots, tokens
 from spectool.server.context import Server
 from spectool.server.errors import ApiError
 from spectool.server.metrics import corpus_metrics
@@ -125,6 +125,15 @@ async def models(request: Request) -> Response:
          "owned_by": "spectool"}]})
 
 
+async def props(request: Request) -> Response:
+    """llama-server's GET /props and GET /slots (slots.py), behind the key as there."""
+    authorised(request)
+    server = server_of(request)
+    if request.url.path == "/props":
+        return JSONResponse(slots.props(server))
+    return JSONResponse(slots.slots(server, request.query_params.get("fail_on_no_slot", "") != ""))
+
+
 async def health(request: Request) -> Response:
     """Open, as llama-server's: load balancers and probes hold no key."""
     return JSONResponse({"status": "ok"})
@@ -168,6 +177,8 @@ ROUTES = [
     post("/v1/messages", over_chat(messages.answer), messages.error_body),
     post("/v1/messages/count_tokens", over_chat(messages.count_tokens), messages.error_body),
     get("/v1/models", models),
+    get("/props", props),
+    get("/slots", props),
     get("/health", health),
     get("/", health),  # (and HEAD /, which Claude Code sends before it starts)
     get("/metrics", metrics),

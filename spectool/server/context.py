@@ -28,6 +28,7 @@ from spectool.server.errors import ApiError
 from spectool.server.infill import Limits
 from spectool.server.metrics import Ignored, Totals
 from spectool.server.requests import Request, parse
+from spectool.server.slots import Task
 from spectool.session import Session
 
 # --max-body-bytes 0: a token is about 4 bytes of text, and JSON may spell one character in 12 bytes
@@ -92,6 +93,7 @@ class Server:
         self.turns = Turns(options.queue)
         self.totals = Totals()
         self.ignored = Ignored()  # the request fields that asked nothing (fields.py)
+        self.tasks: list[Task | None] = [None]  # what each slot runs, or ran last (slots.py): one
         self.stopping = threading.Event()
 
     def parse_request(self, raw: bytes | dict, chat: bool, infill: bool = False) -> Request:
@@ -135,6 +137,7 @@ class Server:
 
         stats = Stats(mode=self.session.mode)
         self.turns.wait(ticket)
+        self.tasks[0] = task = Task(ticket, gen, len(tokens), stats)
         try:
             # an /infill with n_predict 0 (an editor warming the cache): the prompt only
             if gen.max_tokens == 0:
@@ -149,6 +152,7 @@ class Server:
             push((None, e))
             return
         finally:
+            task.processing = False
             self.turns.done()
         if self.stopping.is_set() and stats.finish_reason in (None, "interrupted"):
             stats.finish_reason = "length"  # cut short by SIGTERM or Ctrl-C, as by a token budget

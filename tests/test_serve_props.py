@@ -1,0 +1,98 @@
+"""llama-server's GET /props and GET /slots through a real `spectool serve` started with its own defaults (no -c:
+the model's trained context), in llama-server's shapes as its own tests read them (tools/server/tests/unit/
+test_basic.py: model_path, total_slots, default_generation_settings' n_ctx and seed; a slot that has run nothing
+has no params), and as they change: the last task's counts and settings, a slot busy while it generates
+(`?fail_on_no_slot=1` then a 503), the key asked for where the server has one."""
+
+import json
+import os
+import threading
+import time
+import urllib.request
+
+import pytest
+from helpers import Server, free_port, start, stop, wait_until_up
+
+from spectool.server.slots import LLAMA_DEFAULT_SEED
+
+
+class Defaults(Server):
+    """`spectool serve -m MODEL` with serve's own defaults (helpers.Server sets -c)."""
+
+    def __init__(self, model, *args):
+        self.port = free_port()
+        self.proc = start(["serve", "-m", model, "-t", "2", "--port", self.port, *args], env=dict(os.environ))
+        self.url = f"http://127.0.0.1:{self.port}"
+        wait_until_up(self.proc, lambda: bool(urllib.request.urlopen(self.url + "/health", timeout=1)), "server")
+
+
+@pytest.fixture(scope="module")
+def server(tiny):
+    s = Defaults(tiny["target"], "--no-lookup-corpus")
+    yield s
+    stop(s.proc)
+
+
+def get(server, path):
+    status, body = server.request("GET", path)
+    return status, json.loads(body)
+
+
+def test_props_are_llama_servers_with_the_trained_context(server):
+    status, props = get(server, "/props")
+    assert status == 200 and props["model_path"].endswith(".gguf") and props["total_slots"] == 1
+    settings = props["default_generation_settings"]
+    assert settings["n_ctx"] == 2048  # the tiny model's trained context: serve's default, memory allowing
+    params = settings["params"]
+    assert params["seed"] == LLAMA_DEFAULT_SEED and params["temperature"] == 0.0 and params["top_k"] == 40
+    assert params["samplers"] == ["penalties", "top_k", "top_p", "min_p", "temperature"]
+    assert params["n_predict"] == params["max_tokens"] == 256 and params["speculative.types"] == "lookup"
+    assert props["chat_template"] and props["build_info"].startswith("spectool ") and props["is_sleeping"] is False
+    assert props["modalities"] == {"vision": False, "video": False, "audio": False}
+
+
+def test_a_slot_says_what_it_ran_last(server):
+    status, slots = get(server, "/slots")
+    assert status == 200 and len(slots) == 1 and slots[0]["n_ctx"] == 2048 and slots[0]["is_processing"] is False
+    assert "params" not in slots[0]  # nothing run yet, as llama-server's test reads it
+    r = server.client().chat.completions.create(model="any", max_tokens=5, seed=7, temperature=0.5,
+                                                messages=[{"role": "user", "content": "Say something."}])
+    (slot,) = get(server, "/slots")[1]
+    assert slot["is_processing"] is False and slot["n_prompt_tokens"] == r.usage.prompt_tokens
+    assert slot["next_token"][0]["n_decoded"] == r.usage.completion_tokens == 5
+    assert slot["next_token"][0]["n_remain"] == 0 and slot["next_token"][0]["has_next_token"] is False
+    assert (slot["params"]["seed"], slot["params"]["temperature"], slot["params"]["n_predict"]) == (7, 0.5, 5)
+    assert slot["n_prompt_tokens_processed"] + slot["n_prompt_tokens_cache"] == r.usage.prompt_tokens
+    assert get(server, "/slots?fail_on_no_slot=1")[0] == 200
+
+
+def test_a_busy_slot_is_processing_and_fail_on_no_slot_is_a_503(server):
+    long = " ".join(f"word{i}" for i in range(300))  # (a prefill long enough to be seen at)
+    done, answers = threading.Event(), []
+
+    def generate():
+        try:
+            answers.append(server.client().chat.completions.create(model="any", max_tokens=64, messages=[
+                {"role": "user", "content": long}]))
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=generate)
+    thread.start()
+    seen = None
+    while not done.is_set() and seen is None:
+        status, slots = get(server, "/slots?fail_on_no_slot=1")
+        seen = (status, slots) if status == 503 else None
+        time.sleep(0.01)
+    thread.join()
+    assert answers and seen is not None and seen[1]["error"]["message"] == "no slot available"
+    assert get(server, "/slots")[1][0]["is_processing"] is False
+
+
+def test_props_and_slots_need_the_key_where_there_is_one(tiny):
+    s = Server(tiny["target"], "--api-key", "s3cret")
+    try:
+        assert s.request("GET", "/props")[0] == 401 and s.request("GET", "/slots")[0] == 401
+        assert s.request("GET", "/props", headers={"Authorization": "Bearer s3cret"})[0] == 200
+    finally:
+        s.stop()
