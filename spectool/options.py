@@ -49,6 +49,7 @@ MODELS, DRAFTING, GENERATION, SAMPLING, GRAMMAR, HARDWARE, COMMON = (
     "models", "drafting", "generation", "sampling", "grammar", "hardware", "common")
 SERVE = "serve"  # `spectool serve`'s limits on what clients send
 LOOKUP_CACHE = "lookup cache"  # `spectool run`'s corpus file
+PREDICTION = "prediction"  # `spectool run`'s predicted output
 
 CORPUS_TOKENS = 100_000  # --lookup-corpus-size's default: at most about 90 MB (docs/serve.md)
 
@@ -164,6 +165,10 @@ class Options:
                                       help="Read the lookup corpus from FILE and write it back, "
                                       "updated, when generation ends (as llama-lookup's -lcd); "
                                       "written whole, never half.")
+    prediction: Optional[str] = opt(None, "--prediction", group=PREDICTION, metavar="FILE",
+                                    help="The output is expected to be mostly this file's text "
+                                    "(the file an edit rewrites): drafted first, the output "
+                                    "unchanged (OpenAI's Predicted Outputs).")
     # -- generation
     max_tokens: int = opt(256, "--max-tokens", "-n", "--n-predict", group=GENERATION, min=1,
                           request="max_tokens",

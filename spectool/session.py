@@ -138,15 +138,17 @@ def text_completion(s: Session, text: str, stop, truncate: bool, interrupted,
     return stats, generate_text(s.gen, tokens, stop or (), stats, interrupted)
 
 
-def generation(s: Session, o: Options, grammar: Grammar | None = None):
+def generation(s: Session, o: Options, grammar: Grammar | None = None,
+               prediction: str | None = None):
     """The GenerationConfig that options `o` ask of a loaded session (a command line's, or a serve
     request's over the server's): checked sampling, token budget and seed, a controller, the grammar
     (`grammar` if given, made once: a serve request's, or the server's; else the one `o` asks for)
     and the drafter built whole for it (drafters/builder.py: the session's drafter under that
-    grammar, with the corpus). Greedy or unseeded generations share the session's timed controller,
-    which learns this machine's costs; seeded sampling gets an untimed one of its own, so that k,
-    and with it the use of random numbers, depends only on the tokens: the same seed gives the same
-    text after any earlier request and on any machine (controller.py)."""
+    grammar, with the corpus, behind the text the output is predicted to be, `prediction`). Greedy
+    or unseeded generations share the session's timed controller, which learns this machine's
+    costs; seeded sampling gets an untimed one of its own, so that k, and with it the use of random
+    numbers, depends only on the tokens: the same seed gives the same text after any earlier request
+    and on any machine (controller.py)."""
     from spectool.core.controller import Controller
 
     from spectool.drafters.builder import for_generation
@@ -158,7 +160,10 @@ def generation(s: Session, o: Options, grammar: Grammar | None = None):
         ctl = Controller(k_max=s.k_max, k_min=s.k_min, adaptive=s.k_min != s.k_max, timed=False)
         corpus = None
     grammar = grammar if grammar is not None else o.grammar_spec()
-    drafter = for_generation(s.drafter, grammar is not None, corpus, forced=s.target.can_rollback)
+    predicted = (s.target.tokenize(prediction, add_special=False, parse_special=False)
+                 if prediction else None)
+    drafter = for_generation(s.drafter, grammar is not None, corpus, forced=s.target.can_rollback,
+                             prediction=predicted)
     return replace(s.gen, drafter=drafter, sampling=sampling, controller=ctl,
                    max_tokens=o.max_tokens,
                    seed=o.seed, rng=None, on_prefill=None, grammar=grammar)
@@ -318,18 +323,23 @@ class Plan:
     grammar: Grammar | None
     refs: Refs
     k_max: int
+    prediction: str | None = None  # --prediction's text
 
 
 def plan(o: Options) -> Plan:
-    """Bad sampling options, a bad grammar and bad draft lengths fail here, before anything
-    loads."""
+    """Bad sampling options, a bad grammar, bad draft lengths and a --prediction file that cannot be
+    read fail here, before anything loads."""
+    from spectool.options import read_text
+
     o.sampling()
     grammar = o.grammar_spec()
     refs = resolve_models(o)
     k_max = o.draft_max if o.draft_max is not None else refs.draft_max
     if o.draft_min > k_max:
         raise UserError("--draft-min must not exceed --draft-max", code=2)
-    return Plan(grammar, refs, k_max)
+    prediction = (read_text(Path(o.prediction), "--prediction", "prediction")
+                  if o.prediction is not None else None)
+    return Plan(grammar, refs, k_max, prediction)
 
 
 @dataclass
@@ -445,7 +455,7 @@ def open_session(o: Options, hooks: Hooks = Hooks()) -> Iterator[Session]:
         s = Session(GenerationConfig(m.target, controller=controller), mode, m.target_name,
                     m.draft_name,
                     controller, notices, draft_model, p.k_max, o.draft_min, corpus, drafter)
-        s.gen = generation(s, o, p.grammar)
+        s.gen = generation(s, o, p.grammar, p.prediction)
         try:
             yield s
         finally:

@@ -89,14 +89,16 @@ def test_groups_are_what_the_commands_take():
 
 def test_every_source_has_a_colour_and_every_mode_past_auto_names_a_source():
     """Drafts come from lookup, lookup in the corpus of earlier requests, the draft model, the MTP head, two in one
-    step (hybrid), or a grammar's forced tokens: each has its colour under --color-drafts, and each reads as its
-    plain name in panels and messages. A mode other than auto drafts by the source of its name (a grammar forces
-    tokens under any mode, and lookup drafts from the corpus where --lookup-corpus is on)."""
+    step (hybrid), a grammar's forced tokens, or a request's prediction: each has its colour under --color-drafts,
+    and each reads as its plain name in panels and messages. A mode other than auto drafts by the source of its name
+    (a grammar forces tokens under any mode, lookup drafts from the corpus where --lookup-corpus is on, and a
+    prediction is drafted ahead of any mode's drafter)."""
     from spectool.core.evidence import Source
     from spectool.options import Mode
     from spectool.cli.display import SOURCE_STYLE
 
     assert set(SOURCE_STYLE) == set(Source) - {Source.none}
     assert len(set(SOURCE_STYLE.values())) == len(SOURCE_STYLE)
-    assert {Source(m.value) for m in Mode if m is not Mode.auto} == set(Source) - {Source.grammar, Source.corpus}
+    assert {Source(m.value) for m in Mode if m is not Mode.auto} == set(Source) - {Source.grammar, Source.corpus,
+                                                                                  Source.prediction}
     assert f"{Source.hybrid}" == str(Mode.hybrid) == "hybrid" and f"{Source.none:>5}" == " none"

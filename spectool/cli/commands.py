@@ -29,6 +29,7 @@ from spectool.options import (
     LLAMA_CPP_TEMP,
     LOOKUP_CACHE,
     MODELS,
+    PREDICTION,
     SAMPLING,
     SERVE,
     Options,
@@ -68,7 +69,7 @@ ColorDrafts = Annotated[bool, typer.Option(
     "--color-drafts",
     help="Colour text from accepted drafts (green: lookup, bright green: lookup in the corpus, "
     "cyan: draft model, yellow: MTP head, magenta: a hybrid step's drafts, blue: tokens a grammar "
-    "forced).")]
+    "forced, bright cyan: the --prediction).")]
 
 
 def _version(value: bool) -> None:
@@ -173,8 +174,9 @@ def session(o: Options):
 @app.command(epilog="Examples:\n\n"
              "  spectool run -m model.gguf \"Write a haiku about autumn\"\n\n"
              "  cat notes.md | spectool run -m model.gguf \"Summarize:\"\n\n"
-             "  spectool run -m big.gguf -md small.gguf --spec draft -n 200 \"Tell me a story\"")
-@takes(MODELS, DRAFTING, GENERATION, SAMPLING, GRAMMAR, HARDWARE, LOOKUP_CACHE, COMMON)
+             "  spectool run -m big.gguf -md small.gguf --spec draft -n 200 \"Tell me a story\""
+             "\n\n  cat app.py | spectool run -m model.gguf \"Add type hints\" --prediction app.py")
+@takes(MODELS, DRAFTING, GENERATION, SAMPLING, GRAMMAR, HARDWARE, LOOKUP_CACHE, PREDICTION, COMMON)
 def run(
     o: Options,
     prompt: Prompt = None,

@@ -17,7 +17,8 @@ from typing import ClassVar
 class Source(StrEnum):
     """Where a step's drafts came from: nothing drafted, prompt lookup, prompt lookup in the corpus
     of earlier requests (drafters/corpus.py), a draft model, the target's own MTP heads, lookup's
-    tokens then the draft model's or the MTP head's, or the tokens a grammar forces."""
+    tokens then the draft model's or the MTP head's, the tokens a grammar forces, or the
+    prediction a request handed over (drafters/prediction.py: OpenAI's Predicted Outputs)."""
 
     none = "none"
     lookup = "lookup"
@@ -26,6 +27,7 @@ class Source(StrEnum):
     mtp = "mtp"
     hybrid = "hybrid"
     grammar = "grammar"
+    prediction = "prediction"
 
 
 class Agreement(StrEnum):
@@ -52,8 +54,10 @@ class Evidence:
     `Evidence.of` (or `Evidence.lookup`), which interns keys: one object per distinct key, so keys
     compare and hash by identity, cheaply."""
 
-    source: Source  # Source.lookup, Source.corpus, Source.draft or Source.mtp
-    match: int = 0  # lookup: the n-gram length bucket (BUCKETS); 0 otherwise
+    source: Source  # Source.lookup, Source.corpus, Source.prediction, Source.draft or Source.mtp
+    # lookup: the n-gram length bucket (BUCKETS); the prediction: its match's (0: the output's
+    # start); 0 otherwise
+    match: int = 0
     agreement: Agreement = Agreement.agreed  # lookup: how the n-gram's followers agreed
     pos: int = 0  # lookup: tokens after the start of its stretch (0: the start itself)
     temp: float = 0.0  # sampling temperature; 0 = greedy
@@ -121,7 +125,7 @@ class Evidence:
 
     def __str__(self) -> str:  # "lookup:2~+3@T0.8": for people (debug output, tests' messages)
         text = self.source.value
-        if self.source in (Source.lookup, Source.corpus):
+        if self.source in (Source.lookup, Source.corpus, Source.prediction):
             text += f":{self.match}{self.agreement}" + (f"+{self.pos}" if self.pos else "")
         return text + (f"@T{self.temp:g}" if self.temp else "")
 

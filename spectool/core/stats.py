@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from spectool.core.evidence import Source
+
 
 class Rates:
     """Acceptance, tokens per step and speed from a generation's counters: Stats keeps one
@@ -46,6 +48,9 @@ class Stats(Rates):
     _drafted: list[int] = field(default_factory=list)
     _accepted: list[int] = field(default_factory=list)  # ... and by how many of them were accepted
     by_source: dict[str, int] = field(default_factory=dict)  # drafted tokens per source
+    # of the tokens drafted from a request's prediction (by_source's "prediction"), those that
+    # appeared in the output (accepted, and not cut by its end): OpenAI's accepted_prediction_tokens
+    prediction_accepted: int = 0
     prompt_seconds: float = 0.0
     decode_seconds: float = 0.0
     finish_reason: str | None = None
@@ -64,6 +69,9 @@ class Stats(Rates):
             for source, n in (("grammar", step.forced), (step.source, step.drafted - step.forced)):
                 if n:
                     self.by_source[source] = self.by_source.get(source, 0) + n
+            if step.source is Source.prediction:  # after the tokens a grammar forced
+                self.prediction_accepted += max(0, min(step.accepted, len(step.tokens))
+                                                - step.forced)
             for hist, n in ((self._drafted, step.drafted), (self._accepted, step.accepted)):
                 if len(hist) <= n:
                     hist.extend([0] * (n + 1 - len(hist)))
@@ -77,11 +85,18 @@ class Stats(Rates):
                     n_prefilled=runs[0].n_prefilled,
                     prompt_seconds=runs[0].prompt_seconds, finish_reason=runs[-1].finish_reason)
         for s in runs:
-            for name in ("n_generated", "n_steps", "n_drafted", "n_accepted", "decode_seconds"):
+            for name in ("n_generated", "n_steps", "n_drafted", "n_accepted", "decode_seconds",
+                         "prediction_accepted"):
                 setattr(total, name, getattr(total, name) + getattr(s, name))
             for source, n in s.by_source.items():
                 total.by_source[source] = total.by_source.get(source, 0) + n
         return total
+
+    @property
+    def prediction_rejected(self) -> int:
+        """The tokens drafted from the prediction that did not appear in the output: OpenAI's
+        rejected_prediction_tokens."""
+        return self.by_source.get(Source.prediction, 0) - self.prediction_accepted
 
     @property
     def drafted_per_position(self) -> list[int]:
@@ -118,6 +133,8 @@ class Stats(Rates):
             "mean_accepted_length": round(self.mean_accepted_length, 6),
             "accepted_per_position": list(self.accepted_per_position),
             "drafted_by_source": {str(source): n for source, n in self.by_source.items()},
+            "accepted_prediction_tokens": self.prediction_accepted,
+            "rejected_prediction_tokens": self.prediction_rejected,
             "prompt_seconds": round(self.prompt_seconds, 6),
             "decode_seconds": round(self.decode_seconds, 6),
             "tokens_per_second": round(self.tokens_per_second, 3),

@@ -1,6 +1,7 @@
 """The one place drafters are made and combined: the session's drafter for a mode (`build`), and
-each generation's drafter built whole around it (`for_generation`: the grammar, the corpus, the
-fallback). The loop takes what this module builds and decides nothing of it."""
+each generation's drafter built whole around it (`for_generation`: the grammar, the corpus, a
+request's prediction, the fallback). The loop takes what this module builds and decides nothing of
+it."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from spectool.drafters.grammar import GrammarDrafter
 from spectool.drafters.hybrid import Hybrid
 from spectool.drafters.lookup import PromptLookup
 from spectool.drafters.mtp import Mtp, MtpContext
+from spectool.drafters.prediction import PredictionDrafter
 from spectool.llama.engine import EngineError, Model
 
 KINDS = (Source.lookup, Source.draft, Source.mtp, Source.hybrid)  # what `build` makes
@@ -52,13 +54,15 @@ def lookup_of(drafter: Drafter | None) -> PromptLookup | None:
 
 
 def for_generation(base: Drafter | None, grammar: bool, corpus: Corpus | None = None,
-                   forced: bool = True) -> Drafter | None:
+                   forced: bool = True,
+                   prediction: Sequence[int] | None = None) -> Drafter | None:
     """A generation's drafter around the session's `base` (see Drafting), None where it drafts
-    nothing: no drafter and no grammar whose forced tokens it could draft (`forced`: they may be,
-    where rejected drafts can be dropped)."""
-    if base is None and not (grammar and forced):
+    nothing: no drafter, no grammar whose forced tokens it could draft and no prediction (`forced`:
+    those two may draft where rejected drafts can be dropped)."""
+    prediction = prediction if prediction and forced else None
+    if base is None and not (grammar and forced) and prediction is None:
         return None
-    return Drafting(base, corpus, forced)
+    return Drafting(base, corpus, forced, prediction)
 
 
 class Drafting(Drafter):
@@ -66,13 +70,18 @@ class Drafting(Drafter):
     generations: a draft model's cache, lookup's index), under the generation's grammar where it has
     one (GrammarDrafter, which drafts the tokens the grammar forces too where `forced`), its prompt
     lookup drafting from `corpus` as well where there is one (the generation's text joins the corpus
-    when it ends), and prompt lookup instead, under the same grammar, where a draft model fails: a
-    notice says so, and the output stays the target's."""
+    when it ends), the request's `prediction` (tokens) ahead of the base where it gives one
+    (PredictionDrafter), and prompt lookup instead of the base, under the same grammar, where a
+    draft model fails: a notice says so, and the output stays the target's."""
 
-    def __init__(self, base: Drafter | None, corpus: Corpus | None = None, forced: bool = True):
+    def __init__(self, base: Drafter | None, corpus: Corpus | None = None, forced: bool = True,
+                 prediction: Sequence[int] | None = None):
         self.base = base
         self.corpus = corpus
         self.forced = forced
+        self.prediction = prediction
+        # this generation's, drafting its prediction
+        self.predictor: PredictionDrafter | None = None
         # what drafts now: the base under the grammar, or the fallback
         self.inner: Drafter | None = None
         self.constraint: Constraint | None = None
@@ -82,7 +91,7 @@ class Drafting(Drafter):
         if lookup is not None:
             lookup.corpus = self.corpus
         self.constraint = constraint
-        self.inner = self.under_grammar(self.base)
+        self.inner = self.under_grammar(self.predicted(self.base))
         try:
             if self.inner is not None:
                 self.inner.start(history)
@@ -90,17 +99,26 @@ class Drafting(Drafter):
             return self.fall_back(history, e)
         return None
 
+    def predicted(self, drafter: Drafter | None) -> Drafter | None:
+        """`drafter` behind the request's prediction, where it gives one."""
+        if self.prediction is None:
+            return drafter
+        self.predictor = PredictionDrafter(self.prediction, drafter)
+        return self.predictor
+
     def under_grammar(self, drafter: Drafter | None) -> Drafter | None:
         if self.constraint is None or (drafter is None and not self.forced):
             return drafter
         return GrammarDrafter(drafter, self.constraint, self.forced)
 
     def fall_back(self, history: Sequence[int], error: Exception) -> str:
-        """Prompt lookup in place of a draft model that failed, under the grammar where there is
-        one."""
+        """Prompt lookup in place of a draft model that failed, behind the prediction (which keeps
+        its place) and under the grammar where there are those."""
         lookup = PromptLookup()
         lookup.start(history)
-        self.inner = self.under_grammar(lookup)
+        if self.predictor is not None:
+            self.predictor.fallback = lookup
+        self.inner = self.under_grammar(self.predictor or lookup)
         return f"draft model failed ({error}); continuing with prompt lookup"
 
     def peek(self, history: Sequence[int], k_max: int, estimate: Estimate | None = None,

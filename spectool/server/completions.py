@@ -36,7 +36,10 @@ def finish(stats) -> str:
 
 def usage(ends: list, n_prompt: int, mode: str) -> dict:
     """The usage of a request's choices (`ends`: their Stats): the prompt once, as OpenAI counts it,
-    the completions' tokens and the speculation summed over them."""
+    the completions' tokens and the speculation summed over them; of the tokens drafted from a
+    request's `prediction`, those that appeared in the output and those that did not, in OpenAI's
+    names (which count the rejected ones in completion_tokens too: here they count only what was
+    generated)."""
     from spectool.core.stats import Stats
 
     stats = Stats.summed(ends)
@@ -45,6 +48,9 @@ def usage(ends: list, n_prompt: int, mode: str) -> dict:
     return {"prompt_tokens": n_prompt, "completion_tokens": stats.n_generated,
             "total_tokens": n_prompt + stats.n_generated,
             "prompt_tokens_details": {"cached_tokens": cached},
+            "completion_tokens_details": {
+                "accepted_prediction_tokens": stats.prediction_accepted,
+                "rejected_prediction_tokens": stats.prediction_rejected},
             "speculative": {"mode": mode, "drafted": stats.n_drafted, "accepted": stats.n_accepted,
                             "acceptance_rate": round(stats.acceptance_rate, 4),
                             # drafted tokens: lookup, draft, ..., grammar

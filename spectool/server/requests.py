@@ -143,15 +143,16 @@ def parse(raw: bytes | dict, chat: bool, session: Session, options: Options,
     # the tools' grammar (a call), else the request's, else the server's default
     grammar = (tools and tools.constrained
                and tools_grammar(tools, target)) or grammar or session.gen.grammar
-    gens = generations(body, chat, n, grammar, session, options)
+    gens = generations(body, chat, n, grammar, session, options, request_prediction(body))
     return Request([replace(g, max_tokens=0) for g in gens] if warm else gens, tokens, stop + more,
                    stream, tools, fields, limits, [] if infill else ignored)
 
 
 def generations(body: dict, chat: bool, n: int, grammar: Grammar | None, session: Session,
-                options: Options) -> list[GenerationConfig]:
+                options: Options, prediction: str | None = None) -> list[GenerationConfig]:
     """The `n` choices' GenerationConfigs: the request's fields over the server's options, by their
-    declarations (options.py), as `run` does; choice i of a seeded request has seed + i."""
+    declarations (options.py), as `run` does, each drafting the `prediction` first where there is
+    one; choice i of a seeded request has seed + i."""
     try:
         o = request_options(options, body)
     except UserError as e:
@@ -161,8 +162,32 @@ def generations(body: dict, chat: bool, n: int, grammar: Grammar | None, session
         raise ApiError(400, message, code=f"invalid_{name}", param=name) from None
     seeds = [o.seed if o.seed is None else o.seed + i for i in range(n)]
     logprobs = requested_logprobs(body, chat)  # logprobs.py
-    return [replace(generation(session, replace(o, seed=seed), grammar), logprobs=logprobs)
+    return [replace(generation(session, replace(o, seed=seed), grammar, prediction),
+                    logprobs=logprobs)
             for seed in seeds]
+
+
+def request_prediction(body: dict) -> str | None:
+    """The text of OpenAI's `prediction` (Predicted Outputs): {"type": "content", "content": a
+    string or a list of text parts, joined as they come}; None without one. Another shape is a 400
+    naming the field at fault."""
+    p = body.get("prediction")
+    if p is None:
+        return None
+    if not isinstance(p, dict):
+        raise invalid("prediction", 'must be {"type": "content", "content": ...} (it was sent as '
+                                    f"{json.dumps(p)[:60]})")
+    if p.get("type") != "content":
+        raise invalid("prediction.type", 'must be "content" (it was sent as '
+                                         f"{json.dumps(p.get('type'))[:60]})")
+    c = p.get("content")
+    if isinstance(c, list) and all(isinstance(part, dict) and part.get("type") == "text"
+                                   and isinstance(part.get("text"), str) for part in c):
+        return "".join(part["text"] for part in c)
+    if not isinstance(c, str):
+        raise invalid("prediction.content", "must be a string or a list of text parts "
+                                            '({"type": "text", "text": ...})')
+    return c
 
 
 def request_tools(body: dict, target: Model) -> Tools | None:
