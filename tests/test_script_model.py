@@ -81,3 +81,20 @@ def test_served_its_call_is_a_tool_call_and_its_answer_text(tmp_path):
         assert (r.finish_reason, r.message.content) == ("stop", ANSWER)
     finally:
         server.stop()
+
+
+def test_under_a_json_schema_it_closes_at_once(tmp_path):
+    """A client's JSON schema masks the script (Claude Code's title request): the model's next choices close the
+    JSON, so the answer ends in a few tokens, not at max_tokens."""
+    from helpers import Server
+    from tinymodels import write_script_model
+
+    server = Server(write_script_model(tmp_path, CALL, ANSWER))
+    try:
+        schema = {"type": "object", "properties": {"title": {"type": "string"}}, "required": ["title"]}
+        r = server.client().chat.completions.create(
+            model="x", messages=conversation(1, False), max_tokens=200,
+            response_format={"type": "json_schema", "json_schema": {"name": "t", "schema": schema}})
+        assert (r.choices[0].finish_reason, r.choices[0].message.content) == ("stop", '{"title":""}')
+    finally:
+        server.stop()

@@ -398,7 +398,9 @@ def write_script_model(folder: Path, call: str, answer: str, name: str = "script
     switch to +2; the FFN writes nothing. The output layer's row of each script token is its predecessor's
     direction and the switch's sign, so the next token is the script's successor of the current one (after the
     prompt's last "\\n": the first piece). RoPE is made negligible on the head's dimensions (freq_base 1e30), so
-    the marker counts at any distance."""
+    the marker counts at any distance. Where a grammar masks the script (a client's JSON schema), a constant
+    dimension (13) ranks the rest: `"`, `}`, `]`, the end and `:` first (in that order), so JSON closes at once
+    (`{"title":""}`)."""
     vocab, scripts = _script_vocab(call, answer)
     n, d = len(vocab[0]), 16
     rng = np.random.default_rng(46)
@@ -409,19 +411,23 @@ def write_script_model(folder: Path, call: str, answer: str, name: str = "script
         raise ValueError("at most 11 pieces in the two scripts")
     emb[before, :12] = np.linalg.qr(rng.normal(0.0, 1.0, (12, len(before))))[0].T
     emb[:, :12] *= np.sqrt(12) / np.linalg.norm(emb[:, :12], axis=1, keepdims=True)
-    emb[:, 15] = -2.0
-    emb[vocab[0].index("<tool_response>"), 12] = 4.0  # the marker's rms is sqrt(2): 2.83 after the norm
+    emb[:, 13], emb[:, 15] = 1.0, -2.0
+    marker = vocab[0].index("<tool_response>")
+    emb[marker, 12] = 4.0
+    flag = 4.0 / np.sqrt(np.mean(emb[marker] ** 2))  # the marker's flag after the attention's norm
     blk = {k: np.zeros((d, d), np.float32) for k in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate",
                                                       "ffn_up", "ffn_down")}
-    blk["attn_q"][14, 15] = -5.0  # query 10 (the switch is -2 on every token), in RoPE's slowest pair
-    blk["attn_k"][14, 12] = 5.66  # key 16 on the marker only: score 10 * 16 / sqrt(16) = 40
-    blk["attn_v"][0, 12] = 1 / 2.83  # value 1 on the marker only
+    blk["attn_q"][14, 15] = -5.0 * np.sqrt(17 / 16)  # query 10 (the switch is -2 on every token), in RoPE's
+    blk["attn_k"][14, 12] = 16.0 / flag  # slowest pair; key 16 on the marker only: score 10 * 16 / sqrt(16) = 40
+    blk["attn_v"][0, 12] = 1.0 / flag  # value 1 on the marker only
     blk["attn_output"][15, 0] = 4.0  # the switch: -2 to +2
     out = np.zeros((n, d), np.float32)
     for sign, script in zip((-1.0, 1.0), scripts):
         for prev, token in zip([vocab[0].index("<0x0A>")] + script, script):
             out[token, :12] += 100.0 * emb[prev, :12] / 12.0
             out[token, 15] = 15.0 * sign if token != script[-1] else 0.0
+    for rank, piece in enumerate([":", "<|im_end|>", "]", "}", '"']):
+        out[vocab[0].index(piece), 13] = 40.0 + rank  # above the switch term (30), below a successor (130)
     weights = {"token_embd.weight": emb, "output_norm.weight": np.ones(d, np.float32), "output.weight": out}
     weights |= {f"blk.0.{k}.weight": v for k, v in blk.items()}
     weights |= {f"blk.0.{k}.weight": np.ones(d, np.float32) for k in ("attn_norm", "ffn_norm")}
