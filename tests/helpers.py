@@ -12,6 +12,8 @@ import urllib.error
 import urllib.request
 from typing import Callable
 
+from spectool.core.evidence import DRAFT, Source
+from spectool.core.protocol import Draft, Drafter
 from spectool.drafters.hybrid import Hybrid
 
 SPECTOOL = [sys.executable, "-m", "spectool"]
@@ -132,6 +134,23 @@ def drafters(draft_model) -> dict:
     from spectool.session import build_drafter
 
     return {m.value: (lambda m=m: build_drafter(m, draft_model)[0]) for m in (Mode.lookup, Mode.draft, Mode.hybrid)}
+
+
+class AlwaysWrong(Drafter):
+    """A drafter whose every draft is `token` repeated, a token the target never picks here: each draft is
+    rejected at its first token, so the output is plain decoding's only if the rejection is right."""
+
+    def __init__(self, token: int):
+        self.token = token
+
+    def start(self, history, constraint=None):
+        pass
+
+    def peek(self, history, k_max, estimate=None):
+        return [DRAFT] * k_max
+
+    def propose(self, history, k, sampling, rng):
+        return Draft([self.token] * k, None, Source.draft)
 
 
 class SplitHybrid(Hybrid):

@@ -5,12 +5,12 @@ import numpy as np
 import helpers
 import pytest
 from exactness import K_DRAFT, N_RUNS, SAMPLING, chi2_rejects, exact_joint, sample_joint, wrong_acceptance
-from helpers import SplitHybrid, tokens_of
+from helpers import AlwaysWrong, SplitHybrid, tokens_of
 from hypothesis import given, settings
 from hypothesis import strategies as hst
 
 from spectool.core.controller import Controller
-from spectool.core.protocol import Draft, Drafter
+from spectool.core.protocol import Drafter
 from spectool.drafters.draft_model import DraftModel
 from spectool.drafters.hybrid import Hybrid
 from spectool.drafters.lookup import PromptLookup
@@ -29,23 +29,6 @@ PROMPTS = [
     "def add(a, b):\n    return a + b\n\ndef greet(name):",
     "Speculative decoding lets a small draft model propose tokens that a large target",
 ]
-
-
-class AlwaysWrong(Drafter):
-    """A drafter whose every draft is `token` repeated, a token the target never picks here: each draft is
-    rejected at its first token, so the output is plain decoding's only if the rejection is right."""
-
-    def __init__(self, token: int):
-        self.token = token
-
-    def start(self, history, constraint=None):
-        pass
-
-    def peek(self, history, k_max, estimate=None):
-        return [DRAFT] * k_max
-
-    def propose(self, history, k, sampling, rng):
-        return Draft([self.token] * k, None, Source.draft)
 
 
 def drafters(draft):

@@ -210,13 +210,7 @@ class Loop:
         x, target, s, tokens = self.x, self.target, self.sampling, d.tokens
         recent = x[-s.window:] if s.window else []  # p_i's penalties see x + d_1..d_i
         target.eval([x[-1], *tokens], logits="all", output=self.on_graph)
-        if self.constraint is not None:
-            n_acc, t = self.accept_under(d, recent, self.constraint)
-        elif s.greedy:
-            n_acc, t = accept_greedy(greedy_rows(target, s, recent, tokens), tokens)
-        else:
-            n_acc, t = accept_sampled(lambda i: dist_at(target, i, s, recent + tokens[:i]), d.q,
-                                      tokens, self.rng)
+        n_acc, t = self.accept(target, d, recent)
         # read before the roll-back, which drops the decode's outputs
         if self.g.logprobs is not None:
             t0 = time.perf_counter()
@@ -225,6 +219,17 @@ class Loop:
         if n_acc < len(tokens):
             target.rollback(len(x) + n_acc)  # keep x and the accepted drafts; t is fed next step
         return n_acc, t
+
+    def accept(self, rows, d: Draft, recent: list[int]) -> tuple[int, int]:
+        """The acceptance rule on the verification's rows p_0..p_k, read from `rows` as verify.py
+        reads a model's (the target, or one sequence's rows of a batch: generate/batch.py)."""
+        s, tokens = self.sampling, d.tokens
+        if self.constraint is not None:
+            return self.accept_under(d, recent, self.constraint)
+        if s.greedy:
+            return accept_greedy(greedy_rows(rows, s, recent, tokens), tokens)
+        return accept_sampled(lambda i: dist_at(rows, i, s, recent + tokens[:i]), d.q, tokens,
+                              self.rng)
 
     def accept_under(self, d: Draft, recent: list[int], c: Constraint) -> tuple[int, int]:
         """The acceptance rule under a grammar: p_i is the target's row after x + d_1..d_i masked by
@@ -254,13 +259,15 @@ class Loop:
         return [token_logprob(self.target.logits(i), token, n) for i, token in enumerate(new)]
 
     def observe(self, keys: list[Evidence], d: Draft, n_acc: int, draft_seconds: float,
-                verify_seconds: float) -> None:
-        """What the controller learns from a step: the batch's cost, the draft's cost and how far it
-        was accepted. Plain decoding (no drafter) has nothing to decide, so nothing to learn.
+                verify_seconds: float | None) -> None:
+        """What the controller learns from a step: the batch's cost (None: the decode was shared
+        with other sequences, generate/batch.py, and says nothing of it), the draft's cost and how
+        far it was accepted. Plain decoding (no drafter) has nothing to decide, so nothing to learn.
         Catching up is not per token."""
         if self.drafter is None:
             return
-        self.ctl.observe_verify(len(d.tokens) + 1, verify_seconds)
+        if verify_seconds is not None:
+            self.ctl.observe_verify(len(d.tokens) + 1, verify_seconds)
         if d.tokens:
             self.ctl.observe_draft(keys[: len(d.tokens)], draft_seconds - d.catch_up_seconds)
             self.ctl.observe_accept(keys, len(d.tokens), n_acc)

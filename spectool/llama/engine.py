@@ -62,6 +62,7 @@ class Model(Facts):
         graph_sampling: bool | None = None,
         load_mtp: bool = False,
         progress: Callable[[float], None] | None = None,
+        n_seq_max: int = 1, kv_unified: bool | None = None,
     ):
         """`progress(fraction)` hears how far loading the weights has come (llama.cpp's
         progress_callback). `n_gpu_layers`: a number, `auto` or `all` (resolve_gpu_layers);
@@ -69,7 +70,8 @@ class Model(Facts):
         and a number was asked for. `graph_sampling`: whether decodes that ask for it are sampled
         inside llama.cpp's graph (see sample_on_backend); None: where the output layer runs on a GPU
         or a worker, not on the CPU (research/notes/2026-12-02-lab.md, Reading a decode's outputs).
-        `load_mtp`: load the NextN (MTP) blocks too, for drafters/mtp.py's MtpContext."""
+        `load_mtp`: load the NextN (MTP) blocks too, for drafters/mtp.py's MtpContext.
+        `n_seq_max`, `kv_unified`: the sequences the context holds (parallel.py)."""
         self.path = check_gguf_file(path)
         self.lib = llama_lib()
         # close() is safe on a half-built Model: the handles are None until made
@@ -90,7 +92,7 @@ class Model(Facts):
         self.n_nextn = int(lib.llama_model_n_layer_nextn(model))
         self.n_threads = n_threads or max(1, os.cpu_count() or 1)
         n_ctx = n_ctx if n_ctx > 0 else context_that_fits(lib, model, self.offload_devices)
-        self._ctx = self._make_context(n_ctx, n_batch, flash_attn)
+        self._ctx = self._make_context(n_ctx, n_batch, flash_attn, n_seq_max, kv_unified)
         self._mem = lib.llama_get_memory(self._ctx)
         self.n_ctx = lib.llama_n_ctx(self._ctx)
         self.n_batch = lib.llama_n_batch(self._ctx)
@@ -99,7 +101,11 @@ class Model(Facts):
 
     def _init_outputs(self) -> None:
         """What the KV cache holds and how the outputs of a decode are read."""
+        self.n_ctx_seq = self.lib.llama_n_ctx_seq(self._ctx)  # what one sequence may hold
+        self.n_seq_max = self.lib.llama_n_seq_max(self._ctx)
         self.tokens: list[int] = []  # what the KV cache holds, position by position
+        # what each sequence holds (seqs[0] is `tokens`)
+        self.seqs = [self.tokens] + [[] for _ in range(1, self.n_seq_max)]
         self._n_out = 0  # the outputs of the last decode
         # the last decode's logits rows, one view for all (see logits)
         self._rows: np.ndarray | None = None
@@ -173,10 +179,13 @@ class Model(Facts):
         on_devices = bool(usable) and self.n_offloaded == n_layer + 1
         self._graph_sampling = on_devices if graph_sampling is None else graph_sampling
 
-    def _make_context(self, n_ctx: int, n_batch: int, flash_attn: bool | None):
+    def _make_context(self, n_ctx: int, n_batch: int, flash_attn: bool | None, n_seq_max: int,
+                      kv_unified: bool | None):
         lib = self.lib
         cparams = lib.llama_context_default_params()
-        cparams.n_ctx = n_ctx
+        cparams.n_ctx, cparams.n_seq_max = n_ctx, n_seq_max
+        if kv_unified is not None:
+            cparams.kv_unified = kv_unified
         cparams.n_batch = cparams.n_ubatch = min(n_batch, n_ctx)
         # sampling in the graph for every row of a verification
         cparams.n_outputs_max_per_seq = cparams.n_batch
@@ -429,20 +438,23 @@ class Model(Facts):
             raise DecodeError(f"llama.cpp returned no candidates for output {i}")
         return np.ctypeslib.as_array(ids, shape=(n,)), np.ctypeslib.as_array(z, shape=(n,))
 
-    def rollback(self, n: int) -> bool:
-        """Keep the first `n` tokens of the sequence; False if this model cannot drop a partial
+    def rollback(self, n: int, seq: int = 0) -> bool:
+        """Keep the first `n` tokens of sequence `seq`; False if this model cannot drop a partial
         sequence."""
-        if n >= len(self.tokens):
+        held = self.seqs[seq]
+        if n >= len(held):
             return True
-        if not self.lib.llama_memory_seq_rm(self._mem, 0, n, -1):
+        if not self.lib.llama_memory_seq_rm(self._mem, seq, n, -1):
             return False
-        del self.tokens[n:]
+        del held[n:]
         self._n_out = 0
         return True
 
     def reset(self) -> None:
+        """Every sequence emptied."""
         self.lib.llama_memory_clear(self._mem, True)
-        self.tokens.clear()
+        for held in self.seqs:
+            held.clear()
         self._n_out = 0
 
     def sync(self, history: Sequence[int], *, logits: Logits = "last", output: Output = ROWS,
