@@ -244,6 +244,10 @@ class Options:
     body_timeout: int = opt(30, "--body-timeout", group=SERVE, min=1,
                             help="Seconds a client has to send its whole request body; then a 408 "
                             "and the connection closes.")
+    parallel: int = opt(1, "--parallel", "-np", group=SERVE, min=1, max=64,
+                        help="Requests generated at once, decoded together in one batch, as "
+                        "llama-server's -np: each holds -c / N tokens of context. Above 1, drafts "
+                        "come from prompt lookup only.")
     queue: int = opt(8, "--queue", group=SERVE, min=0,
                      help="Requests that may wait for their turn; one more gets a "
                      "503.")

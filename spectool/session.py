@@ -195,7 +195,7 @@ def load_models(o: Options, stack: contextlib.ExitStack, refs: Refs, want_draft:
     """Download if needed and load the target and (when wanted) the draft of `refs` (from
     resolve_models); check that they share a vocabulary. A draft that cannot be used is reported in
     `draft_error`, not raised: the caller decides."""
-    from spectool.llama import devices, engine
+    from spectool.llama import devices, engine, parallel
     from spectool.models import hub
     from spectool.models.compat import vocab_differences
 
@@ -206,9 +206,11 @@ def load_models(o: Options, stack: contextlib.ExitStack, refs: Refs, want_draft:
     target_ref, draft_ref = refs.target, refs.draft
     path = hub.ensure(target_ref, yes=o.yes, ask=hooks.ask)
     with hooks.bar(f"loading {Path(path).name}", "") as bar:
-        target = stack.enter_context(engine.Model(path, n_ctx=o.ctx_size, n_threads=o.threads,
-                                                  n_gpu_layers=o.gpu_layers, load_mtp=load_mtp,
-                                                  progress=bar.fraction))
+        # --parallel: one context for that many sequences (llama/parallel.py)
+        kind = engine.Model if o.parallel == 1 else parallel.ParallelModel
+        target = stack.enter_context(kind(path, n_ctx=o.ctx_size, n_threads=o.threads,
+                                          n_gpu_layers=o.gpu_layers, load_mtp=load_mtp,
+                                          progress=bar.fraction, n_seq_max=o.parallel))
     out = Loaded(target, None, target_ref, draft_ref)
     if draft_ref is None or not want_draft:
         return out
@@ -337,6 +339,9 @@ def plan(o: Options) -> Plan:
     k_max = o.draft_max if o.draft_max is not None else refs.draft_max
     if o.draft_min > k_max:
         raise UserError("--draft-min must not exceed --draft-max", code=2)
+    if o.parallel > 1 and o.spec in (Mode.draft, Mode.hybrid, Mode.mtp):
+        raise UserError(f"--parallel above 1 drafts by prompt lookup only, not --spec {o.spec}",
+                        code=2)
     prediction = (read_text(Path(o.prediction), "--prediction", "prediction")
                   if o.prediction is not None else None)
     return Plan(grammar, refs, k_max, prediction)
@@ -361,8 +366,9 @@ def load_stage(o: Options, stack: contextlib.ExitStack, refs: Refs, hooks: Hooks
     """The models the mode drafts with, loaded: the MTP heads only where they are to draft, a draft
     model that cannot be used a notice (an error when --spec draft demands it), the draft pruned
     where --draft-vocab asks."""
-    # if the draft loads and the target has heads
-    planned = drafted_by(o.spec, refs.draft is not None, mtp=True)
+    # if the draft loads and the target has heads; sequences decoded together draft by lookup
+    alone = o.parallel == 1
+    planned = drafted_by(o.spec, refs.draft is not None and alone, mtp=alone)
     use_mtp = drafts_by_mtp(planned, refs.draft is not None)
     m = load_models(o, stack, refs, want_draft=planned in (Mode.draft, Mode.hybrid), hooks=hooks,
                     load_mtp=use_mtp)

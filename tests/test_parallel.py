@@ -2,16 +2,20 @@
 tiny models: every sequence's output is its output generated alone, greedy and seeded, whatever
 runs beside it and whenever it joins; rejected drafts leave their own sequence only."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from helpers import AlwaysWrong, tokens_of
 
 from spectool.core.controller import Controller
+from spectool.core.grammar import Grammar
 from spectool.core.stats import Stats
 from spectool.core.verify import Sampling
+from spectool.drafters.builder import for_generation
 from spectool.drafters.lookup import PromptLookup
 from spectool.generate.batch import Batch
-from spectool.generate.loop import GenerationConfig
+from spectool.generate.loop import GenerationConfig, speculative_generate
 from spectool.llama.engine import EngineError
 from spectool.llama.parallel import ParallelModel
 
@@ -23,6 +27,8 @@ PROMPTS = [
     "Summaries, answers and code edits often repeat the text of the prompt",
 ]
 SAMPLED = Sampling(0.8, 40, 0.95, 0.05)
+# a JSON-like record: literal keys the grammar forces, free values (as test_grammar.py's)
+RECORD = 'root ::= "{\\"name\\": \\"" [a-z ]{1,10} "\\", \\"n\\": " [0-9]{1,3} "}"'
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["kv-per-seq", "kv-unified"])
@@ -38,10 +44,12 @@ def config(model, drafter=None, n=48, sampling=None, seed=None):
                             Controller(k_max=5, timed=False), max_tokens=n, seed=seed)
 
 
-def run(batch, jobs):
+def run(batch, jobs, steps=None):
     """Each job (step it joins at, GenerationConfig, prompt) through `batch`, joining at the first
-    step boundary at or after its own with a free sequence; every job's tokens and Stats."""
+    step boundary at or after its own with a free sequence; every job's tokens and Stats (and its
+    Steps into `steps`, a list per job)."""
     tokens, stats, seq_of, pending, step = {}, {}, {}, list(range(len(jobs))), 0
+    steps = [[] for _ in jobs] if steps is None else steps
     while pending or batch.active:
         for j in [j for j in pending if jobs[j][0] <= step and batch.free]:
             stats[j] = Stats()
@@ -50,6 +58,7 @@ def run(batch, jobs):
             pending.remove(j)
         for seq, s in batch.step().items():
             tokens[seq_of[seq]] += s.tokens
+            steps[seq_of[seq]].append(s)
         step += 1
     return [tokens[j] for j in range(len(jobs))], [stats[j] for j in range(len(jobs))]
 
@@ -87,6 +96,35 @@ def test_a_seeded_sample_is_the_same_whatever_runs_beside_it(target, parallel):
     assert by_itself[0] == alone == crowded[3]
     other, _ = run(Batch(parallel), [(0, config(parallel, PromptLookup, 64, SAMPLED, 70), ids[1])])
     assert other[0] != alone  # the seed matters: the sample is not the greedy text
+
+
+def test_grammars_and_logprobs_are_served_in_a_batch_as_alone(target, parallel):
+    """Beside a plain sequence: one under a grammar, its forced tokens drafted, whose output is the
+    one-sequence loop's and stops where the grammar completes; one whose tokens' logprobs are the
+    one-sequence loop's."""
+    prompt = target.tokenize('{"name": "ann lee", "n": 42} {"name": "bob', add_special=True)
+
+    def under(model):
+        return replace(config(model, n=40), grammar=Grammar.gbnf(RECORD),
+                       drafter=for_generation(PromptLookup(), grammar=True))
+
+    def logged(model):
+        return replace(config(model, PromptLookup, 30), logprobs=2)
+
+    other = target.tokenize(PROMPTS[1])
+    alone, alone_steps = tokens_of(under(target), prompt), list(speculative_generate(
+        logged(target), other))
+    steps: list = [[], [], []]
+    got, stats = run(Batch(parallel), [(0, under(parallel), prompt), (0, logged(parallel), other),
+                                       (0, config(parallel, PromptLookup), prompt)], steps)
+    assert got[0] == alone and stats[0].finish_reason == "stop"
+    assert stats[0].by_source.get("grammar", 0) > 0
+    assert got[1] == [t for s in alone_steps for t in s.tokens]
+    want = [lp for s in alone_steps for lp in s.logprobs]
+    have = [lp for s in steps[1] for lp in s.logprobs]
+    assert len(have) == len(want) == len(got[1])
+    for a, b in zip(have, want):  # batches of other shapes round a little differently
+        assert abs(a.logprob - b.logprob) < 1e-2 and [i for i, _ in a.top] == [i for i, _ in b.top]
 
 
 def test_each_sequence_reads_its_own_rows_and_rolls_back_alone(target, parallel):

@@ -65,6 +65,18 @@ def for_generation(base: Drafter | None, grammar: bool, corpus: Corpus | None = 
     return Drafting(base, corpus, forced, prediction)
 
 
+def for_sequence(drafter: Drafter | None) -> Drafter | None:
+    """A generation's drafter (for_generation's) given a prompt lookup of its own in place of the
+    session's, for a sequence decoded beside others (generate/batch.py): lookup's index follows one
+    history at a time. A draft model or an MTP head, one context for all, cannot: a ValueError."""
+    if not isinstance(drafter, Drafting) or drafter.base is None:
+        return drafter
+    if not isinstance(drafter.base, PromptLookup):
+        raise ValueError("only prompt lookup drafts for sequences decoded together")
+    drafter.base = PromptLookup()
+    return drafter
+
+
 class Drafting(Drafter):
     """One generation's drafter, built whole for it: the session's `base` drafter (shared by its
     generations: a draft model's cache, lookup's index), under the generation's grammar where it has

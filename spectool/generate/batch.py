@@ -7,8 +7,9 @@ Each sequence is a Loop (loop.py) of its own, with its drafter, controller, samp
 generator: a seeded sequence draws what it would draw alone, whatever runs beside it. Its
 controller prices drafts from the one-sequence cost table: a decode shared with other sequences
 teaches it nothing of costs (the batch's own pricing is issue 48 item 2). Not in a batch yet:
-grammars, logprobs, drafters that listen to the target's decodes (MTP heads), sampling inside
-llama.cpp's graph (a batch reads whole rows).
+drafters that listen to the target's decodes (MTP heads), sampling inside llama.cpp's graph (a
+batch reads whole rows). A drafter with a state of its own (lookup's index, a draft model's cache)
+must be each sequence's own (drafters/builder.py's for_sequence).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from spectool.core.evidence import Evidence
+from spectool.core.grammar import NothingAllowed
 from spectool.core.protocol import Draft
 from spectool.core.stats import Stats
 from spectool.generate.loop import GenerationConfig, Loop, Step
@@ -67,8 +69,6 @@ class Batch:
         target = self.target
         if g.target is not target:
             raise ValueError("the generation is not for this batch's model")
-        if g.grammar is not None or g.logprobs is not None:
-            raise ValueError("grammars and logprobs are not served in a batch yet")
         if not prompt:
             raise ValueError("empty prompt")
         if len(prompt) > target.n_ctx_seq:
@@ -83,12 +83,13 @@ class Batch:
         for start in range(0, len(x) - 1, target.n_batch):
             target.eval_seqs([(seq, x[start : min(len(x) - 1, start + target.n_batch)])],
                              logits=False)
-        notice = g.drafter.start(x, None) if g.drafter is not None else None
+        constraint = g.grammar.matcher(target) if g.grammar is not None else None
+        notice = g.drafter.start(x, constraint) if g.drafter is not None else None
         if stats is not None:
             stats.n_prompt_tokens, stats.n_prefilled = len(x), len(x) - 1
             stats.prompt_seconds = time.perf_counter() - t0
         stream = None if stop is None else TextStream(target, stop)
-        self.active[seq] = Loop(g, x, ROWS, stats, stream, None, notice)
+        self.active[seq] = Loop(g, x, ROWS, stats, stream, constraint, notice)
         return seq
 
     def leave(self, seq: int) -> None:
@@ -98,6 +99,13 @@ class Batch:
         if loop.drafter is not None:
             loop.drafter.finish(loop.x)
         self.free.append(seq)
+
+    def interrupt(self, seq: int) -> list[Step]:
+        """Sequence `seq` ended between steps (its client left, the server stops): its last step,
+        with any text held back for a stop string, and it leaves the batch."""
+        steps = list(self.active[seq].interrupt())
+        self.leave(seq)
+        return steps
 
     def close(self) -> None:
         for seq in list(self.active):
@@ -132,11 +140,13 @@ class Batch:
         t0 = time.perf_counter()
         starts = target.eval_seqs([(p.seq, [p.loop.x[-1], *p.draft.tokens]) for p in plan])
         seconds = time.perf_counter() - t0
-        chosen = [p.loop.accept(Rows(target, start), p.draft, recent(p.loop))
-                  for p, start in zip(plan, starts)]
+        chosen = [accepted(p.loop, Rows(target, start), p.draft) for p, start in zip(plan, starts)]
         out = {}
         alone = len(plan) == 1  # the decode was a one-sequence verification: its cost is one's
         for p, (n_acc, t) in zip(plan, chosen):
+            if t < 0:  # the grammar admits nothing here
+                out[p.seq] = p.loop.last("stop")
+                continue
             target.rollback(len(p.loop.x) + n_acc, p.seq)
             p.loop.observe(p.keys, p.draft, n_acc, p.draft_seconds, seconds if alone else None)
             new = [*p.draft.tokens[:n_acc], t]
@@ -144,7 +154,14 @@ class Batch:
         return out
 
 
-def recent(loop: Loop) -> list[int]:
-    """The tokens a sequence's penalties see before its drafts."""
+def accepted(loop: Loop, rows: Rows, d: Draft) -> tuple[int, int]:
+    """How many of a sequence's drafts its rows accept, and its own next token (-1: its grammar
+    admits none); the new tokens' logprobs read too where it asks for them."""
     window = loop.sampling.window
-    return loop.x[-window:] if window else []
+    try:  # the penalties see x + d_1..d_i
+        n_acc, t = loop.accept(rows, d, loop.x[-window:] if window else [])
+    except NothingAllowed:
+        return 0, -1
+    if loop.g.logprobs is not None:
+        loop.step_logprobs = loop.logprobs([*d.tokens[:n_acc], t], rows)
+    return n_acc, t

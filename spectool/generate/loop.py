@@ -225,23 +225,23 @@ class Loop:
         reads a model's (the target, or one sequence's rows of a batch: generate/batch.py)."""
         s, tokens = self.sampling, d.tokens
         if self.constraint is not None:
-            return self.accept_under(d, recent, self.constraint)
+            return self.accept_under(rows, d, recent, self.constraint)
         if s.greedy:
             return accept_greedy(greedy_rows(rows, s, recent, tokens), tokens)
         return accept_sampled(lambda i: dist_at(rows, i, s, recent + tokens[:i]), d.q, tokens,
                               self.rng)
 
-    def accept_under(self, d: Draft, recent: list[int], c: Constraint) -> tuple[int, int]:
+    def accept_under(self, rows, d: Draft, recent: list[int], c: Constraint) -> tuple[int, int]:
         """The acceptance rule under a grammar: p_i is the target's row after x + d_1..d_i masked by
         the grammar in that state (the drafts were cut to what it accepts), so the grammar advances
         over each draft as its row is reached; it then holds x, the accepted drafts and the target's
         token."""
-        target, s, tokens = self.target, self.sampling, d.tokens
+        s, tokens = self.sampling, d.tokens
 
         def row(i: int, under):
             if i:
                 c.push(tokens[i - 1 : i])
-            return under(target, i, s, recent + tokens[:i], c)
+            return under(rows, i, s, recent + tokens[:i], c)
 
         if s.greedy:
             n_acc, t = accept_greedy((row(i, token_under) for i in range(len(tokens) + 1)), tokens)
@@ -251,12 +251,12 @@ class Loop:
             raise NothingAllowed("the grammar admits no token here")
         return n_acc, t
 
-    def logprobs(self, new: list[int]) -> list[TokenLogprob]:
-        """Each new token's TokenLogprob from the verification's own rows: token i of the step was
-        chosen on row i (the target after x + d_1..d_i), accepted drafts and the target's token
-        alike."""
-        n = self.g.logprobs or 0
-        return [token_logprob(self.target.logits(i), token, n) for i, token in enumerate(new)]
+    def logprobs(self, new: list[int], rows=None) -> list[TokenLogprob]:
+        """Each new token's TokenLogprob from the verification's own rows (the target's, or
+        `rows`, as in accept): token i of the step was chosen on row i (the target after
+        x + d_1..d_i), accepted drafts and the target's token alike."""
+        n, rows = self.g.logprobs or 0, self.target if rows is None else rows
+        return [token_logprob(rows.logits(i), token, n) for i, token in enumerate(new)]
 
     def observe(self, keys: list[Evidence], d: Draft, n_acc: int, draft_seconds: float,
                 verify_seconds: float | None) -> None:

@@ -15,7 +15,12 @@ from spectool.llama.outputs import ROWS
 class ParallelModel(Model):
     """A Model with `eval_seqs`: build it with `n_seq_max` > 1 (seq ids 0..n_seq_max-1) and
     `kv_unified`: one KV buffer for all sequences, or one stream each of n_ctx / n_seq_max cells
-    (None: llama.cpp's default, one stream each)."""
+    (None: llama.cpp's default, one stream each). Its `n_ctx` is what one sequence may hold, as
+    every check made for one generation measures it (the whole context: `n_ctx_total`)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.n_ctx_total, self.n_ctx = self.n_ctx, self.n_ctx_seq
 
     def eval_seqs(self, parts: Sequence[tuple[int, Sequence[int]]], *,
                   logits: bool = True) -> list[int]:

@@ -41,14 +41,17 @@ COMMENT = ": keep-alive\n\n"
 
 
 class Turns:
-    """One generation at a time, in arrival order: each takes a ticket, and the tickets are served
-    in turn; at most `queue` generations wait (one more is a 503)."""
+    """At most `slots` generations at a time (--parallel), started in arrival order: each takes a
+    ticket, and the tickets are served in turn; at most `queue` generations wait (one more is a
+    503)."""
 
-    def __init__(self, queue: int):
+    def __init__(self, queue: int, slots: int = 1):
         self.queue = queue
+        self.slots = slots
         self.turn = threading.Condition()
         self.next_ticket = 0
-        self.serving = 0
+        self.serving = 0  # the next ticket to start
+        self.running = 0  # generations started and not done
         self.waiting = 0  # generations that have a ticket and are not served yet
 
     def take(self, n: int) -> list[int]:
@@ -64,15 +67,17 @@ class Turns:
             return list(range(self.next_ticket - n, self.next_ticket))
 
     def wait(self, ticket: int) -> None:
-        """Block until `ticket` is served."""
+        """Block until `ticket` is served: the tickets before it started, and a slot free."""
         with self.turn:
-            self.turn.wait_for(lambda: self.serving == ticket)
+            self.turn.wait_for(lambda: self.serving == ticket and self.running < self.slots)
+            self.serving, self.running = ticket + 1, self.running + 1
             self.waiting -= 1
+            self.turn.notify_all()
 
     def done(self) -> None:
-        """The generation being served ended: the next ticket's turn."""
+        """A generation being served ended: its slot is free for the next ticket."""
         with self.turn:
-            self.serving += 1
+            self.running -= 1
             self.turn.notify_all()
 
 
@@ -90,10 +95,16 @@ class Server:
         self.api_key = api_key
         self.say = say
         self.max_body = options.max_body_bytes or BODY_BYTES_PER_TOKEN * session.gen.target.n_ctx
-        self.turns = Turns(options.queue)
+        self.turns = Turns(options.queue, options.parallel)
         self.totals = Totals()
         self.ignored = Ignored()  # the request fields that asked nothing (fields.py)
-        self.tasks: list[Task | None] = [None]  # what each slot runs, or ran last (slots.py): one
+        # what each slot runs, or ran last (slots.py): one a sequence --parallel decodes together
+        self.tasks: list[Task | None] = [None] * options.parallel
+        self.batcher = None
+        if options.parallel > 1:  # the generations under way decoded together (batching.py)
+            from spectool.server.batching import Batcher
+
+            self.batcher = Batcher(session.gen.target)
         self.stopping = threading.Event()
 
     def parse_request(self, raw: bytes | dict, chat: bool, infill: bool = False) -> Request:
@@ -137,11 +148,14 @@ class Server:
 
         stats = Stats(mode=self.session.mode)
         self.turns.wait(ticket)
-        self.tasks[0] = task = Task(ticket, gen, len(tokens), stats)
+        with self.turns.turn:  # the first slot not processing
+            slot = next(i for i, t in enumerate(self.tasks) if t is None or not t.processing)
+            self.tasks[slot] = task = Task(ticket, gen, len(tokens), stats)
         try:
-            # an /infill with n_predict 0 (an editor warming the cache): the prompt only
+            # an /infill with n_predict 0 (an editor warming the cache): the prompt only (with
+            # --parallel above 1, the cache keeps nothing between requests yet)
             if gen.max_tokens == 0:
-                warm(gen, tokens, stats)
+                warm(gen if self.batcher is None else None, tokens, stats)
             # a client that left while waiting costs nothing, nor does a turn once the server stops
             elif not cancelled.is_set() and not self.stopping.is_set():
                 self.generate(gen, tokens, stop, push, cancelled, limits, stats)
@@ -181,7 +195,9 @@ class Server:
             return cancelled.is_set() or self.stopping.is_set() or (limits is not None
                                                                     and limits.reached)
 
-        for text, step in generate_text(gen, tokens, stop, stats, interrupted):
+        steps = (generate_text(gen, tokens, stop, stats, interrupted) if self.batcher is None
+                 else self.batcher.generate(gen, tokens, stop, stats, interrupted))
+        for text, step in steps:
             text = limits.cut(text) if limits is not None else text
             records = tracker.feed(text, step) if tracker is not None else None
             if text or records:
@@ -282,10 +298,11 @@ def handing(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue) -> Callable[[
 
 def warm(gen, tokens: list[int], stats) -> None:
     """The prompt into the cache only, nothing generated (an /infill with n_predict 0: an editor
-    warming it)."""
+    warming it); with no `gen`, not even that (--parallel above 1 keeps no cache between requests
+    yet)."""
     t0 = time.perf_counter()
     stats.n_prompt_tokens = len(tokens)
-    stats.n_prefilled = gen.target.sync(tokens[:-1], logits="none")
+    stats.n_prefilled = gen.target.sync(tokens[:-1], logits="none") if gen is not None else 0
     stats.prompt_seconds = time.perf_counter() - t0
     stats.finish_reason = "length"
 

@@ -1,0 +1,103 @@
+"""`--parallel N`: the generations under way decoded together, one step at a time for all of them
+(generate/batch.py), by one thread of their own. A request's worker thread hands its generation to
+that thread and reads the steps back, as it would read them from the one-sequence loop; a
+generation joins at the next step boundary, and one whose client left or whose server stops ends
+there. Each generation drafts with a prompt lookup of its own (drafters/builder.py's for_sequence);
+the corpus, the controller and its cost table stay the session's, shared by all.
+
+Not yet (issue 48): a long prompt is prefilled whole when its generation joins, holding up the
+others' steps for that long; the KV cache keeps nothing between requests (each sequence is emptied
+when its generation ends); one controller for the batch's rows.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+from spectool.core.stats import Stats
+from spectool.drafters.builder import for_sequence
+from spectool.generate.batch import Batch
+from spectool.generate.loop import GenerationConfig, Step
+from spectool.llama.engine import Model
+from spectool.llama.parallel import ParallelModel
+
+BATCH_THREAD = "spectool-batch"
+
+
+@dataclass
+class Member:
+    """A generation handed to the batch: what it needs, and where its steps go (a Step, then None;
+    or an exception)."""
+
+    gen: GenerationConfig
+    tokens: list[int]
+    stop: list[str]
+    stats: Stats
+    interrupted: Callable[[], bool]
+    out: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
+
+
+class Batcher:
+    """The thread that steps the batch for every generation under way."""
+
+    def __init__(self, target: Model):
+        if not isinstance(target, ParallelModel):
+            raise ValueError("decoding sequences together needs a ParallelModel")
+        self.batch = Batch(target)
+        self.joining: queue.SimpleQueue[Member] = queue.SimpleQueue()
+        self.members: dict[int, Member] = {}
+        threading.Thread(target=self.drive, daemon=True, name=BATCH_THREAD).start()
+
+    def generate(self, gen: GenerationConfig, tokens: list[int], stop: list[str], stats: Stats,
+                 interrupted: Callable[[], bool]) -> Iterator[tuple[str, Step]]:
+        """In a worker thread: the generation's (text, step) pairs as the batch makes them, as
+        generate_text hands them over."""
+        gen.drafter = for_sequence(gen.drafter)
+        member = Member(gen, tokens, stop, stats, interrupted)
+        self.joining.put(member)
+        while (item := member.out.get()) is not None:
+            if isinstance(item, BaseException):
+                raise item
+            yield item.text, item
+
+    def drive(self) -> None:
+        """Forever: let in the generations that came, step them all, hand each its step."""
+        waiting: list[Member] = []
+        while True:
+            if not self.members and not waiting:  # nothing under way: wait for a generation
+                waiting.append(self.joining.get())
+            while not self.joining.empty():
+                waiting.append(self.joining.get())
+            while waiting and self.batch.free:
+                self.join(waiting.pop(0))
+            try:
+                steps = self.batch.step() if self.members else {}
+            except Exception as e:  # noqa: BLE001 - each generation's worker answers a 500
+                for seq in list(self.members):
+                    self.end(seq, e)
+                self.batch.close()
+                continue
+            for seq, step in steps.items():
+                self.hand(seq, [step])
+            for seq, member in list(self.members.items()):
+                if member.interrupted():
+                    self.hand(seq, self.batch.interrupt(seq), ended=True)
+
+    def join(self, m: Member) -> None:
+        try:
+            self.members[self.batch.join(m.gen, m.tokens, m.stats, m.stop)] = m
+        except Exception as e:  # noqa: BLE001 - its worker answers it
+            m.out.put(e)
+
+    def hand(self, seq: int, steps: list[Step], ended: bool = False) -> None:
+        """A sequence's steps to its worker; the end too where the last ended it."""
+        for step in steps:
+            self.members[seq].out.put(step)
+        if ended or (steps and steps[-1].finish_reason):
+            self.end(seq, None)
+
+    def end(self, seq: int, error: Exception | None) -> None:
+        self.members.pop(seq).out.put(error)

@@ -1,0 +1,85 @@
+"""`spectool serve --parallel N` (server/batching.py) as a real server process, with the official
+`openai` client: requests generated together give each the text the one-sequence server gives, a
+second stream starts while the first still runs (the one-sequence server queues it), and what a
+batch cannot draft with is refused before anything loads."""
+
+import threading
+import time
+
+import pytest
+from helpers import Server, spectool
+
+PROMPTS = ["The quick brown fox", "def add(a, b):\n    return a + b\n\ndef greet(name):",
+           "Speculative decoding lets a small draft model", "for i in range(10):\n"]
+RECORD = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+
+
+@pytest.fixture(scope="module")
+def servers(tiny):
+    one, four = Server(tiny["target"], "-c", "4096"), Server(tiny["target"], "-c", "4096",
+                                                              "--parallel", "4")
+    yield one, four
+    one.stop()
+    four.stop()
+
+
+def complete(server, i, out, **kw):
+    out[i] = server.client().completions.create(model="tiny", prompt=PROMPTS[i % 4], **kw)
+
+
+def test_requests_together_answer_as_one_at_a_time(servers):
+    """Four greedy completions at once, one under a JSON schema: each text and finish reason is
+    the one-sequence server's."""
+    one, four = servers
+    kw = [dict(max_tokens=40 + 10 * i, temperature=0) for i in range(4)]
+    kw[2]["extra_body"] = {"json_schema": RECORD}
+    alone: list = [None] * 4
+    for i in range(4):
+        complete(one, i, alone, **kw[i])
+    together: list = [None] * 4
+    threads = [threading.Thread(target=complete, args=(four, i, together), kwargs=kw[i])
+               for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert [(r.choices[0].text, r.choices[0].finish_reason) for r in together] == \
+        [(r.choices[0].text, r.choices[0].finish_reason) for r in alone]
+    assert together[2].choices[0].text.startswith('{"name"')  # the schema held
+    assert len({r.choices[0].text for r in together}) == 4
+
+
+def overlap(server) -> bool:
+    """Whether a second stream's first text comes before a long first stream's last."""
+    first_done: list[float] = []
+    c = server.client()
+    a = c.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=900, temperature=0,
+                             stream=True)
+    chunks = iter(a)
+    next(chunks)
+
+    def drain():
+        for _ in chunks:
+            pass
+        first_done.append(time.monotonic())
+
+    reader = threading.Thread(target=drain)
+    reader.start()
+    b = c.completions.create(model="tiny", prompt=PROMPTS[1], max_tokens=4, stream=True)
+    next(ch for ch in b if ch.choices and ch.choices[0].text)
+    second_started = time.monotonic()
+    reader.join(timeout=300)
+    return second_started < first_done[0]
+
+
+def test_a_second_stream_starts_while_the_first_runs(servers):
+    one, four = servers
+    assert overlap(four)
+    assert not overlap(one)  # the one-sequence server queues it
+
+
+def test_what_a_batch_cannot_draft_with_is_refused_before_loading(tiny):
+    out = spectool("serve", "-m", tiny["target"], "-md", tiny["draft"], "--spec", "draft",
+                   "--parallel", "2", timeout=120)
+    assert out.returncode == 2 and "--parallel above 1 drafts by prompt lookup only" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
