@@ -7,7 +7,7 @@ import pytest
 
 from spectool.core.costs import Costs
 from spectool.core.controller import Controller
-from spectool.core.evidence import DRAFT, Agreement, Evidence  # noqa: F401
+from spectool.core.evidence import DRAFT, Agreement, Evidence, Source  # noqa: F401
 
 
 def drive(ctl, key, accept_p, cost1=0.013, slope=0.55, steps=400, seed=0):
@@ -343,3 +343,16 @@ def test_prices_follow_the_cost_table_within_a_few_verifications():
     for _ in range(costs.reprice_every):
         costs.observe_verify(1, 2.0)
     assert costs.verify_costs(4) == costs.price(len(costs.verify_costs(4)) - 1)
+
+
+def test_a_predictions_match_is_drafted_as_far_as_lookups_before_either_is_learnt():
+    """A request's prediction (drafters/prediction.py) is matched as lookup matches the prompt: a fresh controller
+    prices a long agreed match of either alike (with the unknown keys' guess instead, an edit request drafted
+    slower with its file as its prediction than without: research/prediction_bound.py)."""
+    ctl = Controller(k_max=8, costs=Costs(verify={b: 1 + 0.1 * (b - 1) for b in range(1, 10)}))
+    for source in (Source.lookup, Source.prediction):
+        keys = [Evidence.lookup(8, Agreement.agreed, source=source)]
+        while len(keys) < 8:
+            keys.append(keys[-1].next)
+        assert ctl.acceptance(keys[0]) == ctl.acceptance(Evidence.lookup(8))
+        assert len(ctl.pick(keys)) == len(ctl.pick([Evidence.lookup(8, Agreement.agreed, i) for i in range(8)]))

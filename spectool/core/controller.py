@@ -47,14 +47,18 @@ LOOKUP_PRIORS = {Agreement.agreed: (0.4, 0.7, 0.8, 0.9, 0.97),
 
 
 # The corpus of earlier requests (drafters/corpus.py) starts from lookup's priors with this weight:
-# a corpus that does not fit the requests is learnt within a few short drafts under its own keys
+# a corpus that does not fit the requests is learnt within a few short drafts under its own keys.
+# A request's prediction (drafters/prediction.py) starts from them with lookup's own weight: its
+# matches are lookup's, into a text the request says the answer follows (with prior_other's guess
+# instead, an edit request drafted 8% slower with its file as the prediction than without one:
+# research/prediction_bound.py)
 CORPUS_PRIOR_WEIGHT = 4.0
 
 
 def _default_priors() -> dict[Evidence, tuple[float, float]]:
-    lookup = {Evidence.lookup(b, agreement, source=source): (a, 8.0 if source is Source.lookup
-                                                             else CORPUS_PRIOR_WEIGHT)
-              for source in (Source.lookup, Source.corpus)
+    weight = {Source.lookup: 8.0, Source.corpus: CORPUS_PRIOR_WEIGHT, Source.prediction: 8.0}
+    lookup = {Evidence.lookup(b, agreement, source=source): (a, weight[source])
+              for source in weight
               for agreement, row in LOOKUP_PRIORS.items()
               for b, a in zip(BUCKETS, row, strict=True)}
     # a draft model's and an MTP head's: a guess that their first observations replace. A grammar's
