@@ -246,6 +246,17 @@ def test_property_names_that_are_strings_ask_nothing_and_any_other_form_is_refus
         Grammar.json_schema({"type": "object", "propertyNames": {"pattern": "^[a-z]+$"}})
 
 
+def test_one_of_is_read_as_any_of_as_llama_cpp_reads_it(target):
+    """qwen-code's agent tool carries a `oneOf` (llguidance refuses it unless told to read it as `anyOf`, which
+    llama.cpp's json-schema-to-grammar does): each branch's values are taken, others refused."""
+    schema = {"type": "object", "properties": {"turns": {"oneOf": [
+        {"type": "string", "enum": ["all"]}, {"type": "string", "pattern": "^[1-9][0-9]*$"}]}}, "required": ["turns"]}
+    grammar = Grammar.json_schema(schema)
+    for text, ok in (('{"turns": "all"}', True), ('{"turns": "12"}', True), ('{"turns": "x1"}', False)):
+        tokens = target.tokenize(text, add_special=False)
+        assert (grammar.matcher(target).valid(tokens) == len(tokens)) == ok, text
+
+
 def test_a_grammar_stopped_by_the_budget_ends_with_length(target):
     prompt = target.tokenize("a record:", add_special=True)
     st = Stats()

@@ -268,10 +268,11 @@ def lark_json(schema: dict) -> str:
 
 def _for_llguidance(schema: Any) -> dict:
     """The schema as llguidance is given it (closed objects, llama.cpp's whitespace, no
-    `propertyNames` that asks nothing), checked first (_checked_schema)."""
+    `propertyNames` that asks nothing, `oneOf` read as `anyOf` as llama.cpp's json-schema-to-grammar
+    reads it: qwen-code's tools carry one), checked first (_checked_schema)."""
     extra = _checked_schema(schema).get("x-guidance", {})
     return {**_closed(_any_keys(schema)),
-            "x-guidance": {**extra, "whitespace_pattern": JSON_WHITESPACE}}
+            "x-guidance": {"coerce_one_of": True, **extra, "whitespace_pattern": JSON_WHITESPACE}}
 
 
 # the keywords whose object maps names to schemas (the map is no schema), and those that hold data
