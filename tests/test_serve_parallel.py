@@ -1,8 +1,12 @@
 """`spectool serve --parallel N` (server/batching.py) as a real server process, with the official
 `openai` client: requests generated together give each the text the one-sequence server gives, a
 second stream starts while the first still runs (the one-sequence server queues it), and what a
-batch cannot draft with is refused before anything loads."""
+batch cannot draft with is refused before anything loads. A request's own drafting (`speculative`)
+on either server; GET /slots and /metrics with each slot's own state; a dropped stream's slot free
+at the next step; the memory for N sequences named, and checked before loading."""
 
+import http.client
+import json
 import threading
 import time
 
@@ -16,7 +20,8 @@ RECORD = {"type": "object", "properties": {"name": {"type": "string"}}, "require
 
 @pytest.fixture(scope="module")
 def servers(tiny):
-    one, four = Server(tiny["target"], "-c", "4096"), Server(tiny["target"], "-c", "4096",
+    # (each of the four sequences holds 4096 tokens, as the one-sequence server's context)
+    one, four = Server(tiny["target"], "-c", "4096"), Server(tiny["target"], "-c", "16384",
                                                               "--parallel", "4")
     yield one, four
     one.stop()
@@ -83,3 +88,50 @@ def test_what_a_batch_cannot_draft_with_is_refused_before_loading(tiny):
                    "--parallel", "2", timeout=120)
     assert out.returncode == 2 and "--parallel above 1 drafts by prompt lookup only" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+# greedy, the tiny model loops on this prompt without an end-of-generation token: lookup drafts
+# long runs of it, and 4000 tokens undrafted take seconds
+LOOP = "the dog the fox the dog the fox the dog the"
+
+
+def test_a_request_sets_its_own_drafting(servers):
+    """`"speculative": false` drafts nothing, `{"n_max": 1}` at most one token a step (llama-server's
+    older flat `speculative.n_max` too), on the one-sequence server and in a batch alike; the text
+    is the same greedy text. Other shapes are a 400 naming the field; `n_min` is ignored, counted."""
+    for server in servers:
+        c = server.client()
+
+        def ask(**extra):
+            return c.completions.create(model="tiny", prompt=LOOP, max_tokens=200, temperature=0,
+                                        extra_body=extra)
+
+        default, off, one, flat = (ask(), ask(speculative=False), ask(speculative={"n_max": 1}),
+                                   ask(**{"speculative.n_max": 0}))
+        assert {r.choices[0].text for r in (off, one, flat)} == {default.choices[0].text}
+        spec = [r.usage.model_extra["speculative"] for r in (default, off, one, flat)]
+        assert spec[1]["drafted"] == spec[3]["drafted"] == 0
+        # a step makes its accepted drafts and one token, bar the last (cut by the budget): with at
+        # most one draft a step, there are at most completion - accepted + 2 steps, as many drafts
+        steps = one.usage.completion_tokens - spec[2]["accepted"] + 2
+        assert 0 < spec[2]["drafted"] <= steps
+        assert spec[0]["drafted"] > steps  # the server's own drafting drafts more
+        for body, param in [({"speculative": "no"}, "speculative"),
+                            ({"speculative": {"n_max": -1}}, "speculative.n_max"),
+                            ({"speculative": {"n_max": 1.5}}, "speculative.n_max"),
+                            ({"speculative": {"type": "ngram"}}, "speculative.type"),
+                            ({"speculative": False, "speculative.n_max": 2}, "speculative.n_max")]:
+            status, answer = server.request("POST", "/v1/completions",
+                                            {"prompt": "hi", "max_tokens": 2, **body})
+            assert status == 400 and json.loads(answer)["error"]["param"] == param, answer
+        status, _ = server.request("POST", "/v1/completions", {
+            "prompt": "hi", "max_tokens": 2, "speculative": {"n_max": 2, "n_min": 1}})
+        assert status == 200
+        assert metrics(server)['spectool_ignored_fields_total{api="completions",'
+                               'field="speculative.n_min"}'] == 1
+
+
+def metrics(server) -> dict[str, float]:
+    _, text = server.request("GET", "/metrics")
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines() if line and not line.startswith("#")}

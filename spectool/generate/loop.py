@@ -74,6 +74,8 @@ class GenerationConfig:
     # each token's log-probability and this many alternatives (Step.logprobs); None:
     logprobs: int | None = None
     # none, and llama.cpp's graph may sample the rows where they are (backend_chain)
+    # the most tokens a step drafts, where a request sets its own (0: none); None: the controller's
+    draft_max: int | None = None
 
     def random(self) -> np.random.Generator:
         if self.rng is None:
@@ -193,8 +195,10 @@ class Loop:
     def draft(self, k_max: int) -> tuple[list[Evidence], Draft]:
         """The keys the controller picked among the drafter's offer, and the draft of that many
         tokens."""
-        if self.drafter is None:
+        if self.drafter is None or self.g.draft_max == 0:
             return [], EMPTY
+        if self.g.draft_max is not None:
+            k_max = min(k_max, self.g.draft_max)
         offer = self.drafter.peek(self.x, min(self.ctl.k_max, k_max), self.worth)
         keys = self.ctl.pick(offer, self.temp)
         if not keys:

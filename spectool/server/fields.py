@@ -97,6 +97,10 @@ OPENAI = [
     Field(("logprobs", "top_logprobs"), SERVED, "[log-probabilities](#log-probabilities)"),
     Field(("suffix",), SERVED, "[fill-in-the-middle](#fill-in-the-middle)", only="completions"),
     Field(("prediction",), SERVED, "OpenAI's Predicted Outputs: the first draft source"),
+    Field(("speculative", "speculative.n_max"), SERVED, "the request's own drafting: `false` "
+          "(none), or `{\"n_max\": K}` (llama-server's older flat `speculative.n_max`): at most K "
+          "drafts a step, capped at `--draft-max`; the output is the same "
+          "([parallel requests](#parallel-requests))"),
     MODEL,
     Field(("user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key",
            "prompt_cache_retention"), IGNORED, f"client metadata and storage: {NO_OUTPUT}"),
@@ -107,6 +111,9 @@ OPENAI = [
     Field(("dry_base", "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers",
            "xtc_threshold", "mirostat_tau", "mirostat_eta", "dynatemp_exponent", "min_keep"),
           IGNORED, "llama-server's settings of samplers that are off (below)"),
+    Field(("speculative.n_min", "speculative.p_min"), IGNORED, "llama-server's drafting settings "
+          "(in `speculative` too): the controller picks each draft's length, and no draft "
+          "changes the output"),
     Field(("best_of",), REFUSED, "above 1", (None, 1)),
     Field(("echo",), REFUSED, "true", (None, False), only="completions"),
     Field(("logit_bias",), REFUSED, "any bias", (None, {})),
@@ -185,7 +192,9 @@ MESSAGES = [
     Field(("container", "mcp_servers"), REFUSED, "server-side tools", (None, [])),
 ]
 # values inside a served field that are ignored, counted by path: (field, key)
-NESTED = {"responses": [("text", "verbosity")], "messages": [("output_config", "effort")]}
+SPECULATIVE = [("speculative", "n_min"), ("speculative", "p_min")]
+NESTED = {"responses": [("text", "verbosity")], "messages": [("output_config", "effort")],
+          "chat": SPECULATIVE, "completions": SPECULATIVE}
 
 
 def rows(api: str) -> list[Field]:

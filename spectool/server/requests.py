@@ -162,9 +162,42 @@ def generations(body: dict, chat: bool, n: int, grammar: Grammar | None, session
         raise ApiError(400, message, code=f"invalid_{name}", param=name) from None
     seeds = [o.seed if o.seed is None else o.seed + i for i in range(n)]
     logprobs = requested_logprobs(body, chat)  # logprobs.py
-    return [replace(generation(session, replace(o, seed=seed), grammar, prediction),
-                    logprobs=logprobs)
-            for seed in seeds]
+    draft_max = request_draft_max(body, session.k_max)
+    gens = [replace(generation(session, replace(o, seed=seed), grammar, prediction),
+                    logprobs=logprobs, draft_max=draft_max) for seed in seeds]
+    # no drafting: not even a grammar's forced tokens, nor the drafter's setup
+    return [replace(g, drafter=None) for g in gens] if draft_max == 0 else gens
+
+
+def request_draft_max(body: dict, k_max: int) -> int | None:
+    """The request's own drafting: `"speculative": false` (none: 0), `true` (the server's: None)
+    or {"n_max": K}, and llama-server's flat `speculative.n_max` (its older servers' name), K an
+    integer from 0, at most the server's --draft-max (a request lowers it, never raises it); None
+    where it sets none. Another shape is a 400 naming the field."""
+    spec, flat = body.get("speculative"), body.get("speculative.n_max")
+    if isinstance(spec, bool):
+        if flat is not None:
+            raise invalid("speculative.n_max", "cannot be given with \"speculative\": "
+                                               f"{json.dumps(spec)}")
+        return None if spec else 0
+    if spec is not None and not isinstance(spec, dict):
+        raise invalid("speculative", 'must be true, false or {"n_max": K} (it was sent as '
+                                     f"{json.dumps(spec)[:60]})")
+    spec = spec or {}
+    other = sorted(set(spec) - {"n_max", "n_min", "p_min"})  # (n_min, p_min: ignored, fields.py)
+    if other:
+        raise invalid(f"speculative.{other[0]}", "is not a drafting setting this server takes "
+                                                 "(n_max)")
+    if spec.get("n_max") is not None and flat is not None:
+        raise invalid("speculative.n_max", "was given twice: as speculative.n_max and in "
+                                           "\"speculative\"")
+    k = spec.get("n_max", flat)
+    if k is None:
+        return None
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        raise invalid("speculative.n_max", "must be an integer from 0 (it was sent as "
+                                           f"{json.dumps(k)[:60]})")
+    return min(k, k_max)
 
 
 def request_prediction(body: dict) -> str | None:
