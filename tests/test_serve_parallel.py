@@ -131,7 +131,91 @@ def test_a_request_sets_its_own_drafting(servers):
                                'field="speculative.n_min"}'] == 1
 
 
+def opened(server, **body) -> http.client.HTTPConnection:
+    """A streamed completion of LOOP on a connection of its own, read up to its first text."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
+    conn.request("POST", "/v1/completions", json.dumps(
+        {"prompt": LOOP, "temperature": 0, "stream": True, **body}),
+        {"Content-Type": "application/json"})
+    r = conn.getresponse()
+    assert r.status == 200
+    while line := r.readline():
+        if line.startswith(b"data: {") and json.loads(line[6:])["choices"][0]["text"]:
+            return conn
+    raise AssertionError("the stream ended before its first text")
+
+
+def get(server, path):
+    status, body = server.request("GET", path)
+    assert status == 200
+    return json.loads(body)
+
+
 def metrics(server) -> dict[str, float]:
     _, text = server.request("GET", "/metrics")
     return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
             for line in text.splitlines() if line and not line.startswith("#")}
+
+
+def idle(server) -> list[dict]:
+    """GET /slots once no slot is processing (a dropped stream ends within a step of 0.25 s)."""
+    deadline = time.monotonic() + 60
+    while True:
+        slots = get(server, "/slots")
+        if not any(s["is_processing"] for s in slots):
+            return slots
+        assert time.monotonic() < deadline, slots
+        time.sleep(0.05)
+
+
+def test_slots_lists_each_sequence_with_its_own_state(servers):
+    """Two streams at once, one undrafted: GET /slots lists the four slots, the two busy ones each
+    with its own task, counts and drafting."""
+    _, four = servers
+    idle(four)
+    plain, drafting = opened(four, max_tokens=3000, speculative=False), opened(four, max_tokens=3000)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            slots = get(four, "/slots")
+            busy = sorted((s for s in slots if s["is_processing"]), key=lambda s: s["id_task"])
+            if len(busy) < 2 or busy[1]["draft_n_accepted"] or time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+        assert [s["id"] for s in slots] == [0, 1, 2, 3] and {s["n_ctx"] for s in slots} == {4096}
+        assert len(busy) == 2 and busy[0]["id_task"] < busy[1]["id_task"]
+        p, d = busy  # the undrafted one came first
+        assert p["speculative"] is False and p["params"]["speculative.n_max"] == 0
+        assert p["draft_n"] == p["draft_n_accepted"] == 0
+        assert d["speculative"] is True and d["params"]["speculative.n_max"] > 0
+        assert d["draft_n"] >= d["draft_n_accepted"] > 0
+        assert all(s["next_token"][0]["n_decoded"] > 0 for s in busy)
+        assert all(s["next_token"][0]["has_next_token"] for s in busy)
+    finally:
+        plain.close()
+        drafting.close()
+    (ended,) = [s for s in idle(four) if s.get("id_task") == p["id_task"]]
+    assert ended["next_token"][0]["n_decoded"] < 3000  # cut short where its client left
+
+
+def test_a_dropped_stream_frees_its_slot_at_the_next_step(servers):
+    """A stream dropped after its first text: its generation ends at the next step (short of its
+    budget), and four new streams all start at once, the dropped one's slot among them."""
+    _, four = servers
+    idle(four)
+    before = metrics(four)
+    opened(four, max_tokens=4000, speculative=False).close()
+    conns = [opened(four, max_tokens=4000, speculative=False) for _ in range(4)]
+    try:
+        assert all(s["is_processing"] for s in get(four, "/slots"))
+        deadline = time.monotonic() + 10
+        while (m := metrics(four))["spectool_requests_cancelled_total"] == \
+                before["spectool_requests_cancelled_total"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert m["spectool_requests_cancelled_total"] == before["spectool_requests_cancelled_total"] + 1
+        # (the four are still running: only the dropped one is counted, short of its 4000 tokens)
+        assert 0 < m["spectool_completion_tokens_total"] - before["spectool_completion_tokens_total"] < 4000
+    finally:
+        for conn in conns:
+            conn.close()
+    idle(four)

@@ -1,7 +1,8 @@
 """llama-server's `GET /props` and `GET /slots`, which editors' plugins read, in its shapes
 (tools/server/server-context.cpp: get_res_props, server_slot::to_json and task_params::to_json):
-the settings requests default to, and each slot's state, as functions of the server's state. One
-slot today (Server.tasks: what each slot runs, or ran last); more slots are more rows."""
+the settings requests default to, and each slot's state, as functions of the server's state: a
+slot for each sequence --parallel decodes together (Server.tasks: what each slot runs, or ran
+last), with its task's drafted and accepted tokens in the names of llama-server's timings."""
 
 from __future__ import annotations
 
@@ -43,7 +44,8 @@ def params(gen, session) -> dict:
         "n_keep": 0, "n_discard": 0, "ignore_eos": False, "n_probs": gen.logprobs or 0,
         "min_keep": 0, "grammar": "" if gen.grammar is None else gen.grammar.source,
         "samplers": SAMPLERS, "speculative.types": str(session.mode),
-        "speculative.n_max": session.k_max, "speculative.n_min": session.k_min,
+        "speculative.n_max": session.k_max if gen.draft_max is None else gen.draft_max,
+        "speculative.n_min": session.k_min,
         "timings_per_token": False, "post_sampling_probs": False, "backend_sampling": False,
         "lora": [],
     }
@@ -53,14 +55,16 @@ def slot(server, index: int) -> dict:
     """One slot as llama-server's server_slot::to_json (without the prompt's text and the output's,
     as llama-server gives them unless --slots-debug): its last task's counts and settings."""
     task: Task | None = server.tasks[index]
+    drafts = server.session.mode != "none" and (task is None or task.gen.draft_max != 0)
     out: dict[str, Any] = {"id": index, "n_ctx": server.session.gen.target.n_ctx,
-                           "speculative": server.session.mode != "none",
+                           "speculative": drafts,
                            "is_processing": task is not None and task.processing}
     if task is None:
         return out
     stats = task.stats
     return out | {
         "id_task": task.id, "n_prompt_tokens": task.n_prompt,
+        "draft_n": stats.n_drafted, "draft_n_accepted": stats.n_accepted,
         "n_prompt_tokens_processed": stats.n_prefilled,
         "n_prompt_tokens_cache": max(0, task.n_prompt - stats.n_prefilled),
         "params": params(task.gen, server.session),
