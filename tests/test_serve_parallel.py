@@ -219,3 +219,42 @@ def test_a_dropped_stream_frees_its_slot_at_the_next_step(servers):
         for conn in conns:
             conn.close()
     idle(four)
+
+
+def test_metrics_give_each_slot_and_the_batch(servers):
+    """/metrics: the slots and how many are busy, each slot's generated, drafted and accepted tokens
+    (summing to the server's), and the batch's steps, rows and sequences; one slot and no batch on
+    the one-sequence server."""
+    one, four = servers
+    idle(four)
+    before = metrics(four)
+    conns = [opened(four, max_tokens=3000), opened(four, max_tokens=3000)]
+    try:
+        during = metrics(four)
+    finally:
+        for conn in conns:
+            conn.close()
+    assert during["spectool_slots"] == 4 and during["spectool_slots_busy"] == 2
+    assert sum(during[f'spectool_slot_busy{{slot="{i}"}}'] for i in range(4)) == 2
+    idle(four)
+    after = metrics(four)
+
+    def grew(name):
+        return after[name] - before[name]
+
+    def per_slot(name):
+        return sum(grew(f'spectool_slot_{name}_total{{slot="{i}"}}') for i in range(4))
+
+    deadline = time.monotonic() + 10  # (a generation's totals are counted just after its slot frees)
+    while per_slot("completion_tokens") != grew("spectool_completion_tokens_total") and \
+            time.monotonic() < deadline:
+        time.sleep(0.05)
+        after = metrics(four)
+    assert after["spectool_slots_busy"] == 0
+    for name in ("completion_tokens", "drafted_tokens", "accepted_tokens"):
+        assert per_slot(name) == grew(f"spectool_{name}_total") > 0, name
+    steps, rows, seqs = (grew(f"spectool_batch_{n}_total") for n in ("steps", "rows", "sequences"))
+    assert 0 < steps <= seqs <= 2 * steps and seqs <= rows
+    m = metrics(one)
+    assert m["spectool_slots"] == 1 and m['spectool_slot_busy{slot="0"}'] == 0
+    assert not any(name.startswith("spectool_batch_") for name in m)

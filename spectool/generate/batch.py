@@ -61,6 +61,8 @@ class Batch:
         self.target = target
         self.free = list(range(target.n_seq_max))
         self.active: dict[int, Loop] = {}
+        # the steps' decodes so far: how many, their rows, and the sequences in them (summed)
+        self.n_steps = self.n_rows = self.n_seq_steps = 0
 
     def join(self, g: GenerationConfig, prompt: Sequence[int], stats: Stats | None = None,
              stop: Sequence[str] | None = None) -> int:
@@ -140,6 +142,9 @@ class Batch:
         t0 = time.perf_counter()
         starts = target.eval_seqs([(p.seq, [p.loop.x[-1], *p.draft.tokens]) for p in plan])
         seconds = time.perf_counter() - t0
+        self.n_steps += 1
+        self.n_rows += sum(len(p.draft.tokens) + 1 for p in plan)
+        self.n_seq_steps += len(plan)
         chosen = [accepted(p.loop, Rows(target, start), p.draft) for p, start in zip(plan, starts)]
         out = {}
         alone = len(plan) == 1  # the decode was a one-sequence verification: its cost is one's

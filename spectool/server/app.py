@@ -140,12 +140,14 @@ async def health(request: Request) -> Response:
 
 
 async def metrics(request: Request) -> Response:
-    """Open too, as llama-server's: counters only, no text of anyone's; the corpus's size and its
-    disputes' tally, where there is one (--lookup-corpus)."""
+    """Open too, as llama-server's: counters only, no text of anyone's; each slot's, and the batch's
+    with --parallel above 1; the corpus's size and its disputes' tally, where there is one
+    (--lookup-corpus)."""
     server = server_of(request)
     corpus = server.session.corpus
-    text = server.totals.prometheus() + server.ignored.prometheus() + (
-        "" if corpus is None else corpus_metrics(corpus))
+    batch = server.batcher.batch if server.batcher is not None else None
+    text = server.totals.prometheus() + server.ignored.prometheus() + server.slots.prometheus(
+        server.tasks, batch) + ("" if corpus is None else corpus_metrics(corpus))
     return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
 

@@ -26,7 +26,7 @@ from spectool.server import logprobs
 from spectool.server.completions import Reply, answer, choices, chunks
 from spectool.server.errors import ApiError
 from spectool.server.infill import Limits
-from spectool.server.metrics import Ignored, Totals
+from spectool.server.metrics import Ignored, Slots, Totals
 from spectool.server.requests import Request, parse
 from spectool.server.slots import Task
 from spectool.session import Session
@@ -100,6 +100,7 @@ class Server:
         self.ignored = Ignored()  # the request fields that asked nothing (fields.py)
         # what each slot runs, or ran last (slots.py): one a sequence --parallel decodes together
         self.tasks: list[Task | None] = [None] * options.parallel
+        self.slots = Slots(options.parallel)  # each slot's counters (metrics.py)
         self.batcher = None
         if options.parallel > 1:  # the generations under way decoded together (batching.py)
             from spectool.server.batching import Batcher
@@ -166,7 +167,7 @@ class Server:
             push((None, e))
             return
         finally:
-            task.processing = False
+            self.slots.finish(slot, task)  # free
             self.turns.done()
         if self.stopping.is_set() and stats.finish_reason in (None, "interrupted"):
             stats.finish_reason = "length"  # cut short by SIGTERM or Ctrl-C, as by a token budget

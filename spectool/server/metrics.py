@@ -1,5 +1,6 @@
 """What `/metrics` reports, in Prometheus's text format: the server's totals, the request fields
-that were ignored (by API and name), and the corpus's gauges."""
+that were ignored (by API and name), the slots' figures and the batch's, and the corpus's
+gauges."""
 
 from __future__ import annotations
 
@@ -64,6 +65,49 @@ class Ignored:
         return "# TYPE spectool_ignored_fields_total counter\n" + "".join(
             f'spectool_ignored_fields_total{{api="{api}",field="{name}"}} {n}\n'
             for (api, name), n in counts)
+
+
+class Slots:
+    """Each slot's counters since the server started (its tasks' generated, drafted and accepted
+    tokens: those that ended, and the one under way), and how many slots are busy."""
+
+    NAMES = ("completion_tokens", "drafted_tokens", "accepted_tokens")
+
+    def __init__(self, n: int):
+        self.done = [[0, 0, 0] for _ in range(n)]
+        self.lock = threading.Lock()
+
+    @staticmethod
+    def counts(stats) -> tuple[int, int, int]:
+        return stats.n_generated, stats.n_drafted, stats.n_accepted
+
+    def finish(self, slot: int, task) -> None:
+        """A slot's task ended: its counts join the slot's, and the slot is free."""
+        with self.lock:
+            task.processing = False
+            self.done[slot] = [a + b for a, b in zip(self.done[slot], self.counts(task.stats))]
+
+    def prometheus(self, tasks: list, batch=None) -> str:
+        """The slots' gauges and counters (`tasks`: what each slot runs, or ran last), and the
+        batch's decodes where sequences are decoded together (generate/batch.py's Batch)."""
+        with self.lock:
+            busy = [t is not None and t.processing for t in tasks]
+            now = [[a + b for a, b in zip(done, self.counts(t.stats))] if on else done
+                   for done, t, on in zip(self.done, tasks, busy)]
+        lines = ["# TYPE spectool_slots gauge", f"spectool_slots {len(tasks)}",
+                 "# TYPE spectool_slots_busy gauge", f"spectool_slots_busy {sum(busy)}",
+                 "# TYPE spectool_slot_busy gauge",
+                 *(f'spectool_slot_busy{{slot="{i}"}} {int(on)}' for i, on in enumerate(busy))]
+        for j, name in enumerate(self.NAMES):
+            lines += [f"# TYPE spectool_slot_{name}_total counter",
+                      *(f'spectool_slot_{name}_total{{slot="{i}"}} {c[j]}'
+                        for i, c in enumerate(now))]
+        if batch is not None:  # (ints the batch's thread writes: each read whole)
+            for name, value in (("steps", batch.n_steps), ("rows", batch.n_rows),
+                                ("sequences", batch.n_seq_steps)):
+                lines += [f"# TYPE spectool_batch_{name}_total counter",
+                          f"spectool_batch_{name}_total {value}"]
+        return "\n".join(lines) + "\n"
 
 
 def corpus_metrics(corpus) -> str:
