@@ -246,8 +246,9 @@ class Options:
                             "and the connection closes.")
     parallel: int = opt(1, "--parallel", "-np", group=SERVE, min=1, max=64,
                         help="Requests generated at once, decoded together in one batch, as "
-                        "llama-server's -np: each holds -c / N tokens of context. Above 1, drafts "
-                        "come from prompt lookup only.")
+                        "llama-server's -np: each holds -c / N tokens of context (-c 0: the "
+                        "trained context each, memory allowing). Above 1, drafts come from prompt "
+                        "lookup only.")
     queue: int = opt(8, "--queue", group=SERVE, min=0,
                      help="Requests that may wait for their turn; one more gets a "
                      "503.")

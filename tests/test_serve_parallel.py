@@ -258,3 +258,23 @@ def test_metrics_give_each_slot_and_the_batch(servers):
     m = metrics(one)
     assert m["spectool_slots"] == 1 and m['spectool_slot_busy{slot="0"}'] == 0
     assert not any(name.startswith("spectool_batch_") for name in m)
+
+
+def test_the_memory_for_n_sequences_is_named_and_checked_before_loading(tiny):
+    """A KV cache for 4 sequences that no memory holds (-c 10^9: the tiny model's 384 bytes a token,
+    366 GiB): one line before the weights load, naming the sequences; one that fits is named on
+    the start line, -c 0 giving each sequence the model's trained context."""
+    out = spectool("serve", "-m", tiny["target"], "-c", "1000000000", "--parallel", "4", "-ngl", "0",
+                   timeout=120)
+    assert out.returncode == 1 and out.stdout == ""
+    (line,) = out.stderr.strip().splitlines()
+    assert line.startswith("error: 4 sequences of 250000000 tokens (-c 1000000000, --parallel 4) "
+                           "need a KV cache of 366210 MiB in RAM for target.gguf"), line
+    assert line.endswith("try a smaller -c or --parallel"), line
+    s = Server(tiny["target"], "-c", "0", "--parallel", "2")
+    try:
+        assert get(s, "/props")["total_slots"] == 2
+        assert [slot["n_ctx"] for slot in get(s, "/slots")] == [2048, 2048]  # trained: 2048
+    finally:
+        _, err = s.stop()
+    assert "2 sequences of 2048 tokens each, a KV cache of 1 MiB in all" in err, err

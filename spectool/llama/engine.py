@@ -19,8 +19,8 @@ from spectool.llama import native  # noqa: F401, I001 - llama.cpp before numpy (
 import numpy as np  # noqa: E402
 
 from spectool.llama.devices import resolve_gpu_layers
-from spectool.llama.memory import (context_that_fits, no_context, ran_out_of_memory,
-                                   weights_do_not_fit)
+from spectool.llama.memory import (check_kv_fits, context_that_fits, no_context,
+                                   ran_out_of_memory, weights_do_not_fit)
 # the engine's errors and backend facts, re-exported
 from spectool.llama.native import (  # noqa: F401
     DecodeError,
@@ -81,6 +81,8 @@ class Model(Facts):
         self._chain: Any = None
         self._ctx_arg: Any = None
         ngl, usable = resolve_gpu_layers(n_gpu_layers, local_only=local_only)
+        # several sequences' KV cache (--parallel) checked before the weights load
+        check_kv_fits(self.path, n_ctx, n_seq_max, usable, ngl)
         self._model = self._load(ngl, usable, load_mtp, progress)
         lib, model = self.lib, self._model
         self._note_offload(ngl, usable, graph_sampling)
@@ -91,7 +93,6 @@ class Model(Facts):
         # MTP (NextN) heads the file carries
         self.n_nextn = int(lib.llama_model_n_layer_nextn(model))
         self.n_threads = n_threads or max(1, os.cpu_count() or 1)
-        n_ctx = n_ctx if n_ctx > 0 else context_that_fits(lib, model, self.offload_devices)
         self._ctx = self._make_context(n_ctx, n_batch, flash_attn, n_seq_max, kv_unified)
         self._mem = lib.llama_get_memory(self._ctx)
         self.n_ctx = lib.llama_n_ctx(self._ctx)
@@ -183,6 +184,8 @@ class Model(Facts):
                       kv_unified: bool | None):
         lib = self.lib
         cparams = lib.llama_context_default_params()
+        n_ctx = n_ctx if n_ctx > 0 else context_that_fits(lib, self._model, self.offload_devices,
+                                                          n_seq_max)
         cparams.n_ctx, cparams.n_seq_max = n_ctx, n_seq_max
         if kv_unified is not None:
             cparams.kv_unified = kv_unified

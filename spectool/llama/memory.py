@@ -44,12 +44,68 @@ def free_bytes(usable: Sequence[Device]) -> int:
         "SC_PAGE_SIZE")
 
 
-def context_that_fits(lib, model, usable: Sequence[Device]) -> int:
-    """-c 0: the model's trained context where its KV cache takes at most KV_SHARE of the memory
-    free where it goes, else the most that does (a multiple of 256), at least FLOOR tokens."""
-    trained = int(lib.llama_model_n_ctx_train(model))
+def context_that_fits(lib, model, usable: Sequence[Device], n_seq: int = 1) -> int:
+    """-c 0: the model's trained context for each of `n_seq` sequences (--parallel) where their KV
+    cache takes at most KV_SHARE of the memory free where it goes, else the most that does (a
+    multiple of 256), at least FLOOR tokens in all."""
+    trained = int(lib.llama_model_n_ctx_train(model)) * n_seq
     fits = int(KV_SHARE * free_bytes(usable)) // max(1, kv_bytes_per_token(lib, model))
     return min(trained, max(FLOOR, fits // 256 * 256))
+
+
+def metadata_kv_shape(lib, model) -> tuple[int, int] | None:
+    """kv_bytes_per_token and the layers, read from the metadata of a model loaded vocab-only (whose
+    hparams llama.cpp leaves unset); None where a count is not one number (per-layer heads)."""
+    arch = meta_value(lib, model, "general.architecture")
+    try:
+        n_layer, n_head, n_embd = (int(meta_value(lib, model, f"{arch}.{key}") or 0) for key in (
+            "block_count", "attention.head_count", "embedding_length"))
+        n_head_kv = int(meta_value(lib, model, f"{arch}.attention.head_count_kv") or n_head)
+        head_k = int(meta_value(lib, model, f"{arch}.attention.key_length")
+                     or n_embd // max(1, n_head))
+        head_v = int(meta_value(lib, model, f"{arch}.attention.value_length") or head_k)
+    except ValueError:
+        return None
+    return 2 * n_layer * n_head_kv * (head_k + head_v), n_layer
+
+
+def check_kv_fits(path: Path, n_ctx: int, n_seq: int, usable: Sequence[Device], ngl: int) -> None:
+    """Before the weights load (the file's metadata only), for several sequences (--parallel) of a
+    context of `n_ctx` tokens (-c; 0: context_that_fits, later): DoesNotFit, one line, where their
+    KV cache is more than the memory free where it goes (the offloaded layers' share on `usable`,
+    as `ngl` says, the rest in RAM). Unchecked where the metadata cannot be read: loading says
+    why."""
+    if n_seq > 1 and n_ctx > 0 and (full := kv_does_not_fit(path, n_ctx, n_seq, usable, ngl)):
+        raise full
+
+
+def kv_does_not_fit(path: Path, n_ctx: int, n_seq: int, usable: Sequence[Device],
+                    ngl: int) -> DoesNotFit | None:
+    """check_kv_fits's answer: the error where the KV cache does not fit, else None."""
+    llama = lib()
+    mparams = llama.llama_model_default_params()
+    mparams.vocab_only = True
+    model = llama.llama_model_load_from_file(str(path).encode(), mparams)
+    if not model:
+        return None
+    try:
+        shape = metadata_kv_shape(llama, model)
+    finally:
+        llama.llama_model_free(model)
+    if shape is None:
+        return None
+    per_token, n_layer = shape
+    need = n_ctx * per_token
+    offloaded = 0 if not usable else n_layer if ngl < 0 else min(ngl, n_layer)
+    for layers, where in ((offloaded, usable), (n_layer - offloaded, ())):
+        part, free = need * layers // max(1, n_layer), free_bytes(where)
+        if part > free:
+            name = ", ".join(d.name for d in where) or "RAM"
+            return DoesNotFit(f"{n_seq} sequences of {n_ctx // n_seq} tokens (-c {n_ctx}, "
+                              f"--parallel {n_seq}) need a KV cache of {part >> 20} MiB in {name} "
+                              f"for {path.name}, which has {free >> 20} MiB free: try a smaller "
+                              "-c or --parallel")
+    return None
 
 
 def ran_out_of_memory() -> bool:

@@ -9,6 +9,7 @@ from typing import Sequence
 
 from spectool.llama.engine import (DecodeError, Interrupt, Model, last_log_error,
                                    raise_pending_interrupt)
+from spectool.llama.memory import kv_bytes_per_token
 from spectool.llama.outputs import ROWS
 
 
@@ -21,6 +22,10 @@ class ParallelModel(Model):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.n_ctx_total, self.n_ctx = self.n_ctx, self.n_ctx_seq
+
+    def kv_cache_bytes(self) -> int:
+        """What its KV cache takes, every sequence's cells (memory.kv_bytes_per_token)."""
+        return self.n_ctx_total * kv_bytes_per_token(self.lib, self._model)
 
     def eval_seqs(self, parts: Sequence[tuple[int, Sequence[int]]], *,
                   logits: bool = True) -> list[int]:

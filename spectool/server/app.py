@@ -216,8 +216,8 @@ def serve(session: Session, options: Options, model_id: str, host: str, port: in
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         say(f"warning: serving on {host} without --api-key: anyone who can reach this port can use "
             "the model")
-    say(f"serving {model_id} on http://{host}:{port}/v1 ({session.mode}, a context of "
-        f"{session.gen.target.n_ctx} tokens); Ctrl-C stops")
+    say(f"serving {model_id} on http://{host}:{port}/v1 ({session.mode}, "
+        f"{context_of(session.gen.target, options.parallel)}); Ctrl-C stops")
     config = uvicorn.Config(make_app(server), host=host, port=port, log_level="warning",
                             access_log=False,
                             timeout_graceful_shutdown=30)
@@ -225,6 +225,15 @@ def serve(session: Session, options: Options, model_id: str, host: str, port: in
         stopping_with(server, uvicorn.Server)(config).run()
     finally:
         server.close()
+
+
+def context_of(target, parallel: int) -> str:
+    """The start line's words for the context: its tokens, or (--parallel) how many sequences hold
+    how many tokens each, and the KV cache they take."""
+    if parallel == 1:
+        return f"a context of {target.n_ctx} tokens"
+    return (f"{parallel} sequences of {target.n_ctx} tokens each, a KV cache of "
+            f"{target.kv_cache_bytes() >> 20} MiB in all")
 
 
 def stopping_with(server: Server, base: type) -> type:
