@@ -13,8 +13,10 @@ import typer
 from spectool.cli import app
 
 ROOT = Path(__file__).resolve().parents[1]
-# flags of other tools that the README and docs name (pip's, llama.cpp's own), and click's own
-OTHER_TOOLS = {"--force-reinstall", "--no-cache-dir", "--fit", "--spec-type", "--help", "--version"}
+# flags of other tools that the README and docs name (pip's, llama.cpp's own, the agent clients' in serve.md), and
+# click's own
+OTHER_TOOLS = {"--force-reinstall", "--no-cache-dir", "--fit", "--spec-type", "--help", "--version", "--config",
+               "--message", "--skip-git-repo-check"}
 
 
 def commands() -> dict:
