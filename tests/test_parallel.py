@@ -166,3 +166,21 @@ def test_joining_refuses_what_a_batch_cannot_serve(tiny, target, parallel):
     n = parallel.n_ctx_seq  # 512 a sequence, or the whole 2048 of a unified cache
     with pytest.raises(EngineError, match=f"a sequence holds only {n}"):
         batch.join(config(parallel), [1] * (n + 1))
+
+
+def test_a_prompt_joins_the_sequence_that_holds_its_prefix(target, parallel):
+    """A sequence keeps its cache when it leaves: a prompt that continues one of four (its prompt
+    and output) joins that one's seq id, prefills only what follows them, and generates what the
+    one-sequence loop does; a prompt that shares too little with every cache
+    (SLOT_PROMPT_SIMILARITY) joins the one left longest ago."""
+    parallel.reset()
+    batch = Batch(parallel)
+    ids = [target.tokenize(t) for t in PROMPTS[:4]]
+    got, _ = run(batch, [(0, config(parallel, n=n), p) for p, n in zip(ids, (8, 4, 8, 6))])
+    assert [parallel.seqs[s] for s in range(4)] == [(p + out)[:-1] for p, out in zip(ids, got)]
+    longer = ids[2] + got[2] + target.tokenize(" and then", add_special=False)
+    assert batch.pick(longer) == 2  # (the lowest id and the least recently left: 0 and 1)
+    out, (stats,) = run(batch, [(0, config(parallel, n=8), longer)])
+    assert stats.n_prefilled == len(longer) - len(ids[2]) - len(got[2])  # the cache held all but
+    assert out[0] == tokens_of(config(target, n=8), longer)  # ... its last token
+    assert batch.pick(target.tokenize(PROMPTS[4])) == 1  # left first: 1 (4 tokens), 3, 0, 2

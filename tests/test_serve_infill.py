@@ -70,8 +70,19 @@ def test_infill_as_llama_vscode_sends_it_streamed_and_not(fim):
     assert last["timings"]["cache_n"] > 0  # the same prompt again: from the KV cache
 
 
-def test_the_editors_warm_up_request_fills_the_cache(fim):
-    """llama.vscode sends n_predict 0 with the new extra context so the next completion finds it cached."""
+@pytest.fixture(scope="module")
+def fim_parallel(fim_path):
+    """The FIM server with two slots (--parallel 2), each sequence the one-sequence server's 1024 tokens."""
+    s = Server(fim_path, "-n", "64", "--draft-max", "8", "--draft-min", "8", "-c", "2048", "--parallel", "2")
+    yield s
+    s.stop()
+
+
+@pytest.mark.parametrize("server", ["fim", "fim_parallel"])
+def test_the_editors_warm_up_request_fills_the_cache(server, request):
+    """llama.vscode sends n_predict 0 with the new extra context so the next completion finds it cached; with
+    --parallel, in the slot the completion then takes (the one holding its prefix)."""
+    fim = request.getfixturevalue(server)
     extra = [chunk("class Point:\n    def __init__(self, x, y):\n        self.x, self.y = x, y\n", "point.py")]
     post(fim, "/infill", vscode_request(chunks=[chunk("x = 1\n")]))  # something else in the cache first
     status, r = post(fim, "/infill", vscode_request(prefix="", suffix="", prompt="", chunks=extra, n_predict=0,

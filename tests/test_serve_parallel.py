@@ -3,7 +3,8 @@
 second stream starts while the first still runs (the one-sequence server queues it), and what a
 batch cannot draft with is refused before anything loads. A request's own drafting (`speculative`)
 on either server; GET /slots and /metrics with each slot's own state; a dropped stream's slot free
-at the next step; the memory for N sequences named, and checked before loading."""
+at the next step; the memory for N sequences named, and checked before loading; a resent
+conversation back on the slot that holds its prefix."""
 
 import http.client
 import json
@@ -278,3 +279,73 @@ def test_the_memory_for_n_sequences_is_named_and_checked_before_loading(tiny):
     finally:
         _, err = s.stop()
     assert "2 sequences of 2048 tokens each, a KV cache of 1 MiB in all" in err, err
+
+
+COLOURS = [{"role": "system", "content": "You answer about colours."},
+           {"role": "user", "content": "Name a colour."}]
+CODE = [{"role": "user", "content": "def add(a, b):\n    return a + b\n\nWhat does it do?"}]
+
+
+def then(messages, reply, user):
+    """A conversation resent with its answer and one more turn, as an agent resends it."""
+    return [*messages, {"role": "assistant", "content": reply.choices[0].message.content},
+            {"role": "user", "content": user}]
+
+
+def conversations(server, parallel: bool):
+    """Two conversations, one after the other, then the second resent with one more turn, then the
+    first resent as a long stream, the second again while that stream runs: each reply, the
+    stream's first texts, and /slots after the second's resent turn and during the stream."""
+    c = server.client()
+
+    def ask(messages, **kw):
+        return c.chat.completions.create(model="tiny", messages=messages, temperature=0,
+                                         max_tokens=kw.pop("max_tokens", 16), **kw)
+
+    a1, b1 = ask(COLOURS), ask(CODE)
+    b2 = ask(code2 := then(CODE, b1, "Another one?"))
+    after_b2 = get(server, "/slots") if parallel else None
+    # (the one-sequence server queues the second behind the stream: it reads the stream first)
+    stream = ask(then(COLOURS, a1, LOOP), max_tokens=1000 if parallel else 60, stream=True,
+                 extra_body={"speculative": False})
+    chunks = iter(stream)
+    first = next(ch for ch in chunks if ch.choices and ch.choices[0].delta.content)
+    text = [first.choices[0].delta.content]
+    text += [ch.choices[0].delta.content or "" for ch, _ in zip(chunks, range(20 if parallel
+                                                                              else 10**6))
+             if ch.choices]
+    b3 = ask(then(code2, b2, "One more?"))
+    during = get(server, "/slots") if parallel else None
+    stream.close()
+    return [a1, b1, b2, b3], "".join(text), after_b2, during
+
+
+def test_a_resent_conversation_lands_on_the_slot_holding_its_prefix(servers, tiny):
+    """--parallel 2: two conversations take a slot each; the second resent with one more turn goes
+    back to its own slot (the least recently used slot and the lowest id are the first's) and
+    prefills only the new turn, as does the first resent while the second's runs on the other slot
+    and the second resent again beside it; every greedy text is the one-sequence server's."""
+    one, _ = servers
+    two = Server(tiny["target"], "-c", "8192", "--parallel", "2")
+    try:
+        (a1, b1, b2, b3), streamed, after_b2, during = conversations(two, True)
+    finally:
+        two.stop()
+    alone, whole, _, _ = conversations(one, False)
+    assert [r.choices[0].message.content for r in (a1, b1, b2, b3)] == \
+        [r.choices[0].message.content for r in alone]
+    assert whole.startswith(streamed)
+
+    def cached(r):
+        return r.usage.prompt_tokens_details.cached_tokens
+
+    assert cached(a1) == cached(b1) == 0
+    assert cached(b1) < 5 and cached(b2) >= b1.usage.prompt_tokens - 1, b2.usage
+    assert cached(b3) >= b2.usage.prompt_tokens - 1, b3.usage
+    # /slots: slot 0 holds the colours, slot 1 the code; each slot's cached prompt tokens
+    assert [s["n_prompt_tokens"] for s in after_b2] == [a1.usage.prompt_tokens,
+                                                        b2.usage.prompt_tokens]
+    assert after_b2[1]["n_prompt_tokens_cache"] >= b1.usage.prompt_tokens
+    assert during[0]["is_processing"] and during[0]["n_prompt_tokens_cache"] >= \
+        a1.usage.prompt_tokens
+    assert during[1]["n_prompt_tokens"] == b3.usage.prompt_tokens

@@ -1,7 +1,9 @@
 """Many sequences in one context (continuous batching): each step decodes every active sequence's
 last token and its drafts in one llama_decode (ParallelModel.eval_seqs), accepts each sequence's
 drafts on its own rows, and rolls each back on its own (llama_memory_seq_rm). Sequences join (their
-prompt prefilled into a free sequence of the context) and leave at step boundaries.
+prompt prefilled into a free sequence of the context) and leave at step boundaries. A sequence that
+left keeps its cache: the next prompt joins the free sequence whose cache shares the longest prefix
+with it (llama-server's slot choice, `pick`) and prefills only what follows that prefix.
 
 Each sequence is a Loop (loop.py) of its own, with its drafter, controller, sampling and random
 generator: a seeded sequence draws what it would draw alone, whatever runs beside it. Its
@@ -28,6 +30,10 @@ from spectool.generate.stream import TextStream
 from spectool.llama.engine import EngineError
 from spectool.llama.outputs import ROWS
 from spectool.llama.parallel import ParallelModel
+
+# llama-server's slot prompt similarity (its default): a free sequence is picked for its cache
+# where the prefix it shares is more than this share of the prompt; else the least recently used
+SLOT_PROMPT_SIMILARITY = 0.1
 
 
 class Rows:
@@ -61,46 +67,85 @@ class Batch:
         self.target = target
         self.free = list(range(target.n_seq_max))
         self.active: dict[int, Loop] = {}
+        # how many sequences left so far, and each one's number when it last left (-1: never)
+        self.n_left, self.left = 0, [-1] * target.n_seq_max
         # the steps' decodes so far: how many, their rows, and the sequences in them (summed)
         self.n_steps = self.n_rows = self.n_seq_steps = 0
 
+    def pick(self, prompt: Sequence[int], among: Sequence[int] | None = None) -> int:
+        """The free sequence (of `among`, or of all) a prompt is to join, as llama-server's
+        get_available_slot picks one: the one whose cache shares the longest prefix with the prompt,
+        where that is more than SLOT_PROMPT_SIMILARITY of it (ties: the least recently used); else
+        the least recently used (one never used first, then the lowest id)."""
+        lru = sorted(self.free if among is None else among, key=lambda s: (self.left[s], s))
+        if not lru:
+            raise EngineError(f"all {self.target.n_seq_max} sequences are busy")
+        shared = [shared_prefix(self.target.seqs[s], prompt[:-1]) for s in lru]
+        best = max(range(len(lru)), key=shared.__getitem__)  # the first of the longest
+        return lru[best] if shared[best] > SLOT_PROMPT_SIMILARITY * len(prompt) else lru[0]
+
     def join(self, g: GenerationConfig, prompt: Sequence[int], stats: Stats | None = None,
-             stop: Sequence[str] | None = None) -> int:
-        """A sequence's prompt into a free sequence of the context; its seq id, which the steps'
-        results are keyed by. `stop`: its steps carry their text, cut at the first of these."""
+             stop: Sequence[str] | None = None, seq: int | None = None) -> int:
+        """A sequence's prompt into free sequence `seq` of the context (None: the one `pick`
+        picks), as `prefill` puts it there; its seq id, which the steps' results are keyed by.
+        `stop`: its steps carry their text, cut at the first of these."""
         target = self.target
         if g.target is not target:
             raise ValueError("the generation is not for this batch's model")
-        if not prompt:
-            raise ValueError("empty prompt")
-        if len(prompt) > target.n_ctx_seq:
-            raise EngineError(f"the prompt has {len(prompt)} tokens but a sequence holds only "
-                              f"{target.n_ctx_seq}")
-        if not self.free:
-            raise EngineError(f"all {target.n_seq_max} sequences are busy")
         t0 = time.perf_counter()
-        freeze_startup_objects()
-        seq, x = self.free.pop(0), list(prompt)
-        target.rollback(0, seq)
-        for start in range(0, len(x) - 1, target.n_batch):
-            target.eval_seqs([(seq, x[start : min(len(x) - 1, start + target.n_batch)])],
-                             logits=False)
+        seq = self.prefill(prompt, seq, stats)
+        self.free.remove(seq)
+        x = list(prompt)
         constraint = g.grammar.matcher(target) if g.grammar is not None else None
         notice = g.drafter.start(x, constraint) if g.drafter is not None else None
         if stats is not None:
-            stats.n_prompt_tokens, stats.n_prefilled = len(x), len(x) - 1
             stats.prompt_seconds = time.perf_counter() - t0
         stream = None if stop is None else TextStream(target, stop)
         self.active[seq] = Loop(g, x, ROWS, stats, stream, constraint, notice)
         return seq
 
+    def warm(self, prompt: Sequence[int], seq: int | None = None,
+             stats: Stats | None = None) -> int:
+        """The prompt into a free sequence's cache (`prefill`), nothing generated (an /infill with
+        n_predict 0: an editor warming it); the sequence stays free, the last used. Its seq id."""
+        seq = self.prefill(prompt, seq, stats)
+        self.left[seq], self.n_left = self.n_left, self.n_left + 1
+        return seq
+
+    def prefill(self, prompt: Sequence[int], seq: int | None, stats: Stats | None) -> int:
+        """The prompt but its last token into free sequence `seq` (None: the one `pick` picks),
+        which keeps the longest prefix its cache shares with the prompt and decodes the rest; its
+        seq id. `stats` counts the prompt's tokens and those decoded."""
+        target = self.target
+        if not prompt:
+            raise ValueError("empty prompt")
+        if len(prompt) > target.n_ctx_seq:
+            raise EngineError(f"the prompt has {len(prompt)} tokens but a sequence holds only "
+                              f"{target.n_ctx_seq}")
+        seq = self.pick(prompt) if seq is None else seq
+        if seq not in self.free:
+            raise EngineError(f"sequence {seq} is busy")
+        freeze_startup_objects()
+        x = list(prompt)
+        kept = shared_prefix(target.seqs[seq], x[:-1])
+        if not target.rollback(kept, seq):  # a cache that cannot drop a part: emptied
+            target.rollback(0, seq)
+            kept = 0
+        for start in range(kept, len(x) - 1, target.n_batch):
+            target.eval_seqs([(seq, x[start : min(len(x) - 1, start + target.n_batch)])],
+                             logits=False)
+        if stats is not None:
+            stats.n_prompt_tokens, stats.n_prefilled = len(x), len(x) - 1 - kept
+        return seq
+
     def leave(self, seq: int) -> None:
-        """Sequence `seq` out of the batch, its cache emptied and its seq id free again."""
+        """Sequence `seq` out of the batch, its seq id free again; its cache stays for the next
+        prompt that shares a prefix with it."""
         loop = self.active.pop(seq)
-        self.target.rollback(0, seq)
         if loop.drafter is not None:
             loop.drafter.finish(loop.x)
         self.free.append(seq)
+        self.left[seq], self.n_left = self.n_left, self.n_left + 1
 
     def interrupt(self, seq: int) -> list[Step]:
         """Sequence `seq` ended between steps (its client left, the server stops): its last step,
@@ -110,8 +155,11 @@ class Batch:
         return steps
 
     def close(self) -> None:
+        """Every sequence out of the batch, its cache emptied."""
         for seq in list(self.active):
             self.leave(seq)
+        for seq in range(self.target.n_seq_max):
+            self.target.rollback(0, seq)
 
     def step(self) -> dict[int, Step]:
         """One decode for every active sequence; each one's Step by seq id. A sequence whose step
@@ -170,3 +218,14 @@ def accepted(loop: Loop, rows: Rows, d: Draft) -> tuple[int, int]:
     if loop.g.logprobs is not None:
         loop.step_logprobs = loop.logprobs([*d.tokens[:n_acc], t], rows)
     return n_acc, t
+
+
+def shared_prefix(held: Sequence[int], prompt: Sequence[int]) -> int:
+    """How many first tokens `held` (a sequence's cache) and `prompt` share."""
+    n = min(len(held), len(prompt))
+    if list(held[:n]) == list(prompt[:n]):
+        return n  # the usual case: one holds a prefix of the other
+    i = 0
+    while held[i] == prompt[i]:
+        i += 1
+    return i

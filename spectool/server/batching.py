@@ -5,9 +5,12 @@ generation joins at the next step boundary, and one whose client left or whose s
 there. Each generation drafts with a prompt lookup of its own (drafters/builder.py's for_sequence);
 the corpus, the controller and its cost table stay the session's, shared by all.
 
+A sequence keeps its cache when its generation ends: the server puts a request on the free slot
+whose cache shares the longest prefix with its prompt (Batch.pick), and that sequence prefills only
+the rest.
+
 Not yet (issue 48): a long prompt is prefilled whole when its generation joins, holding up the
-others' steps for that long; the KV cache keeps nothing between requests (each sequence is emptied
-when its generation ends); one controller for the batch's rows.
+others' steps for that long; one controller for the batch's rows.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ class Member:
     stop: list[str]
     stats: Stats
     interrupted: Callable[[], bool]
+    seq: int  # the sequence (the server's slot) it joins
     out: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
 
 
@@ -52,16 +56,25 @@ class Batcher:
         threading.Thread(target=self.drive, daemon=True, name=BATCH_THREAD).start()
 
     def generate(self, gen: GenerationConfig, tokens: list[int], stop: list[str], stats: Stats,
-                 interrupted: Callable[[], bool]) -> Iterator[tuple[str, Step]]:
+                 interrupted: Callable[[], bool], seq: int) -> Iterator[tuple[str, Step]]:
         """In a worker thread: the generation's (text, step) pairs as the batch makes them, as
-        generate_text hands them over."""
+        generate_text hands them over; it joins sequence `seq` (the server's slot: Batch.pick's
+        choice), free once the generation before it there has ended."""
         gen.drafter = for_sequence(gen.drafter)
-        member = Member(gen, tokens, stop, stats, interrupted)
+        member = Member(gen, tokens, stop, stats, interrupted, seq)
         self.joining.put(member)
         while (item := member.out.get()) is not None:
             if isinstance(item, BaseException):
                 raise item
             yield item.text, item
+
+    def warm(self, gen: GenerationConfig, tokens: list[int], stats: Stats, seq: int) -> None:
+        """In a worker thread: the prompt into sequence `seq`'s cache, nothing generated
+        (Batch.warm), once the batch's thread comes to it."""
+        member = Member(gen, tokens, [], stats, lambda: False, seq)
+        self.joining.put(member)
+        if isinstance(item := member.out.get(), BaseException):
+            raise item
 
     def drive(self) -> None:
         """Forever: let in the generations that came, step them all, hand each its step."""
@@ -71,8 +84,9 @@ class Batcher:
                 waiting.append(self.joining.get())
             while not self.joining.empty():
                 waiting.append(self.joining.get())
-            while waiting and self.batch.free:
-                self.join(waiting.pop(0))
+            for m in [m for m in waiting if m.seq in self.batch.free]:
+                waiting.remove(m)
+                self.join(m)
             try:
                 steps = self.batch.step() if self.members else {}
             except Exception as e:  # noqa: BLE001 - each generation's worker answers a 500
@@ -88,7 +102,11 @@ class Batcher:
 
     def join(self, m: Member) -> None:
         try:
-            self.members[self.batch.join(m.gen, m.tokens, m.stats, m.stop)] = m
+            if m.gen.max_tokens == 0:  # warm (an /infill with n_predict 0)
+                self.batch.warm(m.tokens, m.seq, m.stats)
+                m.out.put(None)
+                return
+            self.members[self.batch.join(m.gen, m.tokens, m.stats, m.stop, m.seq)] = m
         except Exception as e:  # noqa: BLE001 - its worker answers it
             m.out.put(e)
 

@@ -8,7 +8,9 @@ client that goes away (streamed or not) stops its generation at the next step. T
 moves bytes: a request's body is read within a size limit (413) and a time limit (408), then parsed
 and tokenized in a thread of its own (requests.py). The KV cache keeps what the previous request
 shared with the next (its longest common token prefix), so an agent that resends its whole
-conversation prefills only what is new.
+conversation prefills only what is new; with --parallel, each slot's sequence keeps its own, and a
+request takes the free slot whose cache shares the longest prefix with it (generate/batch.py's
+Batch.pick).
 """
 
 from __future__ import annotations
@@ -149,17 +151,17 @@ class Server:
 
         stats = Stats(mode=self.session.mode)
         self.turns.wait(ticket)
-        with self.turns.turn:  # the first slot not processing
-            slot = next(i for i, t in enumerate(self.tasks) if t is None or not t.processing)
+        with self.turns.turn:  # a slot not processing: with --parallel, the one Batch.pick picks
+            free = [i for i, t in enumerate(self.tasks) if t is None or not t.processing]
+            slot = free[0] if self.batcher is None else self.batcher.batch.pick(tokens, free)
             self.tasks[slot] = task = Task(ticket, gen, len(tokens), stats)
         try:
-            # an /infill with n_predict 0 (an editor warming the cache): the prompt only (with
-            # --parallel above 1, the cache keeps nothing between requests yet)
+            # an /infill with n_predict 0 (an editor warming the cache): the prompt only
             if gen.max_tokens == 0:
-                warm(gen if self.batcher is None else None, tokens, stats)
+                warm(gen, tokens, stats, self.batcher, slot)
             # a client that left while waiting costs nothing, nor does a turn once the server stops
             elif not cancelled.is_set() and not self.stopping.is_set():
-                self.generate(gen, tokens, stop, push, cancelled, limits, stats)
+                self.generate(gen, tokens, stop, push, cancelled, limits, stats, slot)
         # the prefill stopped between batches: the client left (loop.prefill)
         except KeyboardInterrupt:
             pass
@@ -185,9 +187,9 @@ class Server:
                 t.join(max(0.0, deadline - time.monotonic()))
 
     def generate(self, gen, tokens: list[int], stop: list[str], push, cancelled: threading.Event,
-                 limits: Limits | None, stats) -> None:
+                 limits: Limits | None, stats, slot: int = 0) -> None:
         """One generation's pieces handed to `push`, until it ends, its client leaves, the server
-        stops or /infill's `limits` are reached."""
+        stops or /infill's `limits` are reached; with --parallel, in the batch's sequence `slot`."""
         from spectool.generate.loop import generate_text
 
         tracker = logprobs.Tracker(gen.target) if gen.logprobs is not None else None
@@ -197,7 +199,7 @@ class Server:
                                                                     and limits.reached)
 
         steps = (generate_text(gen, tokens, stop, stats, interrupted) if self.batcher is None
-                 else self.batcher.generate(gen, tokens, stop, stats, interrupted))
+                 else self.batcher.generate(gen, tokens, stop, stats, interrupted, slot))
         for text, step in steps:
             text = limits.cut(text) if limits is not None else text
             records = tracker.feed(text, step) if tracker is not None else None
@@ -297,13 +299,15 @@ def handing(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue) -> Callable[[
     return push
 
 
-def warm(gen, tokens: list[int], stats) -> None:
+def warm(gen, tokens: list[int], stats, batcher=None, slot: int = 0) -> None:
     """The prompt into the cache only, nothing generated (an /infill with n_predict 0: an editor
-    warming it); with no `gen`, not even that (--parallel above 1 keeps no cache between requests
-    yet)."""
+    warming it); with --parallel above 1, into the `slot`'s sequence of the `batcher`'s batch."""
     t0 = time.perf_counter()
     stats.n_prompt_tokens = len(tokens)
-    stats.n_prefilled = gen.target.sync(tokens[:-1], logits="none") if gen is not None else 0
+    if batcher is None:
+        stats.n_prefilled = gen.target.sync(tokens[:-1], logits="none")
+    else:
+        batcher.warm(gen, tokens, stats, slot)
     stats.prompt_seconds = time.perf_counter() - t0
     stats.finish_reason = "length"
 
