@@ -107,7 +107,7 @@ OPENAI = [
     Field(("reasoning_effort", "verbosity"), IGNORED, "hints to OpenAI's reasoning models; "
           "nothing here reads them"),
     Field(("cache_prompt", "id_slot"), IGNORED, "llama-server's: the KV cache keeps the longest "
-          "common prefix anyway; a request takes the next free slot"),
+          "common prefix anyway; a request takes the free slot holding its longest prefix"),
     Field(("dry_base", "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers",
            "xtc_threshold", "mirostat_tau", "mirostat_eta", "dynatemp_exponent", "min_keep"),
           IGNORED, "llama-server's settings of samplers that are off (below)"),
