@@ -188,3 +188,17 @@ def one_run(target, table: dict | None, prompt: list[int], tokens: int, into=Non
     r.add(st, *bench.timed_generation(g, prompt, st))
     return costs.to_json(), r
 
+
+def first_divergence_is_a_near_tie(model, prompt, plain, spec, max_gap):
+    """Identical outputs pass. Otherwise the first differing position must be a near-tie for the target: the
+    two candidate tokens' logits, recomputed by a plain prefill, differ by less than `max_gap`."""
+    if plain == spec:
+        return True
+    j = next(i for i, (a, b) in enumerate(zip(plain, spec)) if a != b)
+    model.reset()
+    model.eval(prompt + plain[:j])
+    logits = model.logits(-1)
+    gap = abs(float(logits[plain[j]]) - float(logits[spec[j]]))
+    print(f"diverged at {j}: plain {plain[j]} logit {logits[plain[j]]:.5f}, spec {spec[j]} {logits[spec[j]]:.5f}")
+    assert gap < max_gap, f"not a near-tie: logit gap {gap:.4f} at position {j}"
+    return False

@@ -3,6 +3,8 @@
 import numpy as np
 import pytest
 
+from helpers import first_divergence_is_a_near_tie
+
 from spectool.core.controller import Controller
 from spectool.drafters.draft_model import DraftModel
 from spectool.drafters.lookup import PromptLookup
@@ -63,21 +65,6 @@ def test_batch_agrees_with_sequential_f16(gemma_f16):
     batch, seq = batch_and_sequential(gemma_f16)
     assert (batch.argmax(1) == seq.argmax(1)).all()
     assert np.abs(batch - seq).max() < 0.1
-
-
-def first_divergence_is_a_near_tie(model, prompt, plain, spec, max_gap):
-    """Identical outputs pass. Otherwise the first differing position must be a near-tie for the target: the
-    two candidate tokens' logits, recomputed by a plain prefill, differ by less than `max_gap`."""
-    if plain == spec:
-        return True
-    j = next(i for i, (a, b) in enumerate(zip(plain, spec)) if a != b)
-    model.reset()
-    model.eval(prompt + plain[:j])
-    logits = model.logits(-1)
-    gap = abs(float(logits[plain[j]]) - float(logits[spec[j]]))
-    print(f"diverged at {j}: plain {plain[j]} logit {logits[plain[j]]:.5f}, spec {spec[j]} {logits[spec[j]]:.5f}")
-    assert gap < max_gap, f"not a near-tie: logit gap {gap:.4f} at position {j}"
-    return False
 
 
 CODE = "def fib(n):\n    if n < 2:\n        return n\n    a, b = 0, 1\n    for _ in range(n - 1):\n" \
