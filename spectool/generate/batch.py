@@ -27,7 +27,7 @@ from spectool.core.stats import Stats
 from spectool.generate.loop import GenerationConfig, Loop, Step
 from spectool.generate.prompt import freeze_startup_objects
 from spectool.generate.stream import TextStream
-from spectool.llama.engine import EngineError
+from spectool.llama.engine import EngineError, shared_prefix
 from spectool.llama.outputs import ROWS
 from spectool.llama.parallel import ParallelModel
 
@@ -218,14 +218,3 @@ def accepted(loop: Loop, rows: Rows, d: Draft) -> tuple[int, int]:
     if loop.g.logprobs is not None:
         loop.step_logprobs = loop.logprobs([*d.tokens[:n_acc], t], rows)
     return n_acc, t
-
-
-def shared_prefix(held: Sequence[int], prompt: Sequence[int]) -> int:
-    """How many first tokens `held` (a sequence's cache) and `prompt` share."""
-    n = min(len(held), len(prompt))
-    if list(held[:n]) == list(prompt[:n]):
-        return n  # the usual case: one holds a prefix of the other
-    i = 0
-    while held[i] == prompt[i]:
-        i += 1
-    return i

@@ -465,18 +465,23 @@ class Model(Facts):
         """Make the cache hold `history` exactly, reusing the longest common prefix; returns how
         many tokens were decoded. Unless `logits` is "none", the final token is decoded again so its
         outputs are there."""
-        limit = min(len(self.tokens), len(history) - (logits != "none"))
-        if self.tokens[:limit] == list(history[:limit]):
-            common = limit  # the usual case: the cache holds a prefix of history
-        else:
-            common = 0
-            while self.tokens[common] == history[common]:
-                common += 1
+        common = shared_prefix(self.tokens, history[: len(history) - (logits != "none")])
         if not self.rollback(common):
             self.reset()
             common = 0
         self.eval(history[common:], logits=logits, output=output, progress=progress)
         return len(history) - common
+
+
+def shared_prefix(held: Sequence[int], prompt: Sequence[int]) -> int:
+    """How many first tokens `held` (a sequence's cache) and `prompt` share."""
+    n = min(len(held), len(prompt))
+    if list(held[:n]) == list(prompt[:n]):
+        return n  # the usual case: one holds a prefix of the other
+    i = 0
+    while held[i] == prompt[i]:
+        i += 1
+    return i
 
 
 def _array(pointer, ctype, n: int):
