@@ -278,8 +278,11 @@ def test_the_corpus_changes_no_answer_and_carries_no_clients_text_to_another(tin
     Two clients with disjoint secrets: where one asks after the other told its secret, the corpus drafts that secret
     (its match is longer than the request's own), and the target's verification rejects it: neither secret's words
     reach another client's answer."""
-    servers = {"with": Server(tiny["target"], "-t", "1"), "without": Server(tiny["target"], "-t", "1",
-                                                                            "--no-lookup-corpus")}
+    # --draft-min: on the tiny model a batch of 2 costs 4-8x a batch of 1 (its cost table), so whether the
+    # controller drafts at all turns on timing noise (a fresh table drafted nothing for b about 1 run in 8)
+    forced = ("-t", "1", "--draft-min", "2")
+    servers = {"with": Server(tiny["target"], *forced), "without": Server(tiny["target"], *forced,
+                                                                          "--no-lookup-corpus")}
     try:
         got = {name: clients_session(s) for name, s in servers.items()}
     finally:
