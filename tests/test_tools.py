@@ -228,3 +228,33 @@ def test_auto_is_a_lazy_grammar_free_text_until_a_calls_opening_then_the_call(to
             assert (c.valid(tokens) == len(tokens)) == takes, text
             if takes:
                 assert c.push(tokens) and c.m.is_accepting() and c.complete == ends, text
+
+
+PERSON = {"$defs": {"City": {"type": "string", "enum": ["Lyon", "Rome"]}}, "type": "object",
+          "properties": {"name": {"type": "string"}, "city": {"$ref": "#/$defs/City"}}, "required": ["name", "city"]}
+
+
+@pytest.mark.parametrize("fmt", [*TEMPLATES, "generic"])
+def test_with_a_response_format_auto_is_an_answer_in_its_schema_or_a_call(tool_models, fmt):
+    """OpenAI's reading of tools with a response_format (the OpenAI Agents SDK and pydantic-ai send both): under
+    `auto` the reply is an answer in the schema (its $defs refs resolved, wherever the format puts it) or a call,
+    and nothing else; an answer whose JSON reads as a Llama 3 call of no tool (it has a "name") is the content."""
+    from spectool.llama.engine import Model
+    from spectool.server.tools import Tools
+
+    answer = '{"name": "Ann", "city": "Lyon"}'
+    wrap = (lambda s: f'{{"response": {s}}}') if fmt == "generic" else (lambda s: s)
+    call = {"hermes": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+            "llama3": '{"name": "get_weather", "parameters": {"city": "Paris"}}',
+            "generic": '{"tool_call": {"name": "get_weather", "arguments": {"city": "Paris"}}}'}[fmt]
+    with Model(tool_models["llama3" if fmt == "llama3" else "hermes"], n_ctx=256, n_threads=2) as m:
+        t = Tools(fmt, [WEATHER, TIME], answer=PERSON)
+        g = t.grammar(m)
+        for text, takes in ((wrap(answer), True), (call, True), (wrap('{"name": "Ann", "city": "Paris"}'), False),
+                            (wrap('"It is sunny."'), False), ("It is sunny.", False)):
+            c = g.matcher(m)
+            tokens = m.tokenize(text, add_special=False, parse_special=True)
+            assert (c.valid(tokens) == len(tokens) and c.push(tokens) and c.complete) == takes, text
+        assert t.message(wrap(answer)) == ({"role": "assistant", "content": answer}, False)
+        msg, called = t.message(call)
+        assert called and [c["function"]["name"] for c in msg["tool_calls"]] == ["get_weather"]

@@ -92,7 +92,7 @@ BAD = [  # (fields over a request with tools, the field the 400 names, a word of
     ({"tools": [{"type": "function", "function": {"description": "no name"}}]}, "tools", "name"),
     ({"tool_choice": {"type": "function", "function": {"name": "get_wether"}}}, "tool_choice", "get_wether"),
     ({"tool_choice": "always"}, "tool_choice", "required"),
-    ({"response_format": {"type": "json_object"}, "tool_choice": "required"}, "tools", "response_format"),
+    ({"grammar": 'root ::= "yes" | "no"'}, "tools", "grammar"),
     ({"messages": ASK + [{"role": "tool", "content": "sunny"}]}, "messages", "tool_call_id"),
     ({"messages": ASK + [{"role": "assistant", "content": None, "tool_calls": [
         {"id": "c1", "type": "function", "function": {"arguments": "{}"}}]}]}, "messages", "name"),
@@ -111,6 +111,51 @@ def test_malformed_tools_are_a_400_naming_the_field_and_the_next_request_is_serv
             assert "Traceback" not in text
     r = server.client().chat.completions.create(model="tiny", messages=ASK, max_tokens=8)
     assert r.choices[0].message.content
+
+
+def parse_with_tools(c, stream: bool, **fields):
+    """The openai client's parse (or stream) of a request with tools and a pydantic response_format, as the
+    OpenAI Agents SDK and pydantic-ai send them: the reply is a Forecast (the client validates it) or a call."""
+    from typing import Literal
+
+    import openai
+    from pydantic import BaseModel
+
+    class Forecast(BaseModel):
+        city: Literal["Paris", "Lyon", "Rome"]
+        sky: Literal["sunny", "rain"]
+
+    class GetWeather(BaseModel):
+        city: Literal["Paris", "Lyon", "Rome"]
+
+    ask = dict(model="tiny", messages=ASK, tools=[openai.pydantic_function_tool(GetWeather, name="get_weather")],
+               response_format=Forecast, max_tokens=160, temperature=0, **fields)
+    if not stream:
+        return c.chat.completions.parse(**ask).choices[0].message, Forecast
+    with c.chat.completions.stream(**ask) as s:
+        return s.get_final_completion().choices[0].message, Forecast
+
+
+def answered_or_called(msg, Forecast) -> bool:
+    if msg.tool_calls:
+        (call,) = msg.tool_calls
+        return call.function.name == "get_weather" and call.function.parsed_arguments.city in CITIES
+    return isinstance(msg.parsed, Forecast)  # the client's own validation of the content
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_tools_with_a_response_format_give_an_answer_in_it_or_a_call(server, tiny, stream):
+    """Under `auto` the reply is an answer in the response_format or a call, on each format (Hermes, Llama 3 and
+    the generic one, the tiny target's); under `required` a call. It was a 400."""
+    s = Server(tiny["target"])
+    try:
+        for c in (server.client(), s.client()):
+            msg, Forecast = parse_with_tools(c, stream)
+            assert answered_or_called(msg, Forecast), msg
+            msg, Forecast = parse_with_tools(c, stream, tool_choice="required")
+            assert msg.tool_calls and answered_or_called(msg, Forecast), msg
+    finally:
+        s.stop()
 
 
 def test_a_template_without_tools_gets_the_generic_json_format(tiny):

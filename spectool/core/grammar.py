@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import re
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from itertools import accumulate
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -162,10 +162,12 @@ def _json_type(value: Any) -> str:
 @dataclass(frozen=True)
 class Grammar:
     """A grammar compiled for llguidance (`source`, its JSON form), checked without a model; `kind`
-    says what the user gave ("gbnf", "lark", "json_schema")."""
+    says what the user gave ("gbnf", "lark", "json_schema"), and `schema` the JSON schema where it
+    was one (for a grammar that embeds it: a tool-call reply's answer)."""
 
     source: str
     kind: str
+    schema: dict | None = field(default=None, compare=False, hash=False)
 
     @classmethod
     def _checked(cls, source: str, kind: str) -> Grammar:
@@ -209,12 +211,12 @@ class Grammar:
         properties has no others unless `additionalProperties` says so."""
         from llguidance import LLMatcher
 
-        if isinstance(schema, str):
-            schema = _loads(schema, "the schema")
-        closed = _for_llguidance(schema)
+        parsed = _loads(schema, "the schema") if isinstance(schema, str) else schema
+        closed = _for_llguidance(parsed)  # (a schema that is no object: a GrammarError here)
         # checked on its own first, for the library's own words about what is wrong with it
         cls._checked(_library(LLMatcher.grammar_from_json_schema, closed), "json_schema")
-        return cls._from_lark("start: %json " + json.dumps(closed), "json_schema")
+        return replace(cls._from_lark("start: %json " + json.dumps(closed), "json_schema"),
+                       schema=parsed)
 
     @classmethod
     def json_object(cls) -> Grammar:

@@ -137,9 +137,9 @@ def parse(raw: bytes | dict, chat: bool, session: Session, options: Options,
         raise Overflow(len(tokens), target.n_ctx, "messages" if chat else "prompt")
     grammar = request_grammar(body)
     if tools and tools.constrained and grammar is not None:
-        raise invalid("tools",
-                      "cannot be given with a grammar or response_format unless tool_choice is "
-                      "\"none\"")
+        if grammar.schema is None:
+            raise invalid("tools", "cannot be given with a grammar unless tool_choice is \"none\"")
+        tools.answer = grammar.schema  # under auto: an answer in the schema, or a call
     # the tools' grammar (a call), else the request's, else the server's default
     grammar = (tools and tools.constrained
                and tools_grammar(tools, target)) or grammar or session.gen.grammar

@@ -36,6 +36,9 @@ class Tools:
     describe: bool = False  # the template does not read `tools`: they go in a system message
     ids: list[str] = field(default_factory=list)
     parallel: bool = True  # parallel_tool_calls: false keeps a reply's first call only
+    # the schema of the request's response_format: under `auto` the reply is an answer in it or a
+    # call (OpenAI's reading; llama.cpp 0.3.36 drops the tools instead)
+    answer: dict | None = None
 
     @property
     def family(self) -> Format:
@@ -59,7 +62,8 @@ class Tools:
 
     def grammar(self, model):
         """The Grammar of the reply (None under `none`): a call of one of the tools (the named one),
-        its markers included; under `auto` a lazy one (formats.Format.grammar)."""
+        its markers included; under `auto` a lazy one, or with an `answer` schema the answer or a
+        call (formats.Format.grammar)."""
         if not self.constrained:
             return None
 
@@ -69,7 +73,7 @@ class Tools:
             return f"<[{ids[0]}]>" if special else json.dumps(text)  # user-defined <tool_call> too)
 
         fns = [self.named[self.choice]] if self.choice in self.named else list(self.named.values())
-        return self.family.grammar(fns, self.choice == "auto", lit)
+        return self.family.grammar(fns, self.choice == "auto", lit, self.answer)
 
     def parse(self, text: str) -> tuple[str | None, list[dict]]:
         """(content, OpenAI tool_calls) of a whole reply; text that holds no call is all content."""
@@ -77,6 +81,8 @@ class Tools:
         if found is None:
             return text, []
         content, calls = found
+        if self.answer is not None and not {c.name for c in calls} <= set(self.named):
+            return text, []  # an answer whose JSON reads as a call (Llama 3's bare calls)
         calls = calls if self.parallel else calls[:1]
         out = []
         for i, call in enumerate(calls):

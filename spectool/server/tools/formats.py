@@ -65,13 +65,18 @@ class Format:
         """(content, the calls) of a whole reply, None where it holds none."""
         raise NotImplementedError
 
-    def grammar(self, fns: list[dict], auto: bool, lit: Literal) -> Grammar:
+    def grammar(self, fns: list[dict], auto: bool, lit: Literal,
+                answer: dict | None = None) -> Grammar:
         """The grammar of a reply: a call of one of `fns`, or under `auto` any text up to a call's
-        opening and then the call (as llama.cpp's grammar triggers)."""
+        opening and then the call (as llama.cpp's grammar triggers); with an `answer` schema (the
+        request's response_format), under `auto` an answer in it or a call."""
         calls = "calls: " + " | ".join(self.call(f, lit) for f in fns) + "\n"
         opening = lit(self.opening)
         if not auto:
             return Grammar.lark(f"start: {opening} calls\n" + calls)
+        if answer is not None:
+            return Grammar.lark(f"start: answer | {opening} calls\nanswer: {lark_json(answer)}\n"
+                                + calls)
         if opening.startswith("<["):  # a special token ends the free text
             return Grammar.lark(f"start: TEXT | TEXT {opening} calls\nTEXT: /(?s:.*)/\n" + calls)
         o = re.escape(self.opening)  # the text up to the opening's first occurrence, then the call
@@ -123,10 +128,14 @@ class Llama3(Format):
                                                            "parameters": fn["parameters"]},
                           "required": ["name", "parameters"]})
 
-    def grammar(self, fns: list[dict], auto: bool, lit: Literal) -> Grammar:
+    def grammar(self, fns: list[dict], auto: bool, lit: Literal,
+                answer: dict | None = None) -> Grammar:
         calls = "calls: " + " | ".join(self.call(f, lit) for f in fns) + "\n"
         if not auto:
             return Grammar.lark("start: calls\n" + calls)
+        if answer is not None:  # both JSON: Tools.parse reads a call only where it names a tool
+            return Grammar.lark(f"start: answer | WS calls\nanswer: {lark_json(answer)}\n"
+                                "WS: /[ \\t\\n]*/\n" + calls)
         return Grammar.lark("start: TEXT | WS calls\nTEXT: /(?s:.*)/ & ~/[ \\t\\n]*\\{(?s:.*)/\n"
                             "WS: /[ \\t\\n]*/\n" + calls)
 
@@ -252,13 +261,19 @@ class Generic(Format):
     def shows(template: str) -> bool:
         return True
 
-    def grammar(self, fns: list[dict], auto: bool, lit: Literal) -> Grammar:
+    def grammar(self, fns: list[dict], auto: bool, lit: Literal,
+                answer: dict | None = None) -> Grammar:
         call = {"type": "object",
                 "properties": {"tool_call": {"anyOf": [call_schema(f) for f in fns]}},
                 "required": ["tool_call"]}
-        answer = {"type": "object", "properties": {"response": {"type": "string"}},
-                  "required": ["response"]}
-        return Grammar.json_schema({"anyOf": [call, answer]} if auto else call)
+        if not auto:
+            return Grammar.json_schema(call)
+        # the answer's definitions move to the root, where its refs ("#/$defs/...") point
+        answer = {"type": "string"} if answer is None else answer
+        defs = {k: answer[k] for k in ("$defs", "definitions") if k in answer}
+        reply = {"type": "object", "required": ["response"], "properties": {
+            "response": {k: v for k, v in answer.items() if k not in defs}}}
+        return Grammar.json_schema({"anyOf": [call, reply], **defs})
 
     def parse(self, text: str) -> tuple[str, list[Call]] | None:
         try:
@@ -273,7 +288,10 @@ class Generic(Format):
                  if isinstance(c, dict) and isinstance(c.get("name"), str)]
         if calls:
             return "", calls
-        return (obj["response"], []) if isinstance(obj.get("response"), str) else None
+        if "response" not in obj:
+            return None
+        answer = obj["response"]  # a string, or JSON in the request's response_format
+        return (answer if isinstance(answer, str) else json.dumps(answer)), []
 
 
 # in the order templates are recognised: GLM's before Hermes's (both write <tool_call>), the generic
