@@ -430,3 +430,21 @@ def test_chat_drafts_from_the_conversations_before_a_reset(target):
     chat.reset()
     again = "".join(t for t, _ in chat.send("Tell me about the quick brown fox and the lazy dog."))
     assert again == first and chat.turns[-1].by_source.get("corpus", 0) > 0
+
+
+def test_a_generations_draft_max_bounds_every_step_and_zero_drafts_nothing(target):
+    """GenerationConfig.draft_max (a request's `speculative`) bounds each step's draft even where the controller's
+    floor (k_min) asks for more, and 0 drafts nothing, the corpus's and a grammar's forced tokens included; the
+    output is plain decoding's."""
+    from spectool.core.grammar import Grammar
+
+    prompt = target.tokenize(PROMPT)
+    grammar = Grammar.gbnf('root ::= "def " [a-z]{1,8} "(a, b):\\n    return a + b" [a-z \\n]*')
+    for gram in (None, grammar):
+        plain = tokens_of(GenerationConfig(target, None, max_tokens=60, grammar=gram), prompt)
+        for bound in (0, 1):
+            g = GenerationConfig(target, Drafting(PromptLookup(), corpus_of(prompt + plain)), max_tokens=60,
+                                 grammar=gram, draft_max=bound, controller=Controller(k_max=8, k_min=4, timed=False))
+            stats = Stats()
+            assert tokens_of(g, prompt, stats) == plain
+            assert stats.n_drafted == 0 if bound == 0 else 0 < len(stats.accepted_per_position) <= bound, stats

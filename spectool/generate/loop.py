@@ -195,7 +195,7 @@ class Loop:
     def draft(self, k_max: int) -> tuple[list[Evidence], Draft]:
         """The keys the controller picked among the drafter's offer, and the draft of that many
         tokens."""
-        if self.drafter is None or self.g.draft_max == 0:
+        if self.drafter is None:  # (a request that drafts nothing has none: requests.py)
             return [], EMPTY
         if self.g.draft_max is not None:
             k_max = min(k_max, self.g.draft_max)
