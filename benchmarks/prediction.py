@@ -4,7 +4,7 @@ without one, interleaved in one run; the bar is 1.5x the decode speed without (i
     pip install -e ".[test,bench]"
     python benchmarks/prediction.py --prompts 6       # a few minutes on 2 cores
 
-The workload is the held-out code-editing set (benchmarks/common.py): a HumanEval function, then a request to
+The workload is the held-out code-editing set (spectool_lab.common): a HumanEval function, then a request to
 write it again (unchanged, its docstring fixed, or renamed), drawn afresh from the prompts not on the tuning list
 (the seed printed). The function is the request's `prediction`, as an editor sends the file it asks to rewrite.
 One `spectool serve` process serves F16 Gemma 3 270M on 127.0.0.1 (`--no-lookup-corpus`, so that neither request
@@ -19,22 +19,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
+from spectool_lab import common
+from spectool_lab.common import machine, models, split
 
-import common  # noqa: E402
-from common import machine, models  # noqa: E402
-from serve_bench import start  # noqa: E402
+from serve_bench import start
 
 BAR = 1.5
-
-
-def split(prompt: str) -> str:
-    """The function an edit request of the code-editing set carries (the text before its request)."""
-    return prompt[: prompt.rfind("\n\n\n#")]
 
 
 def ask(client, model: str, prompt: str, tokens: int, prediction: str | None) -> dict:

@@ -23,11 +23,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
-
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
 
 CONTENDERS = [("plain", "none", 8), ("lookup", "lookup", 32), ("draft", "draft", 8)]
 
@@ -86,12 +81,11 @@ def child(args) -> None:
     """One client process (RPC devices are registered per process): load, run the contenders, print JSON."""
     import contextlib
 
-    import common
-    from common import models
-
     from spectool import bench
     from spectool.bench import Contender
     from spectool.session import Options, load_models, resolve_models
+    from spectool_lab import common
+    from spectool_lab.common import models
 
     m = models()
     o = Options(model=str(m["F16"]), model_draft=str(m["Q4_K_M"]), rpc=args.rpc, threads=args.threads,
@@ -138,7 +132,7 @@ def main() -> None:
     ap.add_argument("--latency", default="0,1,4", help="one-way latencies in ms (0: plain loopback)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--rpc", help=argparse.SUPPRESS)
-    import common
+    from spectool_lab import common
 
     common.sample_options(ap)
     args = ap.parse_args()

@@ -21,19 +21,16 @@ import platform
 import sys
 from pathlib import Path
 
+from spectool import bench
+from spectool.bench import Contender, Result
+from spectool.cli.display import offload_text
+from spectool.core.verify import Sampling
+from spectool.llama import engine
+from spectool.options import CTX_SIZE, LLAMA_CPP_TEMP
+from spectool_lab import common
+from spectool_lab.common import drain, machine, models, on_gpu, open_drafts, say
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
-
-import common  # noqa: E402
-
-from common import drain, machine, models, on_gpu, open_drafts, say  # noqa: E402
-from spectool import bench  # noqa: E402
-from spectool.llama import engine  # noqa: E402
-from spectool.bench import Contender, Result  # noqa: E402
-from spectool.cli.display import offload_text  # noqa: E402
-from spectool.core.verify import Sampling  # noqa: E402
-from spectool.options import CTX_SIZE, LLAMA_CPP_TEMP  # noqa: E402
 
 def run_set(name: str, model: Path, texts: list[str], contenders: list[Contender], args,
             draft_path: Path | None = None, external: bool = False, sampling: Sampling = Sampling()) -> list[Result]:

@@ -23,12 +23,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
-
-import common  # noqa: E402
-from common import models  # noqa: E402
+from spectool_lab import common
+from spectool_lab.common import models
 
 
 def start(model: Path, spec: str, threads: int, *extra: str) -> tuple[subprocess.Popen, str]:

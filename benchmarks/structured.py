@@ -6,7 +6,7 @@ the same prompts in the same run.
     python benchmarks/structured.py --quick  # 2 prompts: a smoke run
     python benchmarks/structured.py --draft  # and a draft model under the grammar, alone and after lookup
 
-Prompts (extraction_prompts): HumanEval functions and ShareGPT requests that paste a text, in turn, each with a
+Prompts (spectool_lab.extraction): HumanEval functions and ShareGPT requests that paste a text, in turn, each with a
 JSON schema of 5 fields to fill from it: a function's name, parameters, return annotation, the first sentence of
 its docstring and its first example call (after one worked example, HumanEval/13: Gemma 3 270M, a base model,
 then copies the facts from the function); a request's kind (an enum), its instruction, the topic of its text,
@@ -38,132 +38,25 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
-import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
+from spectool.bench import Contender
+from spectool.core.costs import Costs
+from spectool.core.grammar import Grammar
+from spectool.core.stats import Stats
+from spectool.drafters.builder import for_generation
+from spectool.llama import engine
+from spectool.models.registry import PAIR_DRAFT_MAX
+from spectool.options import CTX_SIZE, DRAFT_MAX
+from spectool.templates import prompt_tokens
+from spectool_lab import llamacpp
+from spectool_lab.common import machine, models, on_gpu, open_drafts
+from spectool_lab.extraction import Extraction, Row, extraction_prompts, table
+
+from vs_llamacpp import decode
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
-
-from common import llamacpp  # noqa: E402
-import common  # noqa: E402
-from common import models, on_gpu, open_drafts  # noqa: E402
-from vs_llamacpp import decode  # noqa: E402
-
-from common import machine  # noqa: E402
-from spectool.llama import engine  # noqa: E402
-from spectool.bench import Contender, Result  # noqa: E402
-from spectool.templates import prompt_tokens  # noqa: E402
-from spectool.core.costs import Costs  # noqa: E402
-from spectool.core.grammar import Grammar  # noqa: E402
-from spectool.drafters.builder import for_generation  # noqa: E402
-from spectool.core.stats import Stats  # noqa: E402
-from spectool.models.registry import PAIR_DRAFT_MAX  # noqa: E402
-from spectool.options import CTX_SIZE, DRAFT_MAX  # noqa: E402
-
-NAME = {"type": "string", "maxLength": 32}
-LINE = {"type": "string", "maxLength": 100}  # a copied sentence or line, cut where a small model would ramble on
-FUNCTION = {  # a HumanEval function's facts
-    "type": "object",
-    "properties": {
-        "name": NAME,
-        "parameters": {"type": "array", "items": NAME, "maxItems": 4},
-        "returns": NAME,
-        "summary": LINE,
-        "example": LINE,
-    },
-    "required": ["name", "parameters", "returns", "summary", "example"],
-    "additionalProperties": False,
-}
-FUNCTION_ASK = ("Describe a Python function as a JSON object: its name, its parameter names, its return annotation, "
-                "the first sentence of its docstring and its first example call, copied as written.")
-FUNCTION_DEMO = (  # HumanEval/13, which the prompts' stride skips
-    'def greatest_common_divisor(a: int, b: int) -> int:\n    """ Return a greatest common divisor of two integers a '
-    'and b\n    >>> greatest_common_divisor(3, 5)\n    1\n    """\n    while b:\n        a, b = b, a % b\n    return a',
-    {"name": "greatest_common_divisor", "parameters": ["a", "b"], "returns": "int",
-     "summary": "Return a greatest common divisor of two integers a and b", "example": "greatest_common_divisor(3, 5)"})
-REQUEST = {  # a ShareGPT request that pastes a text
-    "type": "object",
-    "properties": {
-        "kind": {"enum": ["rewrite", "summarize", "fix", "proofread", "paraphrase", "improve", "edit", "other"]},
-        "instruction": LINE,
-        "topic": NAME,
-        "first_sentence": LINE,
-        "names": {"type": "array", "items": NAME, "maxItems": 5},
-    },
-    "required": ["kind", "instruction", "topic", "first_sentence", "names"],
-    "additionalProperties": False,
-}
-REQUEST_ASK = ("Describe the request above as a JSON object: what kind of request it is, its instruction, the topic "
-               "of the text it pastes, the text's first sentence and the names of people, places, products or "
-               "technologies in it, copied as written.")
-
-
-def message(ask: str, text: str, demo: tuple[str, dict] | None = None, fence: str = "") -> str:
-    """The user's message: what to fill in, a worked example, then the text; or, without one, the text first and
-    then what to fill in. (Gemma 3 270M, a base model, copies the form of an example function, and fills in the
-    facts of the function asked about; shown an example request, it copies the example's values instead.)"""
-    def block(t: str) -> str:
-        return f"```{fence}\n{t}\n```" if fence else t
-
-    if demo is None:
-        return f"{block(text)}\n\n{ask}\nThe JSON object is:"
-    return (f"{ask}\n\nFor example, for\n{block(demo[0])}\nthe JSON object is:\n{json.dumps(demo[1])}\n\n"
-            f"Now for\n{block(text)}\nthe JSON object is:")
-
-
-@dataclass
-class Extraction:
-    source: str  # where the text comes from
-    message: str  # the user's message: what to fill in, then the text
-    schema: dict
-
-
-def extraction_prompts(n: int) -> list[Extraction]:
-    """`n` extraction prompts, HumanEval and ShareGPT in turn (the first one of each with n = 2)."""
-    functions, texts = common.humaneval_functions((n + 1) // 2), common.grounded_texts(n // 2)
-    out = []
-    for i in range(n):
-        if i % 2 == 0:
-            name, code = functions[i // 2]
-            out.append(Extraction(f"HumanEval {name}", message(FUNCTION_ASK, code, FUNCTION_DEMO, "python"), FUNCTION))
-        else:
-            out.append(Extraction(f"ShareGPT request {i // 2 + 1}", message(REQUEST_ASK, texts[i // 2]),
-                                  REQUEST))
-    return out
-
-
-def check(text: str, schema: dict) -> str | None:
-    """Why `text` is not a JSON value valid against `schema`, in one line; None when it is."""
-    import jsonschema
-
-    try:
-        value = json.loads(text)
-    except ValueError as e:
-        return f"not JSON ({e})"
-    try:
-        jsonschema.validate(value, schema)
-    except jsonschema.ValidationError as e:
-        return f"against the schema at {e.json_path}: {e.message}"
-    return None
-
-
-@dataclass
-class Row(Result):
-    valid: int = 0
-    forced: int = 0  # drafted tokens the grammar forced (Stats.by_source["grammar"])
-    texts: list[str] = field(default_factory=list, repr=False)
-    notes: list[str] = field(default_factory=list, repr=False)  # why an output is not valid, or a failure
-
-    def output(self, text: str, schema: dict, source: str) -> None:
-        self.texts.append(text)
-        reason = check(text, schema)
-        self.valid += reason is None
-        if reason:
-            self.notes.append(f"{self.contender} on {source}: {reason}")
-
 
 SPECTOOL = [  # (contender, forced drafts); plain decoding under the grammar drafts nothing, not even what it forces
     (Contender("spectool constrained plain", "none"), False),
@@ -226,25 +119,6 @@ def run(extractions: list[Extraction], model: Path, server_bin: Path, args, draf
         r.identical = sum(a == b for a, b in zip(r.texts, plain.texts))
         r.speedup = r.tokens_per_second / plain.tokens_per_second if plain.tokens_per_second else 0.0
     return out
-
-
-def table(rows: list[Row]) -> str:
-    servers = [r for r in rows if r.contender.startswith("llama-server")]
-    best = max(servers, key=lambda r: r.tokens_per_second)
-    lines = ["| contender | tok/s | vs spectool constrained plain | vs llama-server's best | drafted | accepted | "
-             "forced by the grammar | valid JSON | same text as spectool constrained plain |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in rows:
-        vs_best = r.tokens_per_second / best.tokens_per_second if best.tokens_per_second else 0.0
-        n = r.prompts + r.failed
-        lines.append(f"| {r.contender} | {r.tokens_per_second:.1f} | {r.speedup:.2f}x | {vs_best:.2f}x | "
-                     f"{r.drafted or ''} | {r.accepted if r.drafted else ''} | {r.forced or ''} | {r.valid}/{n} | "
-                     f"{r.identical}/{n} |")
-    lines += ["", f"llama-server's fastest configuration: {best.contender} ({best.tokens_per_second:.1f} tok/s)."]
-    notes = [note for r in rows for note in r.notes]
-    lines += ["", "Not valid:" if notes else "Every output of every contender is valid against its schema."]
-    lines += [f"- {note}" for note in notes]
-    return "\n".join(lines)
 
 
 def main() -> None:

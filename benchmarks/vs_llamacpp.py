@@ -26,28 +26,21 @@ gives, and runs its last step past -n). Writes benchmarks/results/vs_llamacpp.md
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from spectool.bench import Contender, Result
+from spectool.cli.display import offload_text
+from spectool.core.costs import Costs
+from spectool.core.stats import Stats
+from spectool.generate.loop import GenerationConfig, speculative_generate
+from spectool.llama import engine
+from spectool.options import CTX_SIZE
+from spectool_lab import common, llamacpp, replay
+from spectool_lab.common import machine, models, on_gpu
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
-
-from common import llamacpp  # noqa: E402
-import common  # noqa: E402
-import replay  # noqa: E402
-from common import models, on_gpu  # noqa: E402
-
-from common import machine  # noqa: E402
-from spectool.llama import engine  # noqa: E402
-from spectool.bench import Contender, Result  # noqa: E402
-from spectool.core.costs import Costs  # noqa: E402
-from spectool.generate.loop import GenerationConfig, speculative_generate  # noqa: E402
-from spectool.core.stats import Stats  # noqa: E402
-from spectool.cli.display import offload_text  # noqa: E402
-from spectool.options import CTX_SIZE  # noqa: E402
 
 K_MAX = 32  # spectool lookup's --draft-max here, and its replay's
 

@@ -19,22 +19,14 @@ an older checkout can run it (copy it there) for a comparison on the same machin
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "benchmarks"))
-sys.path.insert(0, str(HERE.parent / "tests"))
-sys.path.insert(0, str(HERE.parent))
+from spectool_lab import common
+from spectool_lab.common import models
+from spectool_lab.helpers import one_run, poison  # noqa: F401 - the tests' cost-table fixtures
 
-import common  # noqa: E402
-from common import models  # noqa: E402
-from helpers import one_run, poison  # noqa: E402, F401 - the tests' cost-table fixtures
-
-from spectool import bench  # noqa: E402
-from spectool.llama import engine  # noqa: E402
-from spectool.options import CTX_SIZE  # noqa: E402
+from spectool import bench
+from spectool.llama import engine
+from spectool.options import CTX_SIZE
 
 
 def alternate(target, tables: dict[str, dict | None], prompts: list[list[int]], tokens: int) -> dict[str, bench.Result]:

@@ -25,22 +25,16 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from itertools import islice
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "benchmarks"))
-sys.path.insert(0, str(HERE.parent))
-
-from replay import accepted, oracle, ours  # noqa: E402
-from spectool.core.controller import Controller  # noqa: E402
-from spectool.core.costs import WINDOW, Costs  # noqa: E402
-from spectool.core.evidence import Evidence  # noqa: E402
-from spectool.drafters.lookup import PromptLookup  # noqa: E402
+from spectool_lab.replay import accepted, oracle, ours
+from spectool.core.controller import Controller
+from spectool.core.costs import WINDOW, Costs
+from spectool.core.evidence import Evidence
+from spectool.drafters.lookup import PromptLookup
 
 K_MAX = 32
 

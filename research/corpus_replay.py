@@ -38,27 +38,19 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import sys
 from dataclasses import dataclass
 from itertools import chain, islice
-from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "benchmarks"))
-sys.path.insert(0, str(HERE.parent))
+from spectool_lab.common import WORKLOADS, models
 
-from agentic import WORKLOADS  # noqa: E402
-from lookup_bound import accepted, batch_costs, cheapest, cost_line, ours, plain_output, verified  # noqa: E402
-from common import models  # noqa: E402
-
-from spectool.llama import engine  # noqa: E402 (llama.cpp's libraries before numpy)
-from spectool.core.controller import Controller  # noqa: E402
-from spectool.core.costs import Costs  # noqa: E402
-from spectool.core.evidence import Source  # noqa: E402
-from spectool.drafters.corpus import CORPUS_N_MAX, Corpus  # noqa: E402
-from spectool.drafters.lookup import PromptLookup, latest, vote  # noqa: E402
-from spectool.options import CORPUS_TOKENS, CTX_SIZE  # noqa: E402
+from lookup_bound import accepted, batch_costs, cheapest, cost_line, ours, plain_output, verified
+from spectool.llama import engine  # llama.cpp's libraries before numpy
+from spectool.core.controller import Controller
+from spectool.core.costs import Costs
+from spectool.core.evidence import Source
+from spectool.drafters.corpus import CORPUS_N_MAX, Corpus
+from spectool.drafters.lookup import PromptLookup, latest, vote
+from spectool.options import CORPUS_TOKENS, CTX_SIZE
 
 
 

@@ -14,21 +14,14 @@ well below `doubt`, or real prices would be doubted and measured again and again
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "benchmarks"))
-sys.path.insert(0, str(HERE.parent))
+from spectool_lab import common
+from spectool_lab.common import models
 
-import common  # noqa: E402
-from common import models  # noqa: E402
-
-from spectool.llama import engine  # noqa: E402
-from spectool.core.costs import Costs  # noqa: E402
-from spectool.options import CTX_SIZE  # noqa: E402
+from spectool.llama import engine
+from spectool.core.costs import Costs
+from spectool.options import CTX_SIZE
 
 
 def prices(target, prompt: list[int], sizes: int, samples: int) -> dict[int, float]:

@@ -26,18 +26,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "benchmarks"))
-sys.path.insert(0, str(HERE.parent))
+from spectool_lab import common
 
-import common  # noqa: E402
-from busy_costs import alternate, one_run  # noqa: E402
-
-from spectool import bench  # noqa: E402
-from spectool.llama import engine  # noqa: E402
-from spectool.bench import Contender  # noqa: E402
-from spectool.options import CTX_SIZE  # noqa: E402
+from busy_costs import alternate, one_run
+from spectool import bench
+from spectool.llama import engine
+from spectool.bench import Contender
+from spectool.options import CTX_SIZE
 
 
 def main() -> None:

@@ -11,7 +11,7 @@ of 1..k_max+1 tokens costs, then charges each policy that cost per step, without
 - an oracle that drafts from the same PromptLookup but knows in advance how many drafted tokens the target will
   accept (a shortest path over the output): no controller can beat it with these drafts;
 - llama-lookup's drafting (common/ngram-cache.cpp ported: `llama_lookup_steps`, checked against the tool in
-  research/tests), 8 tokens a step as benchmarks/vs_llamacpp.py runs it.
+  research/test_lab.py), 8 tokens a step as benchmarks/vs_llamacpp.py runs it.
 Replayed costs leave out Python time and machine noise, so compare the ratios, not the tokens/s.
 """
 
@@ -19,24 +19,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "benchmarks"))
-sys.path.insert(0, str(HERE.parent))
+from spectool_lab import common
+from spectool_lab.common import models
 
-import common  # noqa: E402
-from common import models  # noqa: E402
-
-from spectool.llama import engine  # noqa: E402 (llama.cpp's libraries before numpy: spectool/llama/native.py)
-from spectool.core.costs import Costs  # noqa: E402
-import numpy as np  # noqa: E402
-from replay import (accepted, batch_costs, cheapest, cost_line, oracle, ours,  # noqa: E402, F401 - handed on
-                    plain_output, verified)
-from spectool.options import CTX_SIZE  # noqa: E402
+from spectool.llama import engine  # llama.cpp's libraries before numpy: spectool/llama/native.py
+from spectool.core.costs import Costs
+import numpy as np
+from spectool_lab.replay import (accepted, batch_costs, cheapest, cost_line, oracle,  # noqa: F401
+                                 ours, plain_output, verified)  # handed on
+from spectool.options import CTX_SIZE
 
 
 THEIR_DRAFT = 10  # llama-cpp-python's lookup drafts this many tokens a step, whatever --k-max says

@@ -15,7 +15,7 @@ shape once (the first round builds the graphs and is dropped), every decode
 rolled back per sequence (llama_memory_seq_rm). Then, on code edits (the target's own greedy output
 after each prompt, as lookup_bound.py replays it):
 - queued: one sequence at a time, as `spectool serve` is today: plain, and spectool's lookup under
-  its controller (benchmarks/replay.py's `ours`) at the one-sequence costs;
+  its controller (spectool_lab.replay's `ours`) at the one-sequence costs;
 - batched plain (`--parallel N --spec none`): N rows a step, N tokens;
 - the bound at N: N sequences always active (continuous batching), each drafting from its own
   PromptLookup and knowing what will be accepted. On a cost a + b*R per decode (a line below every
@@ -30,23 +30,16 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import sys
 import time
-from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "benchmarks"))
-sys.path.insert(0, str(HERE.parent))
+from spectool_lab import common
+from spectool_lab.common import models
 
-import common  # noqa: E402
-from common import models  # noqa: E402
-
-from spectool.llama import engine  # noqa: E402 (llama.cpp's libraries before numpy: native.py)
-import numpy as np  # noqa: E402
-from replay import oracle, ours, plain_output  # noqa: E402
-from spectool.core.costs import Costs  # noqa: E402
-from spectool.options import CTX_SIZE  # noqa: E402
+from spectool.llama import engine  # llama.cpp's libraries before numpy: native.py
+import numpy as np
+from spectool_lab.replay import oracle, ours, plain_output
+from spectool.core.costs import Costs
+from spectool.options import CTX_SIZE
 
 CODE = "code editing (HumanEval)"
 SEQS = (1, 2, 4, 8)

@@ -5,7 +5,7 @@ measured batch costs (as lookup_bound.py replays lookup's), so that machine nois
     python research/prediction_bound.py [--prompts 8] [--tokens 192] [--seed N]
     python research/prediction_bound.py --clock cpu --threads 1      # a machine others keep busy
 
-Each prompt is a HumanEval function and a request to write it again (benchmarks/common.py's code-editing set, drawn
+Each prompt is a HumanEval function and a request to write it again (spectool_lab.common's code-editing set, drawn
 from the prompts off the tuning list); the function is the prediction. Policies, each with one controller over all
 the prompts (as one server's requests):
 - prompt lookup alone (the request without a prediction), and the prediction ahead of it
@@ -23,26 +23,18 @@ controller bounds what any use of the prediction adds to lookup on this workload
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "benchmarks"))
-sys.path.insert(0, str(HERE.parent))
+from spectool_lab import common
+from spectool_lab.common import machine, models, split
 
-from lookup_bound import accepted, batch_costs, cheapest, cost_line, ours, plain_output  # noqa: E402
-import common  # noqa: E402
-from common import machine, models  # noqa: E402
-from prediction import split  # noqa: E402
-
-from spectool.llama import engine  # noqa: E402 (llama.cpp's libraries before numpy: spectool/llama/native.py)
-from spectool.core.controller import Controller  # noqa: E402
-from spectool.core.costs import Costs  # noqa: E402
-from spectool.drafters.lookup import PromptLookup  # noqa: E402
-from spectool.drafters.prediction import PredictionDrafter  # noqa: E402
-from spectool.options import CTX_SIZE  # noqa: E402
+from lookup_bound import accepted, batch_costs, cheapest, cost_line, ours, plain_output
+from spectool.llama import engine  # llama.cpp's libraries before numpy: spectool/llama/native.py
+from spectool.core.controller import Controller
+from spectool.core.costs import Costs
+from spectool.drafters.lookup import PromptLookup
+from spectool.drafters.prediction import PredictionDrafter
+from spectool.options import CTX_SIZE
 
 
 def drafter(prediction: list[int] | None, p: list[int]):

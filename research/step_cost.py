@@ -18,27 +18,20 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
+from spectool.bench import Contender
+from spectool.core.costs import Costs
+from spectool.core.stats import Stats
+from spectool.generate.loop import speculative_generate
+from spectool.llama import devices, engine
+from spectool.llama.outputs import IDS, ROWS, Output
+from spectool.options import CTX_SIZE
+from spectool_lab import common
+from spectool_lab.common import machine, models
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "benchmarks"))
-sys.path.insert(0, str(HERE.parent))
-
-import common  # noqa: E402
-from common import models  # noqa: E402
-
-from common import machine  # noqa: E402
-from spectool.llama import devices, engine  # noqa: E402
-from spectool.llama.outputs import IDS, ROWS, Output  # noqa: E402
-from spectool.generate.loop import speculative_generate  # noqa: E402
-from spectool.bench import Contender  # noqa: E402
-from spectool.core.costs import Costs  # noqa: E402
-from spectool.core.stats import Stats  # noqa: E402
-from spectool.options import CTX_SIZE  # noqa: E402
-
 CALLS: list[tuple[float, float]] = []  # (start, seconds) of every llama_decode
 
 

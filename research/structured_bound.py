@@ -18,26 +18,19 @@ Replayed costs leave out Python time, the grammar's masks and machine noise: com
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "benchmarks"))
-sys.path.insert(0, str(HERE.parent))
+from spectool_lab.common import models
+from spectool_lab.extraction import extraction_prompts
 
-from lookup_bound import accepted, batch_costs, cheapest, cost_line, plain_output, verified  # noqa: E402
-from common import models  # noqa: E402
-from structured import extraction_prompts  # noqa: E402
-
-from spectool.llama import engine  # noqa: E402 (llama.cpp's libraries before numpy: spectool/llama/native.py)
-from spectool.templates import prompt_tokens  # noqa: E402
-from spectool.core.controller import Controller  # noqa: E402
-from spectool.core.costs import Costs  # noqa: E402
-from spectool.core.grammar import Grammar  # noqa: E402
-from spectool.drafters.grammar import GrammarDrafter  # noqa: E402
-from spectool.drafters.lookup import PromptLookup  # noqa: E402
-from spectool.options import CTX_SIZE  # noqa: E402
+from lookup_bound import accepted, batch_costs, cheapest, cost_line, plain_output, verified
+from spectool.llama import engine  # llama.cpp's libraries before numpy: spectool/llama/native.py
+from spectool.templates import prompt_tokens
+from spectool.core.controller import Controller
+from spectool.core.costs import Costs
+from spectool.core.grammar import Grammar
+from spectool.drafters.grammar import GrammarDrafter
+from spectool.drafters.lookup import PromptLookup
+from spectool.options import CTX_SIZE
 
 DRAFTS = {"forced tokens only": (False, True), "lookup only": (True, False), "lookup + forced tokens": (True, True)}
 

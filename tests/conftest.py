@@ -8,11 +8,10 @@ import pytest
 NUMPY_BEFORE_LLAMA = "numpy" in sys.modules  # test_load_order.py: nothing the test run loads first imports numpy
 import spectool.llama.native  # noqa: F401, E402 - llama.cpp's libraries before numpy, as in spectool (native.py)
 
-sys.path.insert(0, str(Path(__file__).parent))
 # what spectool caches (measured costs, pruned drafts) goes to a scratch directory, never the user's
 os.environ.setdefault("SPECTOOL_CACHE", tempfile.mkdtemp(prefix="spectool-test-cache-"))
 
-from tinymodels import write_models, write_mtp_model  # noqa: E402
+from spectool_lab.tinymodels import write_models, write_mtp_model  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -81,7 +80,7 @@ def gemma_f32(gemma_q4) -> Path:
 @pytest.fixture(scope="session")
 def tool_models(tmp_path_factory) -> dict[str, Path]:
     """Tiny models with Qwen2.5's (hermes) and Llama 3.1's (llama3) chat templates (tinymodels.write_tool_models)."""
-    from tinymodels import write_tool_models
+    from spectool_lab.tinymodels import write_tool_models
 
     return write_tool_models(tmp_path_factory.mktemp("tools"))
 
@@ -97,6 +96,6 @@ def smollm2() -> Path:
 @pytest.fixture(scope="session")
 def fim_path(tmp_path_factory) -> Path:
     """A generated tiny model whose vocabulary has FIM tokens (tinymodels.write_fim_model)."""
-    from tinymodels import write_fim_model
+    from spectool_lab.tinymodels import write_fim_model
 
     return write_fim_model(tmp_path_factory.mktemp("fim"))

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from helpers import tokens_of
+from spectool_lab.helpers import tokens_of
 
 from spectool.core.controller import Controller
 from spectool.drafters.builder import for_generation

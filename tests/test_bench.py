@@ -87,7 +87,7 @@ def test_llama_cpp_tools_reports_and_prompt_files(tmp_path):
     """llamacpp.py reads llama.cpp's own reports, in the printf formats of the vendored sources
     (examples/lookup/lookup.cpp, src/llama-context.cpp), and writes prompt files that `-f` reads back as is
     (common/arg.cpp drops one trailing newline)."""
-    import llamacpp as LC
+    from spectool_lab import llamacpp as LC
 
     log = ("encoded %4d tokens in %8.3f seconds, speed: %8.3f t/s\n" % (157, 0.4, 392.5)
            + "decoded %4d tokens in %8.3f seconds, speed: %8.3f t/s\n" % (97, 1.812, 53.5)

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 from agents import Recorder, npm_client, pypi_venv
-from helpers import Server
+from spectool_lab.helpers import Server
 
 KEY = "sk-spectool-test"
 MODEL = "spectool"  # any name: the served model answers
@@ -87,7 +87,7 @@ def serve(tmp_path):
     """serve(call) -> a Session: `spectool serve` (key KEY, the model's whole context) on a scripted model whose
     call is `call` ({"name": ..., "arguments": ...}, or the reply's text as it is), behind a Recorder; notes.txt
     in the work folder holds the secret."""
-    from tinymodels import write_script_model
+    from spectool_lab.tinymodels import write_script_model
 
     made = []
 

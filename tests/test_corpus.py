@@ -8,7 +8,7 @@ import sys
 import tracemalloc
 
 import pytest
-from helpers import SPECTOOL, Server, spectool, tokens_of
+from spectool_lab.helpers import SPECTOOL, Server, spectool, tokens_of
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

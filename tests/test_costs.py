@@ -6,7 +6,7 @@ import math
 import time
 
 import pytest
-from helpers import one_run, poison
+from spectool_lab.helpers import one_run, poison
 from typer.testing import CliRunner
 
 from spectool.cli import app

@@ -17,7 +17,7 @@ import os
 import re
 
 import pytest
-from helpers import Server
+from spectool_lab.helpers import Server
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -6,7 +6,7 @@ On a GPU host the same tests run on the GPU's rows (the target's layers go where
 import numpy as np
 import pytest
 from exactness import N_RUNS, SAMPLING, chi2_rejects, exact_joint, sample_joint
-from helpers import first_divergence_is_a_near_tie, tokens_of
+from spectool_lab.helpers import first_divergence_is_a_near_tie, tokens_of
 from test_verify import SETTINGS, apply_sampler, assert_same, llama_cpp_chain
 
 from spectool.core.controller import Controller

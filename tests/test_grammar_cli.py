@@ -5,7 +5,7 @@ Gemma for a JSON schema)."""
 import json
 
 import pytest
-from helpers import spectool
+from spectool_lab.helpers import spectool
 from typer.testing import CliRunner
 
 from spectool.cli import app

@@ -5,7 +5,7 @@ conflicting one is a 400 naming the field; a server's --grammar is the default a
 import json
 
 import pytest
-from helpers import Server
+from spectool_lab.helpers import Server
 
 YES_NO = 'root ::= "yes" | "no"'
 SENTENCE = "the quick brown fox jumps over the lazy dog"

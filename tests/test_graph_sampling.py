@@ -16,7 +16,7 @@ from spectool.llama.outputs import IDS, ROWS, Output
 from spectool.generate.loop import GenerationConfig
 from spectool.core.stats import Stats
 from spectool.core.verify import Sampling, backend_chain, dist_at, distribution
-from helpers import drafters, tokens_of
+from spectool_lab.helpers import drafters, tokens_of
 from exactness import N_RUNS, chi2_rejects, exact_joint, sample_joint
 
 CHAINS = [Sampling(temp=0.8, top_k=40, top_p=0.95, min_p=0.05), Sampling(temp=1.0, top_k=20),

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from helpers import spectool
+from spectool_lab.helpers import spectool
 from typer.testing import CliRunner
 
 from spectool.models.store import write_json_atomic
@@ -165,7 +165,7 @@ def test_a_signal_mid_stream_ends_the_answers_and_the_server_exits_its_code(tiny
     """Issue 47 item 3: SIGTERM or Ctrl-C while a stream runs (4000 tokens asked: about 25 s here) and another
     request waits its turn: the stream gets its last chunk (finish_reason "length", usage) and [DONE] at the next
     step, the waiting request an answer, the process exits 143 / 130 within seconds, its cost table whole."""
-    from helpers import Server
+    from spectool_lab.helpers import Server
 
     s = Server(tiny["target"], "-c", "4096", env={"SPECTOOL_CACHE": str(tmp_path)})
     c, waited = s.client(), []

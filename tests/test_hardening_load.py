@@ -11,8 +11,8 @@ import threading
 import time
 
 import pytest
-from helpers import Server
-from loadmix import SERVER_ARGS, run_load, settled_rss_mb
+from spectool_lab.helpers import Server
+from spectool_lab.loadmix import SERVER_ARGS, run_load, settled_rss_mb
 
 # docs/serve.md: a whole answer with log-probabilities peaks at about 17 kB a token at top_logprobs 20 (measured
 # with tracemalloc: 2.4 kB a token's record while it generates, 6.4 kB its OpenAI-shaped entry, 1.6 kB its JSON,

@@ -1,9 +1,12 @@
 """The rules docs/layout.md states hold in the source: each package imports only what its row of the layout's table
 allows (read from the table itself, so the two cannot drift), no import cycle runs between packages, no module
 imports another's private names, every module is in the layout, and the sizes: no function over 50 lines, no
-line over 100 characters, no module over 500 lines, at most 8 modules directly under spectool/. Read with `ast`,
-every import, those inside functions too; nothing is run and no model is loaded (the same on a GPU host). Each
-check has a negative control."""
+line over 100 characters, no module over 500 lines, at most 8 modules directly under spectool/.
+Outside the package (the layout's last paragraph): spectool imports nothing of the lab, the lab
+package (spectool_lab, in tests/spectool_lab/) no folder's own modules, no folder another folder's,
+and none of them edits the interpreter's import path. Read with `ast`, every import, those inside
+functions too; nothing is run and no model is loaded (the same on a GPU host). Each check has a
+negative control."""
 
 import ast
 import re
@@ -13,6 +16,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECTOOL = ROOT / "spectool"
+LAB = ROOT / "tests" / "spectool_lab"  # the package spectool_lab (pyproject.toml)
+FOLDERS = ("tests", "benchmarks", "research")  # each imports its own modules by name
 LAYOUT = ROOT / "docs" / "layout.md"
 SESSION = "session"  # the layout's name for the modules directly under spectool/: the session layer
 ENTRY = "spectool.__main__"  # `python -m spectool`: the command line's entry point, above every layer
@@ -45,13 +50,13 @@ def imports(path: Path, name: str) -> list[tuple[str, list[str]]]:
     out = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            out += [(a.name, []) for a in node.names if a.name.startswith("spectool")]
+            out += [(a.name, []) for a in node.names if a.name.split(".")[0] == "spectool"]
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 here = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
                 base = ".".join([*here[: len(here) - node.level + 1], *([base] if base else [])])
-            if base.startswith("spectool"):
+            if base.split(".")[0] == "spectool":
                 out.append((base, [a.name for a in node.names]))
     return out
 
@@ -166,6 +171,80 @@ def test_the_sizes(name, path):
 def test_few_modules_stand_directly_under_spectool():
     top = [p.name for p in SPECTOOL.glob("*.py")]
     assert len(top) <= TOP_MODULES, top
+
+
+# -- outside the package: the lab ------------------------------------------------------------------
+def own_modules(folder: str) -> set[str]:
+    """The names a folder's files import one another by (pytest, and `python FOLDER/x.py`, put the
+    folder on the path)."""
+    return {p.stem for p in (ROOT / folder).glob("*.py")}
+
+
+def lab_files() -> list[tuple[str, Path]]:
+    """(owner, file) for each Python file outside spectool/: the lab package's, each folder's."""
+    return [("spectool_lab", p) for p in sorted(LAB.rglob("*.py"))] + \
+        [(f, p) for f in FOLDERS for p in sorted((ROOT / f).glob("*.py"))]
+
+
+def top_imports(path: Path) -> set[str]:
+    """The top-level names of the absolute imports of a file, those inside functions too."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            out.add((node.module or "").split(".")[0])
+    return out
+
+
+def reaches_across(owner: str, path: Path) -> list[str]:
+    """What a file of `owner` (spectool, spectool_lab or a folder) imports that it may not: the
+    product nothing of the lab, the lab no folder's modules, a folder no other folder's."""
+    others = set().union(*(own_modules(f) for f in FOLDERS if f != owner))
+    if owner == "spectool":
+        others.add("spectool_lab")
+    return sorted(top_imports(path) & others)
+
+
+def import_path_edits(path: Path) -> list[int]:
+    """The lines where a file reaches for sys's `path` (what the lab's package replaced)."""
+    def reaches(n: ast.AST) -> bool:
+        if isinstance(n, ast.ImportFrom):
+            return n.module == "sys" and "path" in {a.name for a in n.names}
+        return isinstance(n, ast.Attribute) and n.attr == "path" and isinstance(n.value, ast.Name) \
+            and n.value.id == "sys"
+
+    return [n.lineno for n in ast.walk(ast.parse(path.read_text())) if reaches(n)]
+
+
+OUTSIDE = [("spectool", p) for _, p in MODULES] + lab_files()
+
+
+@pytest.mark.parametrize("owner,path", OUTSIDE, ids=[str(p.relative_to(ROOT)) for _, p in OUTSIDE])
+def test_no_import_reaches_across_the_lab(owner, path):
+    assert not reaches_across(owner, path), f"{path.name} imports {reaches_across(owner, path)}"
+    assert not import_path_edits(path), f"{path.name} edits the path: {import_path_edits(path)}"
+
+
+def test_the_lab_is_a_package_and_the_folders_hold_what_it_does_not():
+    assert (LAB / "__init__.py").exists()
+    assert {"common", "replay", "helpers", "tinymodels"} <= {p.stem for p in LAB.glob("*.py")}
+    assert not own_modules("tests") & {"helpers", "tinymodels", "llamacpp", "loadmix"}
+    assert not own_modules("benchmarks") & {"common", "replay"}
+
+
+def test_the_lab_checks_can_fail(tmp_path):
+    """The negative controls: an import of another folder's script, of the lab from the product, and
+    an edit of the import path are each caught."""
+    f = tmp_path / "x.py"
+    f.write_text("import sys\nimport lookup_bound\nfrom spectool_lab.common import models\n"
+                 "sys." + "path.insert(0, '.')\n")  # in two pieces: a grep finds the name nowhere
+    assert reaches_across("benchmarks", f) == ["lookup_bound"]
+    assert reaches_across("research", f) == []
+    assert reaches_across("spectool", f) == ["lookup_bound", "spectool_lab"]
+    assert reaches_across("spectool_lab", f) == ["lookup_bound"]
+    assert import_path_edits(f) == [4]
+    assert ("spectool_lab.common", ["models"]) not in imports(f, "spectool.x")  # not spectool's
 
 
 def test_the_checks_can_fail(tmp_path):

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import Server
+from spectool_lab.helpers import Server
 
 LLM = [sys.executable, "-m", "llm"]
 

@@ -10,7 +10,7 @@ import json
 from spectool.llama import native  # noqa: F401, I001 - llama.cpp's libraries before numpy (native.py)
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-from helpers import Server  # noqa: E402
+from spectool_lab.helpers import Server  # noqa: E402
 
 from spectool.core.controller import Controller  # noqa: E402
 from spectool.core.grammar import Grammar  # noqa: E402

@@ -1,6 +1,6 @@
 """Models with MTP (NextN) heads: a generated tiny glm4moe model with one NextN block, in the real llama.cpp."""
 
-from helpers import spectool
+from spectool_lab.helpers import spectool
 
 
 def test_check_reports_a_models_mtp_heads(mtp_path, tiny):
@@ -15,7 +15,7 @@ def test_check_reports_a_models_mtp_heads(mtp_path, tiny):
 def test_the_trunk_of_an_mtp_model_decodes_as_any_model(mtp_path):
     """The NextN block is not part of the trunk: loaded without it, the model has its trunk's layers and greedy
     speculation over it (prompt lookup) gives plain decoding's text."""
-    from helpers import tokens_of
+    from spectool_lab.helpers import tokens_of
 
     from spectool.core.controller import Controller
     from spectool.drafters.lookup import PromptLookup
@@ -51,7 +51,7 @@ def heads(mtp_target):
     from spectool.options import Mode
     from spectool.session import build_drafter
 
-    from helpers import SplitHybrid
+    from spectool_lab.helpers import SplitHybrid
 
     from spectool.drafters.mtp import Mtp
     from spectool.drafters.lookup import PromptLookup
@@ -70,7 +70,7 @@ PROMPTS = ["The quick brown fox", "def add(a, b):\n    return a + b\n\ndef greet
 @pytest.mark.parametrize("text", PROMPTS)
 @pytest.mark.parametrize("n", [2, 9, 80])  # at n = 1 there is no room for a draft
 def test_greedy_output_under_mtp_equals_plain_decoding(mtp_target, text, n):
-    from helpers import tokens_of
+    from spectool_lab.helpers import tokens_of
 
     from spectool.core.controller import Controller
     from spectool.generate.loop import GenerationConfig
@@ -95,7 +95,7 @@ def test_sampled_tokens_under_mtp_follow_the_target_distribution(mtp_target):
 
     from spectool.core.stats import Stats
 
-    from helpers import tokens_of
+    from spectool_lab.helpers import tokens_of
 
     from spectool.generate.loop import GenerationConfig
 
@@ -153,7 +153,7 @@ def test_spec_mtp_through_the_command_line(mtp_path, tiny, tmp_path):
 def speculative_simple():
     """llama.cpp's llama-speculative-simple, built once from the llama.cpp sources vendored in the installed
     llama-cpp-python's sdist (tests/llamacpp.py: a few minutes on 2 cores, cached in ~/.cache/spectool-bench)."""
-    import llamacpp
+    from spectool_lab import llamacpp
 
     return llamacpp.build(quiet=True, targets=("llama-speculative-simple",))["llama-speculative-simple"]
 
@@ -164,8 +164,8 @@ def test_the_mtp_head_drafts_and_accepts_what_llama_cpps_draft_mtp_does(mtp_path
     greedy) and spectool's (`--spec mtp` with drafts fixed at 3) on the same model and prompt propose the same
     tokens and accept as many, step by step, and both outputs are plain decoding's. Steps are compared while both
     draft 3 tokens: near the end each tool cuts its last drafts to its own token budget."""
-    import llamacpp
-    from helpers import tokens_of
+    from spectool_lab import llamacpp
+    from spectool_lab.helpers import tokens_of
 
     from spectool.core.controller import Controller
     from spectool.drafters.mtp import Mtp, MtpContext

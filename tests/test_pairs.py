@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-import helpers
+from spectool_lab import helpers
 from fakehub import FakeHub
 from spectool.models import registry
 from spectool.models.registry import ModelRef, RegistryError
-from tinymodels import write_split_target
+from spectool_lab.tinymodels import write_split_target
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from helpers import AlwaysWrong, tokens_of
+from spectool_lab.helpers import AlwaysWrong, tokens_of
 
 from spectool.core.controller import Controller
 from spectool.core.grammar import Grammar

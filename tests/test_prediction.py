@@ -5,7 +5,7 @@ its place found again after an edit, its counts against the steps' own, and the 
 import json
 
 import pytest
-from helpers import Server, spectool
+from spectool_lab.helpers import Server, spectool
 
 from spectool.core.controller import Controller
 from spectool.core.evidence import Source

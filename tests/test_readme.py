@@ -192,7 +192,7 @@ def test_the_readme_serve_command_answers(tmp_path):
     import sys
     import urllib.request
 
-    from helpers import free_port, stop, wait_until_up
+    from spectool_lab.helpers import free_port, stop, wait_until_up
 
     section = readme_section("Serve the OpenAI API")
     block = section.split("```bash\n", 1)[1].split("```", 1)[0]

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from helpers import first_divergence_is_a_near_tie
+from spectool_lab.helpers import first_divergence_is_a_near_tie
 
 from spectool.core.controller import Controller
 from spectool.drafters.draft_model import DraftModel
@@ -111,7 +111,7 @@ def test_the_readme_main_command_drafts_most_of_its_answer_on_a_fresh_cache(tmp_
     import json
     import os
 
-    from helpers import spectool
+    from spectool_lab.helpers import spectool
 
     cmd = readme_main_command()
     assert cmd[:4] == ["spectool", "run", "--pair", "demo"]

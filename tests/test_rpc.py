@@ -12,7 +12,7 @@ import subprocess
 import time
 
 import pytest
-from helpers import SPECTOOL, accepts, free_port, other_addresses, refuses, spectool, start, stop, wait_until_up
+from spectool_lab.helpers import SPECTOOL, accepts, free_port, other_addresses, refuses, spectool, start, stop, wait_until_up
 
 from spectool.llama import devices, engine
 

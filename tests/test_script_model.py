@@ -13,7 +13,7 @@ TOOLS = [{"type": "function", "function": {"name": "Bash", "parameters": {
 @pytest.fixture(scope="module")
 def scripted(tmp_path_factory):
     from spectool.llama.engine import Model
-    from tinymodels import write_script_model
+    from spectool_lab.tinymodels import write_script_model
 
     with Model(write_script_model(tmp_path_factory.mktemp("script"), CALL, ANSWER), n_ctx=8192,
                n_threads=2) as m:
@@ -64,8 +64,8 @@ def test_served_its_call_is_a_tool_call_and_its_answer_text(tmp_path):
     """Through `spectool serve` under tool_choice auto: Qwen2.5's `<tool_call>` is a user-defined token, which
     llguidance counts as special, so the grammar names it by its id (a text literal masked it: the reply became the
     answer's words)."""
-    from helpers import Server
-    from tinymodels import write_script_model
+    from spectool_lab.helpers import Server
+    from spectool_lab.tinymodels import write_script_model
 
     server = Server(write_script_model(tmp_path, CALL, ANSWER))
     try:
@@ -86,8 +86,8 @@ def test_served_its_call_is_a_tool_call_and_its_answer_text(tmp_path):
 def test_under_a_json_schema_it_closes_at_once(tmp_path):
     """A client's JSON schema masks the script (Claude Code's title request): the model's next choices close the
     JSON, so the answer ends in a few tokens, not at max_tokens."""
-    from helpers import Server
-    from tinymodels import write_script_model
+    from spectool_lab.helpers import Server
+    from spectool_lab.tinymodels import write_script_model
 
     server = Server(write_script_model(tmp_path, CALL, ANSWER))
     try:

@@ -6,7 +6,7 @@ import time
 
 import openai
 import pytest
-from helpers import Server, other_addresses, refuses, spectool
+from spectool_lab.helpers import Server, other_addresses, refuses, spectool
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from pathlib import Path
 import anthropic
 import openai
 import pytest
-from helpers import Server
+from spectool_lab.helpers import Server
 from test_logprobs import TOL_FLASH
 
 from spectool.server import messages, responses

@@ -9,7 +9,7 @@ import threading
 import time
 
 import pytest
-from helpers import Server, free_port, spectool
+from spectool_lab.helpers import Server, free_port, spectool
 
 # greedy, this prompt loops without an end-of-generation token (test_serve: 4000 tokens take about 6 s here)
 LOOP = "the dog the fox the dog the fox the dog the"

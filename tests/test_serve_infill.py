@@ -5,7 +5,7 @@ import json
 
 import openai
 import pytest
-from helpers import Server
+from spectool_lab.helpers import Server
 
 # llama.vscode's autocomplete request (src/llama-server.ts, createRequestPayload): its fields and defaults
 PREFIX = "def add(a, b):\n    return a + b\n\ndef greet(name):\n"

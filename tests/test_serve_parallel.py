@@ -12,7 +12,7 @@ import threading
 import time
 
 import pytest
-from helpers import Server, spectool
+from spectool_lab.helpers import Server, spectool
 
 PROMPTS = ["The quick brown fox", "def add(a, b):\n    return a + b\n\ndef greet(name):",
            "Speculative decoding lets a small draft model", "for i in range(10):\n"]

@@ -11,7 +11,7 @@ import time
 import urllib.request
 
 import pytest
-from helpers import Server, free_port, start, stop, wait_until_up
+from spectool_lab.helpers import Server, free_port, start, stop, wait_until_up
 
 from spectool.server.slots import LLAMA_DEFAULT_SEED
 

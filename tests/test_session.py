@@ -2,7 +2,7 @@
 
 import pytest
 
-from helpers import tokens_of
+from spectool_lab.helpers import tokens_of
 
 from spectool.drafters.builder import Drafting
 from spectool.drafters.hybrid import Hybrid

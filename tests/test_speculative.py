@@ -2,10 +2,10 @@
 and statistics (stopping: test_stopping.py)."""
 
 import numpy as np
-import helpers
+from spectool_lab import helpers
 import pytest
 from exactness import K_DRAFT, N_RUNS, SAMPLING, chi2_rejects, exact_joint, sample_joint, wrong_acceptance
-from helpers import AlwaysWrong, SplitHybrid, tokens_of
+from spectool_lab.helpers import AlwaysWrong, SplitHybrid, tokens_of
 from hypothesis import given, settings
 from hypothesis import strategies as hst
 

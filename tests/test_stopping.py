@@ -1,7 +1,7 @@
 """Stopping: at a stop string (also inside a step's accepted run, and in the count of generated tokens), at an
 end-of-generation token, when the context is full, and on an interruption, without losing held-back text."""
 
-from helpers import tokens_of
+from spectool_lab.helpers import tokens_of
 
 from spectool.core.controller import Controller
 from spectool.generate.loop import GenerationConfig, generate_text, speculative_generate

@@ -6,7 +6,7 @@ writes, streaming that never shows a call's text as content, and malformed tools
 import json
 
 import pytest
-from tinymodels import CHAT_TEMPLATE, LLAMA31_TEMPLATE, QWEN25_TEMPLATE
+from spectool_lab.tinymodels import CHAT_TEMPLATE, LLAMA31_TEMPLATE, QWEN25_TEMPLATE
 
 from spectool.templates import render
 from spectool.server.tools import ToolError, detect, read, template_messages

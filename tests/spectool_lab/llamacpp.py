@@ -4,7 +4,7 @@ with its self-speculative n-gram drafters (`--spec-type ngram-simple | ngram-map
 built once from the llama.cpp sources vendored in the llama-cpp-python sdist that spectool runs on, so both tools
 run the same llama.cpp.
 
-    python tests/llamacpp.py                 # build (345 s on 2 cores, once; cached) and print the binaries
+    python -m spectool_lab.llamacpp          # build (345 s on 2 cores, once; cached) and print the binaries
 
 The build goes to ~/.cache/spectool-bench/llama.cpp-<version>/ (SPECTOOL_BENCH_CACHE moves it): the sdist is
 fetched with pip, configured as a native Release build (as pip builds llama-cpp-python), and only these targets

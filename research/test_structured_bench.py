@@ -1,22 +1,31 @@
-"""benchmarks/structured.py's own pieces: the extraction prompts built from the real data sets, their schemas, and
-the check that counts an output valid. (Its speed is measured by the benchmark itself, not here.)"""
+"""The structured-output benchmark's pieces (spectool_lab.extraction, which benchmarks/structured.py
+and research/structured_bound.py run): the extraction prompts built from the real data sets, their
+schemas, the check that counts an output valid and the table. (Its speed is measured by the
+benchmark itself, not here.)"""
 
 import json
-import sys
-from pathlib import Path
 
 import jsonschema
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT / "research"), str(ROOT / "benchmarks"), str(ROOT / "tests")]
-import common as P  # noqa: E402
-import structured as S  # noqa: E402
+from spectool_lab import common as P
+from spectool_lab import extraction as S
 
 
 @pytest.fixture(scope="module")
 def extractions():
     return S.extraction_prompts(8)
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    """The tiny generated target model (spectool_lab.tinymodels), as the suite's fixture."""
+    from spectool.llama.engine import Model
+    from spectool_lab.tinymodels import write_models
+
+    path = write_models(tmp_path_factory.mktemp("tiny"))["target"]
+    with Model(path, n_ctx=1024, n_threads=2) as m:
+        yield m
 
 
 def test_eight_extraction_prompts_from_both_data_sets_with_a_schema_each(extractions):

@@ -1,15 +1,20 @@
-"""The measuring tools' own pieces, run on demand (`python -m pytest research/tests`), not by the product's suite:
-benchmarks/common.py's prompts from the real data sets, and the replays' bounds (research/lookup_bound.py,
-research/corpus_replay.py) on replayed costs, no model."""
+"""The measuring tools' own pieces, run by the suite (pyproject.toml's testpaths): spectool_lab's
+prompts from the real data sets, and the replays' bounds (research/lookup_bound.py,
+research/corpus_replay.py) on replayed costs, no model; lookup_bound.py's port of llama-lookup
+against the tool itself, on the demo model."""
 
 import io
 import json
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT / "research"), str(ROOT / "benchmarks"), str(ROOT / "tests")]
-import common as P  # noqa: E402
+import pytest
+
+from spectool_lab import common as P
+
+
+@pytest.fixture(scope="module")
+def gemma_f16():
+    """F16 Gemma 3 270M, as the research scripts load it (spectool_lab.common.models, cached)."""
+    return P.models(("F16",))["F16"]
 
 
 def test_iter_json_array_stops_quietly_at_a_truncated_item():
@@ -37,7 +42,7 @@ def test_humaneval_prompts_contain_the_function_and_a_request():
 
 
 def test_unseen_samples_leave_out_the_tuning_list_and_follow_their_seed():
-    """benchmarks/common.py: what a benchmark reports on is drawn from each set less its tuning list, by a seed
+    """spectool_lab.common: what a benchmark reports on is drawn from each set less its tuning list, by a seed
     that repeats it; the tuning list is what the fixed selections always gave."""
     assert P.tuning("code editing (HumanEval)") == P.humaneval_prompts(P.TUNING)
     assert P.tuning("free-form (ShareGPT)") == P.freeform_prompts(P.TUNING)
@@ -114,7 +119,7 @@ def test_no_controller_variant_or_hindsight_beats_the_oracle_over_the_same_draft
     import random
 
     import controller_replay as C
-    from replay import oracle
+    from spectool_lab.replay import oracle
 
     rng = random.Random(7)
     cost = [0.0] + [0.016 + 0.004 * b + (0.003 if b % 3 else 0.0) for b in range(1, C.K_MAX + 3)]
@@ -133,15 +138,17 @@ def test_no_controller_variant_or_hindsight_beats_the_oracle_over_the_same_draft
         assert C.best_k(a, cost) == max(ratio, key=ratio.__getitem__)
 
 
+@pytest.mark.realmodel
 def test_llama_lookup_port_drafts_what_llama_lookup_drafts(gemma_f16):
-    """research/lookup_bound.py's port of llama-lookup's drafting (common/ngram-cache.cpp) against llama-lookup
-    itself, built from the vendored llama.cpp (tests/llamacpp.py, cached): over the same greedy output of F16 Gemma
-    3 270M on a HumanEval edit, the port drafts as many tokens as the real tool reports (n_drafted), step for step
-    up to where the tool stops (after the step that takes its count past -n)."""
-    import llamacpp
+    """research/lookup_bound.py's port of llama-lookup's drafting (common/ngram-cache.cpp) against
+    llama-lookup itself, built from the vendored llama.cpp (spectool_lab.llamacpp, cached): over
+    the same greedy output of F16 Gemma 3 270M on a HumanEval edit, the port drafts as many tokens
+    as the real tool reports (n_drafted), step for step up to where the tool stops (after the step
+    that takes its count past -n)."""
     import lookup_bound as L
-    from replay import plain_output
     from spectool.llama import engine
+    from spectool_lab import llamacpp
+    from spectool_lab.replay import plain_output
 
     binary = llamacpp.build(quiet=True, targets=("llama-lookup",))["llama-lookup"]
     tokens = 96

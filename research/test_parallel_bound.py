@@ -2,12 +2,8 @@
 below the costs, and the bound it makes of N sequences sharing a decode."""
 
 import random
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT / "research"), str(ROOT / "benchmarks"), str(ROOT / "tests")]
-import parallel_bound as B  # noqa: E402
+import parallel_bound as B
 
 
 def test_rows_spread_evenly_and_shapes_reach_a_full_draft():
