@@ -18,7 +18,7 @@ from spectool.core.costs import Costs
 from spectool.core.controller import Controller
 from spectool.options import CTX_SIZE, DRAFT_MAX, Mode, llama_cpp_sampling
 from spectool.models.registry import PAIR_DRAFT_MAX
-from spectool.session import build_drafter
+from spectool.drafters.builder import drafter_for
 from spectool.generate.loop import GenerationConfig, speculative_generate
 from spectool.core.stats import Rates, Stats
 from spectool.core.verify import Sampling
@@ -56,7 +56,7 @@ class Contender:
         """`drafts` maps a draft vocabulary size (0: the full draft) to (Model, kept ids or None);
         `costs` is the table of measured batch costs to start from and add to."""
         model, ids = drafts.get(self.draft_vocab, (None, None))
-        drafter, _ = build_drafter(Mode(self.mode), model, ids=ids, n_target=target.n_vocab)
+        drafter, _ = drafter_for(Mode(self.mode), model, ids=ids, n_target=target.n_vocab)
         ctl = Controller(k_max=self.k_max, k_min=self.k_max if self.fixed else 0,
                          adaptive=not self.fixed,
                          costs=costs if costs is not None else Costs())

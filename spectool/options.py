@@ -11,28 +11,16 @@ import inspect
 import math
 import typing
 from dataclasses import dataclass, field, fields, replace
-from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Callable, Optional
 
 from spectool.core.controller import DRAFT_MAX  # noqa: F401 - the front ends' name for it
+from spectool.core.evidence import Mode  # noqa: F401 - --spec's values (drafters/builder.py)
 
 # llama.cpp's temperature (common/common.h: temp 0.80): chat's default and the benchmarks' sampled
 # runs. `run` and `serve` default to 0 (greedy) so that pipes, code edits and API calls reproduce.
 LLAMA_CPP_TEMP = 0.8
 CTX_SIZE = 4096  # -c's default: the context the benchmarks and the pairs' memory figures assume too
-
-
-class Mode(StrEnum):
-    """How the user asks for drafts (--spec): auto picks the best source the models allow; none
-    drafts nothing; the others name the Source (core/evidence.py) to draft by."""
-
-    auto = "auto"
-    draft = "draft"
-    lookup = "lookup"
-    mtp = "mtp"
-    hybrid = "hybrid"
-    none = "none"
 
 
 class UserError(Exception):
@@ -384,7 +372,7 @@ def takes(*names: str, **defaults):
         command.__name__ = fn.__name__
         command.__doc__ = fn.__doc__
         command.__module__ = fn.__module__
-        command.__signature__ = inspect.Signature(params)
+        command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
         command.__annotations__ = {}
         return command
 

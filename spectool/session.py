@@ -1,6 +1,6 @@
-"""The session layer: typed options -> resolve -> download -> load -> vocabulary check -> pruned
-draft -> drafter -> GenerationConfig, with the cost table kept between runs. `run`, `chat` and
-`bench` start here.
+"""The session layer: typed options -> plan -> resolve -> download -> load -> vocabulary check ->
+pruned draft -> costs -> the drafting policy (drafters/builder.py decides it) -> GenerationConfig,
+with the cost table kept between runs. `run`, `chat` and `serve` start here.
 
 Nothing here talks to the user directly: what needs the user comes in as `Hooks` (the download
 confirmation, a progress bar, a one-line message), so a command line and a server can both build on
@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, ContextManager, Iterator, NamedTuple
+from typing import TYPE_CHECKING, Callable, ContextManager, Generator, Iterator, NamedTuple
 
 # the session layer's vocabulary, re-exported
 from spectool.options import DRAFT_MAX, Mode, Options, UserError  # noqa: F401
@@ -20,11 +20,11 @@ from spectool.options import DRAFT_MAX, Mode, Options, UserError  # noqa: F401
 if TYPE_CHECKING:  # importing them would load llama.cpp before it is needed
     import numpy as np
 
-    from spectool.core.controller import Controller
     from spectool.core.costs import Costs
     from spectool.core.grammar import Grammar
-    from spectool.generate.loop import GenerationConfig
-    from spectool.core.protocol import Drafter
+    from spectool.core.stats import Stats
+    from spectool.generate.loop import GenerationConfig, Step
+    from spectool.drafters.builder import Policy, Wish
     from spectool.drafters.corpus import Corpus
     from spectool.drafters.mtp import MtpContext
     from spectool.llama.engine import Model
@@ -76,26 +76,37 @@ class Loaded:
 
 @dataclass
 class Session:
-    """A ready generation: the loaded models, the drafter and controller, and what to call them."""
+    """A ready generation: the loaded models, the drafting policy (drafters/builder.py: the
+    session's drafter, its timed controller, the corpus) and what to call them."""
 
     gen: GenerationConfig  # with the session's options
-    mode: Mode  # what it drafts by (drafted_by)
+    policy: Policy
     target_name: str
     draft_name: str | None
-    controller: Controller  # the timed one that learns this machine's costs
     # one-line messages for the user (fallbacks, pruning)
     notices: list[str] = field(default_factory=list)
     draft_model: Model | None = None  # in use by the drafter, if any
-    k_max: int = DRAFT_MAX
-    k_min: int = 0
-    # prompt lookup's corpus of earlier requests (--lookup-corpus), if on
-    corpus: Corpus | None = None
-    # what the session drafts with; each generation's is built around it
-    drafter: Drafter | None = None
 
     @property
     def target(self) -> Model:
         return self.gen.target
+
+    @property
+    def mode(self) -> Mode:
+        """What it drafts by (builder.resolve)."""
+        return self.policy.mode
+
+    @property
+    def k_max(self) -> int:
+        return self.policy.controller.k_max
+
+    @property
+    def k_min(self) -> int:
+        return self.policy.controller.k_min
+
+    @property
+    def corpus(self) -> Corpus | None:
+        return self.policy.corpus
 
     @property
     def offload(self) -> dict:
@@ -104,6 +115,13 @@ class Session:
         draft = self.draft_model
         return {"target": self.gen.target.offload(), "draft": draft.offload() if draft is not None
                 else None}
+
+    def stats(self) -> Stats:
+        """A generation's Stats, naming what runs it; the loop fills them."""
+        from spectool.core.stats import Stats
+
+        return Stats(mode=self.mode, target=self.target_name, draft=self.draft_name,
+                     offload=self.offload)
 
 
 def fit_prompt(tokens: list[int], n_ctx: int, max_tokens: int, truncate: bool, bos: int,
@@ -123,50 +141,39 @@ def fit_prompt(tokens: list[int], n_ctx: int, max_tokens: int, truncate: bool, b
     return out
 
 
-def text_completion(s: Session, text: str, stop, truncate: bool, interrupted,
-                    say: Callable[[str], None] = lambda line: None):
-    """`spectool run`'s generation: (its Stats, filled as it goes, and the (text, Step) pairs of the
-    completion of `text`, see generate_text)."""
+def text_completion(s: Session, text: str, stop, truncate: bool, interrupted, stats: Stats,
+                    on_prefill: Callable[[int, int], None] | None = None,
+                    say: Callable[[str], None] = lambda line: None
+                    ) -> Generator[tuple[str, Step], None, None]:
+    """`spectool run`'s generation: the (text, Step) pairs of the completion of `text` (see
+    generate_text), `stats` (Session.stats) filled as it goes, `on_prefill` hearing the prompt's
+    progress."""
     from spectool.generate.loop import generate_text
-    from spectool.core.stats import Stats
 
     target = s.gen.target
     tokens = fit_prompt(target.tokenize(text, add_special=True, parse_special=True), target.n_ctx,
-                        s.gen.max_tokens,
-                        truncate, target.vocab_info().bos, say)
-    stats = Stats(mode=s.mode, target=s.target_name, draft=s.draft_name, offload=s.offload)
-    return stats, generate_text(s.gen, tokens, stop or (), stats, interrupted)
+                        s.gen.max_tokens, truncate, target.vocab_info().bos, say)
+    return generate_text(s.gen, tokens, stop or (), stats, interrupted, on_prefill)
 
 
-def generation(s: Session, o: Options, grammar: Grammar | None = None,
-               prediction: str | None = None):
-    """The GenerationConfig that options `o` ask of a loaded session (a command line's, or a serve
-    request's over the server's): checked sampling, token budget and seed, a controller, the grammar
-    (`grammar` if given, made once: a serve request's, or the server's; else the one `o` asks for)
-    and the drafter built whole for it (drafters/builder.py: the session's drafter under that
-    grammar, with the corpus, behind the text the output is predicted to be, `prediction`). Greedy
-    or unseeded generations share the session's timed controller, which learns this machine's
-    costs; seeded sampling gets an untimed one of its own, so that k, and with it the use of random
-    numbers, depends only on the tokens: the same seed gives the same text after any earlier request
-    and on any machine (controller.py)."""
-    from spectool.core.controller import Controller
-
-    from spectool.drafters.builder import for_generation
+def generation(policy: Policy, target: Model, o: Options, grammar: Grammar | None = None,
+               prediction: str | None = None) -> GenerationConfig:
+    """The GenerationConfig that options `o` ask of a session's `policy` and `target` (a command
+    line's, or a serve request's over the server's): checked sampling, token budget and seed, the
+    grammar (`grammar` if given, made once: a serve request's, or the server's; else the one `o`
+    asks for), and the drafter and controller the policy builds for it (drafters/builder.py: the
+    session's drafter under that grammar, with the corpus, behind the text the output is predicted
+    to be, `prediction`)."""
+    from spectool.generate.loop import GenerationConfig
 
     sampling = o.sampling()
-    ctl, corpus = s.controller, s.corpus
-    # nor drafts from the corpus, which earlier requests made
-    if o.seed is not None and not sampling.greedy:
-        ctl = Controller(k_max=s.k_max, k_min=s.k_min, adaptive=s.k_min != s.k_max, timed=False)
-        corpus = None
     grammar = grammar if grammar is not None else o.grammar_spec()
-    predicted = (s.target.tokenize(prediction, add_special=False, parse_special=False)
+    predicted = (target.tokenize(prediction, add_special=False, parse_special=False)
                  if prediction else None)
-    drafter = for_generation(s.drafter, grammar is not None, corpus, forced=s.target.can_rollback,
-                             prediction=predicted)
-    return replace(s.gen, drafter=drafter, sampling=sampling, controller=ctl,
-                   max_tokens=o.max_tokens,
-                   seed=o.seed, rng=None, on_prefill=None, grammar=grammar)
+    drafter, ctl = policy.drafting(grammar is not None, predicted,
+                                   seeded=o.seed is not None and not sampling.greedy)
+    return GenerationConfig(target, drafter, sampling, ctl, max_tokens=o.max_tokens, seed=o.seed,
+                            grammar=grammar)
 
 
 def resolve_models(o: Options) -> Refs:
@@ -233,61 +240,14 @@ def load_models(o: Options, stack: contextlib.ExitStack, refs: Refs, want_draft:
     return out
 
 
-def drafted_by(spec: Mode, draft_model: bool, mtp: bool) -> Mode:
-    """What `spec` drafts by, given whether there is a draft model and an MTP head: auto is hybrid
-    with a draft model, else the MTP head, else prompt lookup; hybrid pairs lookup with the draft
-    model, or without one with the MTP head; a mode whose model or head is missing is prompt lookup
-    (build_drafter says whether that is a fallback or an error)."""
-    if spec is Mode.auto:
-        return Mode.hybrid if draft_model else Mode.mtp if mtp else Mode.lookup
-    missing = {Mode.draft: not draft_model, Mode.mtp: not mtp,
-               Mode.hybrid: not (draft_model or mtp)}
-    return Mode.lookup if missing.get(spec, False) else spec
-
-
-def drafts_by_mtp(mode: Mode, draft_model: bool) -> bool:
-    """Whether a resolved mode (drafted_by) drafts from the MTP head: mtp, or hybrid without a draft
-    model."""
-    return mode is Mode.mtp or (mode is Mode.hybrid and not draft_model)
-
-
-def build_drafter(spec: Mode, draft_model: Model | None, p_min: float = 0.0,
-                  notices: list[str] | None = None,
-                  ids=None, n_target: int = 0,
-                  mtp: MtpContext | None = None) -> tuple[Drafter | None, Mode]:
-    """(drafter, the Mode it drafts by, see drafted_by) for a mode, made by drafters/builder.py
-    (run, chat, serve, bench, the tests). `mtp` is the target's MTP head when it has one. A mode
-    that cannot have what it needs is a UserError when the user demanded it (draft, mtp), else
-    prompt lookup with a notice."""
-    from spectool.core.evidence import Source
-    from spectool.drafters.builder import build
-
-    mode = drafted_by(spec, draft_model is not None, mtp is not None)
-    if mode is Mode.lookup and spec is Mode.mtp:
-        raise UserError("--spec mtp needs a target with MTP heads (NextN layers; `spectool check "
-                        "MODEL` says)",
-                        code=2)
-    if mode is Mode.lookup and spec is Mode.draft:
-        raise UserError("--spec draft needs a draft model (-md MODEL.gguf)", code=2)
-    if mode is Mode.lookup and spec is Mode.hybrid and notices is not None:
-        notices.append("no draft model: using prompt lookup")
-    if mode is Mode.none:
-        return None, mode
-    return build(Source(mode.value), draft_model, mtp, p_min, ids, n_target), mode
-
-
-def open_corpus(o: Options, target: Model, drafter: Drafter | None,
-                notices: list[str]) -> tuple[Corpus | None, str | None]:
+def open_corpus(o: Options, target: Model, notices: list[str]) -> tuple[Corpus | None, str | None]:
     """(the corpus of earlier requests, the vocabulary tag of its --lookup-cache file) where
-    --lookup-corpus is on and the drafter drafts by prompt lookup (else None, None; the tag is None
-    without a file). The file's problems are notices: a broken or foreign file never stops a run."""
+    --lookup-corpus is on (else None, None; the tag is None without a file); the policy keeps it
+    where the drafter drafts by prompt lookup. The file's problems are notices: a broken or foreign
+    file never stops a run."""
     from spectool.drafters.corpus import Corpus, vocab_tag
-    from spectool.drafters.builder import lookup_of
 
-    if not o.lookup_corpus or lookup_of(drafter) is None:
-        if o.lookup_cache is not None:
-            notices.append(f"--lookup-cache {o.lookup_cache}: this mode does not draft by prompt "
-                           "lookup; not used")
+    if not o.lookup_corpus:
         return None, None
     if o.lookup_cache is None:
         return Corpus(o.lookup_corpus_size), None
@@ -324,13 +284,14 @@ class Plan:
 
     grammar: Grammar | None
     refs: Refs
-    k_max: int
+    wish: Wish  # what the options ask of drafting (drafters/builder.py decides what they get)
     prediction: str | None = None  # --prediction's text
 
 
 def plan(o: Options) -> Plan:
     """Bad sampling options, a bad grammar, bad draft lengths and a --prediction file that cannot be
     read fail here, before anything loads."""
+    from spectool.drafters.builder import Wish
     from spectool.options import read_text
 
     o.sampling()
@@ -339,12 +300,10 @@ def plan(o: Options) -> Plan:
     k_max = o.draft_max if o.draft_max is not None else refs.draft_max
     if o.draft_min > k_max:
         raise UserError("--draft-min must not exceed --draft-max", code=2)
-    if o.parallel > 1 and o.spec in (Mode.draft, Mode.hybrid, Mode.mtp):
-        raise UserError(f"--parallel above 1 drafts by prompt lookup only, not --spec {o.spec}",
-                        code=2)
     prediction = (read_text(Path(o.prediction), "--prediction", "prediction")
                   if o.prediction is not None else None)
-    return Plan(grammar, refs, k_max, prediction)
+    return Plan(grammar, refs, Wish(o.spec, k_max, o.draft_min, o.draft_p_min, o.parallel),
+                prediction)
 
 
 @dataclass
@@ -361,17 +320,15 @@ class Models:
     draft_name: str | None
 
 
-def load_stage(o: Options, stack: contextlib.ExitStack, refs: Refs, hooks: Hooks,
+def load_stage(o: Options, stack: contextlib.ExitStack, refs: Refs, w: Wish, hooks: Hooks,
                notices: list[str]) -> Models:
-    """The models the mode drafts with, loaded: the MTP heads only where they are to draft, a draft
-    model that cannot be used a notice (an error when --spec draft demands it), the draft pruned
-    where --draft-vocab asks."""
-    # if the draft loads and the target has heads; sequences decoded together draft by lookup
-    alone = o.parallel == 1
-    planned = drafted_by(o.spec, refs.draft is not None and alone, mtp=alone)
-    use_mtp = drafts_by_mtp(planned, refs.draft is not None)
-    m = load_models(o, stack, refs, want_draft=planned in (Mode.draft, Mode.hybrid), hooks=hooks,
-                    load_mtp=use_mtp)
+    """The models the mode drafts with (builder.loads), loaded: the MTP heads only where they are to
+    draft, a draft model that cannot be used a notice (an error when --spec draft demands it), the
+    draft pruned where --draft-vocab asks."""
+    from spectool.drafters.builder import loads
+
+    want_draft, use_mtp = loads(w, refs.draft is not None)
+    m = load_models(o, stack, refs, want_draft=want_draft, hooks=hooks, load_mtp=use_mtp)
     if m.draft_error is not None:
         if o.spec is Mode.draft:
             raise m.draft_error
@@ -380,10 +337,6 @@ def load_stage(o: Options, stack: contextlib.ExitStack, refs: Refs, hooks: Hooks
     if draft is not None and 0 < o.draft_vocab < draft.n_vocab:
         draft, ids, notice = pruned_draft(stack, draft, o.draft_vocab, o, hooks)
         notices.append(notice)
-    if o.spec is Mode.mtp and target.n_nextn and not target.can_rollback:
-        raise UserError(f"{target.architecture} keeps a recurrent state that cannot drop rejected "
-                        "drafts: spectool cannot draft from its MTP heads (llama.cpp restores "
-                        "checkpoints instead)", code=2)
     mtp = None
     if use_mtp and target.n_nextn and target.can_rollback:
         from spectool.drafters.mtp import MtpContext
@@ -393,28 +346,17 @@ def load_stage(o: Options, stack: contextlib.ExitStack, refs: Refs, hooks: Hooks
     return Models(target, draft, ids, mtp, str(m.target_ref), draft_name)
 
 
-def drafter_stage(o: Options, m: Models, notices: list[str]) -> tuple[Drafter | None, Mode]:
-    """The session's drafter and the mode it drafts by; plain decoding where the target cannot roll
-    back."""
-    drafter, mode = build_drafter(o.spec, m.draft, o.draft_p_min, notices, m.ids, m.target.n_vocab,
-                                  m.mtp)
-    if not m.target.can_rollback and drafter is not None:
-        notices.append(f"{m.target.architecture} cannot roll back its cache: plain decoding")
-        return None, Mode.none
-    return drafter, mode
-
-
-def costs_stage(o: Options, m: Models, drafts: bool,
+def costs_stage(o: Options, m: Models, grammar: bool,
                 notices: list[str]) -> tuple[Path | None, Costs]:
-    """The cost table kept between runs for these models and settings, where anything is drafted
-    (the file, and the table read from it): none where there is no usable cache folder (measured
-    from scratch, kept nowhere)."""
+    """The cost table kept between runs for these models and settings, where anything may be
+    drafted (a mode other than none, or a grammar's forced tokens): the file, and the table read
+    from it; none where there is no usable cache folder (measured from scratch, kept nowhere)."""
     from spectool import cost_files
     from spectool.core.costs import Costs
 
     try:
-        path = (cost_files.path_for(m.target, m.draft, o.threads, o.rpc, o.ctx_size) if drafts
-                else None)
+        path = (cost_files.path_for(m.target, m.draft, o.threads, o.rpc, o.ctx_size)
+                if o.spec is not Mode.none or grammar else None)
     except (OSError, RuntimeError):
         path = None
     costs, warning = cost_files.load(path, max_batch=m.target.n_ctx)
@@ -432,9 +374,10 @@ def save_stage(o: Options, s: Session, m: Models, costs_file: Path | None, vocab
     if vocab is not None and s.corpus is not None and o.lookup_cache is not None \
             and (warning := s.corpus.save(o.lookup_cache, vocab)):
         say(warning)
-    if costs_file is not None and s.controller.costs.verify:
+    costs = s.policy.controller.costs
+    if costs_file is not None and costs.verify:
         draft = str(Path(m.draft.path).resolve()) if m.draft is not None else None
-        cost_files.save(costs_file, s.controller.costs, {
+        cost_files.save(costs_file, costs, {
             "target": str(Path(m.target.path).resolve()), "threads": o.threads, "ctx": o.ctx_size,
             "draft": draft})
 
@@ -443,25 +386,21 @@ def save_stage(o: Options, s: Session, m: Models, costs_file: Path | None, vocab
 def open_session(o: Options, hooks: Hooks = Hooks()) -> Iterator[Session]:
     """Load the models of `o` and yield a ready Session; what it measured is kept when it closes
     (save_stage)."""
-    from spectool.core.controller import Controller
-    from spectool.generate.loop import GenerationConfig
+    from spectool.drafters.builder import choose
 
     p = plan(o)
     notices: list[str] = []
     with contextlib.ExitStack() as stack:
-        m = load_stage(o, stack, p.refs, hooks, notices)
-        drafter, mode = drafter_stage(o, m, notices)
-        # a grammar's forced
-        drafts = drafter is not None or (p.grammar is not None and m.target.can_rollback)
-        costs_file, costs = costs_stage(o, m, drafts, notices)  # tokens are drafts too
-        controller = Controller(k_max=p.k_max, k_min=o.draft_min, adaptive=o.draft_min != p.k_max,
-                                costs=costs)
-        corpus, vocab = open_corpus(o, m.target, drafter, notices)
-        draft_model = m.draft if mode in (Mode.draft, Mode.hybrid) else None
-        s = Session(GenerationConfig(m.target, controller=controller), mode, m.target_name,
-                    m.draft_name,
-                    controller, notices, draft_model, p.k_max, o.draft_min, corpus, drafter)
-        s.gen = generation(s, o, p.grammar, p.prediction)
+        m = load_stage(o, stack, p.refs, p.wish, hooks, notices)
+        costs_file, costs = costs_stage(o, m, p.grammar is not None, notices)
+        corpus, vocab = open_corpus(o, m.target, notices)
+        policy = choose(p.wish, m.target, m.draft, m.ids, m.mtp, costs, corpus, notices)
+        if o.lookup_cache is not None and policy.corpus is None:
+            notices.append(f"--lookup-cache {o.lookup_cache}: this mode does not draft by prompt "
+                           "lookup; not used")
+        draft_model = m.draft if policy.mode in (Mode.draft, Mode.hybrid) else None
+        s = Session(generation(policy, m.target, o, p.grammar, p.prediction), policy,
+                    m.target_name, m.draft_name, notices, draft_model)
         try:
             yield s
         finally:

@@ -49,7 +49,7 @@ def mtp_target(mtp_path):
 def heads(mtp_target):
     """The drafters that use the MTP head, made by the session layer's factory."""
     from spectool.options import Mode
-    from spectool.session import build_drafter
+    from spectool.drafters.builder import drafter_for
 
     from spectool_lab.helpers import SplitHybrid
 
@@ -57,8 +57,8 @@ def heads(mtp_target):
     from spectool.drafters.lookup import PromptLookup
 
     _, head = mtp_target
-    return {"mtp": lambda: build_drafter(Mode.mtp, None, mtp=head)[0],
-            "hybrid-mtp": lambda: build_drafter(Mode.hybrid, None, mtp=head)[0],
+    return {"mtp": lambda: drafter_for(Mode.mtp, None, mtp=head)[0],
+            "hybrid-mtp": lambda: drafter_for(Mode.hybrid, None, mtp=head)[0],
             # hands over to the head after lookup's first token: every draft mixes the two
             "hybrid-mtp-split": lambda: SplitHybrid(PromptLookup(), Mtp(head))}
 

@@ -7,7 +7,7 @@ import typer
 from typer.testing import CliRunner
 
 from spectool.cli import app
-from spectool.options import COMMON, DRAFTING, SAMPLING, Options, UserError, in_request, llama_cpp_sampling, \
+from spectool.options import SAMPLING, Options, UserError, in_request, llama_cpp_sampling, \
     request_options, takes
 
 
@@ -80,11 +80,18 @@ def test_a_request_sets_the_declared_fields_within_the_command_lines_bounds():
     assert in_request(e.value) == ("top_p", "'top_p' must be in (0, 1]")
 
 
-def test_groups_are_what_the_commands_take():
-    by_group = {}
-    for name, (decl, _, _) in Options.declared().items():
-        by_group.setdefault(decl.group, []).append(name)
-    assert {"spec", "draft_max"} <= set(by_group[DRAFTING]) and {"yes", "debug"} == set(by_group[COMMON])
+def test_commands_that_draft_take_the_drafting_flags_and_every_command_takes_debug():
+    """What a user can type: the commands that generate (run, chat, serve) take --spec, --draft-max and --draft-min,
+    bench (which measures every mode itself) takes none of them, and every command takes --debug; a drafting flag
+    given to bench is a usage error (exit 2), not ignored."""
+    cli = typer.main.get_command(app)
+    flags = {name: {o for p in command.params for o in p.opts} for name, command in cli.commands.items()}
+    for name in ("run", "chat", "serve"):
+        assert {"--spec", "--draft-max", "--draft-min", "--debug"} <= flags[name], name
+    assert not {"--spec", "--draft-max"} & flags["bench"]
+    assert all("--debug" in f for f in flags.values()), flags
+    result = CliRunner().invoke(app, ["bench", "--spec", "lookup"])
+    assert result.exit_code == 2 and "--spec" in result.output
 
 
 def test_every_source_has_a_colour_and_every_mode_past_auto_names_a_source():

@@ -1,34 +1,53 @@
 """The session layer: typed options to a ready GenerationConfig, as every command builds it (real tiny models)."""
 
+from dataclasses import replace
+
 import pytest
 
 from spectool_lab.helpers import tokens_of
 
-from spectool.drafters.builder import Drafting
-from spectool.drafters.hybrid import Hybrid
+from spectool.core.evidence import Source
+from spectool.core.stats import Stats
+from spectool.core.verify import Sampling
 from spectool.session import Hooks, Options, Mode, UserError, open_session
-from spectool.generate.loop import GenerationConfig
+from spectool.generate.loop import GenerationConfig, speculative_generate
 
 
-def test_a_session_is_the_generation_the_options_describe(tiny, target):
-    """Every option lands where the generation reads it, and a session's greedy lookup output is plain
-    decoding's."""
-    o = Options(model=str(tiny["target"]), model_draft=str(tiny["draft"]), spec=Mode.hybrid, temp=0.5, top_k=7,
-                repeat_penalty=1.1, draft_max=6, draft_min=2, max_tokens=40, ctx_size=512, threads=2, seed=3)
+def test_a_session_generates_as_its_options_say(tiny, target):
+    """Every option reaches the generation, seen in what it generates: with --top-k 1 a sampled run at any
+    temperature is greedy under the same repeat penalty (exact under speculation), so a session's text equals plain
+    greedy decoding with that penalty built by hand, and differs from it without the penalty or the top-k; each step
+    drafts between --draft-min and --draft-max tokens (fewer only where the token budget ends), from the draft
+    model (hybrid); -n bounds the text."""
+    def by_hand(penalty: float, prompt: list[int]) -> list[int]:
+        return tokens_of(GenerationConfig(target, None, Sampling(temp=0.0, repeat_penalty=penalty), max_tokens=40),
+                         prompt)
+
+    # a prompt that echoes the tiny model's own greedy text, so that its greedy continuation repeats a recent token
+    # and the repeat penalty changes it
+    start = target.tokenize("The quick brown fox")
+    prompt = start + by_hand(1.0, start)[:20] + start
+
+    o = Options(model=str(tiny["target"]), model_draft=str(tiny["draft"]), spec=Mode.hybrid, temp=0.5, top_k=1,
+                repeat_penalty=1.3, draft_max=6, draft_min=2, max_tokens=40, ctx_size=1024, threads=2, seed=3,
+                gpu_layers="0", gpu_layers_draft="0")  # on the CPU, as `target` is, on a GPU host too
     with open_session(o) as s:
-        g = s.gen
-        assert s.mode == "hybrid" and isinstance(s.drafter, Hybrid) and not s.notices
-        assert isinstance(g.drafter, Drafting) and g.drafter.base is s.drafter  # built whole around it
-        assert (g.sampling.temp, g.sampling.top_k, g.sampling.repeat_penalty) == (0.5, 7, 1.1)
-        assert (g.controller.k_max, g.controller.k_min, g.max_tokens, g.seed) == (6, 2, 40, 3)
-        assert not g.controller.timed  # seeded sampling keeps its choices independent of timings
-        assert g.target.n_ctx == 512 and s.target_name == str(tiny["target"]) and s.draft_name == str(tiny["draft"])
+        assert s.mode == "hybrid" and s.draft_name == str(tiny["draft"]) and not s.notices
+        st = Stats()
+        steps = list(speculative_generate(s.gen, prompt, st))
+    tokens = [t for step in steps for t in step.tokens]
+    assert tokens == by_hand(1.3, prompt) != by_hand(1.0, prompt) and len(tokens) == 40
+    made = 0
+    for step in steps:
+        assert min(2, 40 - made - 1) <= step.drafted <= 6, (made, step.drafted)
+        made += len(step.tokens)
+    assert st.by_source.get(Source.draft, 0) + st.by_source.get(Source.hybrid, 0) > 0
+    with open_session(replace(o, top_k=40)) as s:  # the same session but for --top-k: other text
+        assert tokens_of(s.gen, prompt) != tokens
     # greedy, lookup: the same tokens as plain decoding with the shared tiny target
-    prompt = target.tokenize("The quick brown fox")
-    plain = tokens_of(GenerationConfig(target, None, max_tokens=30), prompt)
-    with open_session(Options(model=str(tiny["target"]), spec=Mode.lookup, max_tokens=30, ctx_size=1024,
-                              threads=2, gpu_layers="0")) as s:  # on the CPU, as `target` is, on a GPU host too
-        assert s.mode == "lookup" and tokens_of(s.gen, prompt) == plain
+    with open_session(Options(model=str(tiny["target"]), spec=Mode.lookup, max_tokens=40, ctx_size=1024,
+                              threads=2, gpu_layers="0")) as s:
+        assert s.mode == "lookup" and tokens_of(s.gen, prompt) == by_hand(1.0, prompt)
 
 
 def test_a_draft_that_cannot_draft_falls_back_with_a_notice(tiny):
@@ -66,7 +85,7 @@ def test_what_needs_the_user_comes_through_hooks(tiny):
 
     o = Options(model=str(tiny["target"]), model_draft=str(tiny["draft"]), draft_vocab=200, ctx_size=256, threads=2)
     with open_session(o, Hooks(bar=Bar, say=lines.append)) as s:
-        n = s.drafter.draft.model.n_vocab  # the 200 likeliest tokens, and the special ones
+        n = s.draft_model.n_vocab  # the 200 likeliest tokens, and the special ones
         assert 200 <= n < s.gen.target.n_vocab and any(f"pruned to {n} tokens" in x for x in s.notices)
     assert [b for b in bars if b.startswith("loading")] == [f"loading {tiny['target'].name}",
                                                              f"loading {tiny['draft'].name}"]

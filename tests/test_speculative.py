@@ -18,7 +18,7 @@ from spectool.llama.engine import Model
 from spectool.core.evidence import DRAFT, Agreement
 from spectool.options import Mode
 from spectool.core.evidence import Source
-from spectool.session import build_drafter
+from spectool.drafters.builder import drafter_for
 from spectool.drafters.builder import for_generation
 from spectool.generate.loop import GenerationConfig, Step, speculative_generate
 from spectool.core.stats import Stats
@@ -35,7 +35,7 @@ def drafters(draft):
     """spectool's drafters (helpers.drafters), and two variants that only the tests make: a hybrid that hands over
     after every stretch's first token, and a draft model that stops below probability 0.6."""
     return {**helpers.drafters(draft), "hybrid-split": lambda: SplitHybrid(PromptLookup(), DraftModel(draft)),
-            "draft-pmin": lambda: build_drafter(Mode.draft, draft, p_min=0.6)[0]}
+            "draft-pmin": lambda: drafter_for(Mode.draft, draft, p_min=0.6)[0]}
 
 
 def greedy_runs(target, draft, prompt, n, adaptive):

@@ -8,8 +8,9 @@ target prefills just those, and prompt lookup searches the earlier turns.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Callable, Generator
 
 from spectool.llama.engine import EngineError
 from spectool.generate.loop import GenerationConfig, Step, generate_text
@@ -77,11 +78,12 @@ class Chat:
             self.tokens, self.anchor = [], ""
             dropped += 1
 
-    def send(self, user: str,
-             interrupted: Callable[[], bool] = lambda: False) -> Iterator[tuple[str, Step]]:
-        """Stream the reply to `user`. The turn is kept, also when interrupted, with the text
-        produced. When the conversation outgrows the context, its oldest turns are dropped, and the
-        first step says so."""
+    def send(self, user: str, interrupted: Callable[[], bool] = lambda: False,
+             on_prefill: Callable[[int, int], None] | None = None
+             ) -> Generator[tuple[str, Step], None, None]:
+        """Stream the reply to `user` (`on_prefill` hears the prompt's progress). The turn is kept,
+        also when interrupted, with the text produced. When the conversation outgrows the context,
+        its oldest turns are dropped, and the first step says so."""
         prompt, rendered, dropped = self._fit(user)
         notice = (f"the conversation outgrew the context ({self.gen.target.n_ctx} tokens): dropped "
                   f"the {dropped} oldest turn{'s' if dropped > 1 else ''}") if dropped else None
@@ -90,12 +92,14 @@ class Chat:
         reply: list[str] = []
         generated: list[int] = []
         try:
-            for text, step in generate_text(self.gen, prompt, self.stop, stats, interrupted):
-                reply.append(text)
-                generated += step.tokens
-                if notice:
-                    step.notice, notice = "; ".join(filter(None, (notice, step.notice))), None
-                yield text, step
+            with contextlib.closing(generate_text(self.gen, prompt, self.stop, stats, interrupted,
+                                                  on_prefill)) as pieces:
+                for text, step in pieces:
+                    reply.append(text)
+                    generated += step.tokens
+                    if notice:
+                        step.notice, notice = "; ".join(filter(None, (notice, step.notice))), None
+                    yield text, step
         finally:
             out = "".join(reply)
             self.messages += [{"role": "user", "content": user},

@@ -199,18 +199,17 @@ def run(
         if stats_json:
             writable(stats_json, "--stats-json")
         with session(with_corpus_default(o, False)) as s, SigintFlag() as interrupted:
-            stats, pieces = text_completion(s, text, stop, truncate, interrupted, say)
+            stats = s.stats()
             display = Display(stats, quiet=quiet, color_drafts=color_drafts)
-            s.gen.on_prefill = display.prefill
+            pieces = text_completion(s, text, stop, truncate, interrupted, stats, display.prefill,
+                                     say)
             try:
-                with display:
-                    try:
-                        display.stream(pieces)
-                    except KeyboardInterrupt:  # a second Ctrl-C, or one during the prompt
-                        stats.finish_reason = "interrupted"
+                # closed whatever happens: the loop then writes how the generation ended
+                with display, contextlib.closing(pieces):
+                    with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C, or one during
+                        display.stream(pieces)  # the prompt
             # the reader went away (`| head`): the statistics are written all the same
             except BrokenPipeError:
-                stats.finish_reason = stats.finish_reason or "interrupted"
                 save_stats(stats, stats_json)
                 raise
             display.summary()

@@ -15,7 +15,7 @@ import sys
 import time
 from typing import IO
 
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.progress import (
     BarColumn,
@@ -151,9 +151,9 @@ class Display:
             self.out.write("\n")
         self.out.flush()
 
-    def _render(self):
+    def _render(self) -> Group:
         t = time.perf_counter()
-        parts = [Text.from_ansi(self.partial)] if self.partial else []
+        parts: list[RenderableType] = [Text.from_ansi(self.partial)] if self.partial else []
         parts += [Text("── spectool "
                        "──", style="bold magenta"), stats_table(self.stats, t - self.t0)]
         if self.prompt_bar is not None:

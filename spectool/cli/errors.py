@@ -16,13 +16,15 @@ from spectool.cli.signals import Terminated
 def error_hints() -> dict[type[BaseException], str]:
     """The errors a command may end with, each with its hint ("" for none), the first match wins;
     any other error's hint is to run with --debug."""
+    from spectool.drafters.builder import PolicyError
     from spectool.llama.engine import DecodeError, DoesNotFit, ModelLoadError
     from spectool.llama.devices import RpcError
     from spectool.models.hub import HubError
     from spectool.models.registry import RegistryError
 
     return {
-        UserError: "", HubError: "", RegistryError: "", RpcError: "", DoesNotFit: "",
+        UserError: "", PolicyError: "", HubError: "", RegistryError: "", RpcError: "",
+        DoesNotFit: "",
         ModelLoadError: "check the path, or that the file is a complete GGUF model",
         DecodeError: "try a smaller --ctx-size or fewer --gpu-layers",
         UnicodeDecodeError: "spectool reads UTF-8 text",
@@ -51,6 +53,8 @@ def cli_errors(debug: bool):
         hint = next((h for t, h in error_hints().items() if isinstance(e, t)),
                     "run with --debug for the full traceback")
         print(f"error: {e}{f' ({hint})' if hint else ''}".replace("\n", " "), file=sys.stderr)
+        from spectool.drafters.builder import PolicyError
         from spectool.models.registry import RegistryError
 
-        raise typer.Exit(e.code if isinstance(e, (UserError, RegistryError)) else 1) from None
+        coded = (UserError, RegistryError, PolicyError)  # each with the exit code it ends with
+        raise typer.Exit(e.code if isinstance(e, coded) else 1) from None

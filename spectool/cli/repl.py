@@ -3,6 +3,7 @@ stderr; the slash commands."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from typing import Callable
 
@@ -84,12 +85,13 @@ def reply(chat: Chat, line: str, color_drafts: bool, quiet: bool,
     where the session ends (143 after SIGTERM), else 0."""
     display = Display(Stats(), quiet=True, color_drafts=color_drafts, live=False)
     bar = WaitBar("prompt")  # a long pasted message takes a while
-    chat.gen.on_prefill = bar.update
     with SigintFlag() as interrupted, display, bar:
+        # closed whatever happens: the loop then writes how the reply ended
         try:
-            display.stream(chat.send(line, interrupted))
+            with contextlib.closing(chat.send(line, interrupted, bar.update)) as pieces:
+                display.stream(pieces)
         except KeyboardInterrupt:
-            chat.turns[-1].finish_reason = "interrupted"
+            pass
         except EngineError as e:
             say(str(e))
             return 0

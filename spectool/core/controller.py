@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from itertools import chain, islice, repeat
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 from spectool.core.costs import Costs
 from spectool.core.evidence import BUCKETS, DRAFT, GRAMMAR, MTP, Agreement, Evidence
@@ -178,24 +178,42 @@ class Controller:
 
     # -- the decision
     # --------------------------------------------------------------------------------------
-    def pick(self, offer: Iterable[Evidence], temp: float = 0.0) -> list[Evidence]:
+    def pick(self, offer: Iterable[Evidence], temp: float = 0.0,
+             limit: int | None = None) -> list[Evidence]:
         """The keys of the tokens to draft at sampling temperature `temp`: the first k of the greedy
-        keys on offer, each at `temp`, k as the module docstring says. `offer` may be lazy
-        (PromptLookup.peek): it is drawn from only while a longer draft could still do better than
-        the best so far, since each further token adds at most the chance of reaching it and no
-        drafting cost."""
+        keys on offer, each at `temp`, k as the module docstring says, and never more than `limit`
+        (the room left in the context and the batch, the token budget, a request's own maximum: the
+        loop's; 0 drafts nothing) nor k_max, the one place a draft's length is bounded. `offer`
+        may be lazy (PromptLookup.peek): it is drawn from only while a longer draft could still do
+        better than the best so far, since each further token adds at most the chance of reaching
+        it and no drafting cost."""
+        k_max = self.k_max if limit is None else max(0, min(self.k_max, limit))
+        k_min = min(self.k_min, k_max)
         offer = map(Evidence.at, offer, repeat(temp)) if temp else iter(offer)
-        keys = list(islice(offer, self.k_max if not self.adaptive
-                           else min(self.k_max, self.k_min + 1)))
-        if not self.adaptive or len(keys) <= self.k_min:
+        keys = list(islice(offer, k_max if not self.adaptive else min(k_max, k_min + 1)))
+        if not self.adaptive or len(keys) <= k_min:
             return keys
         a = self._stats(keys[0])
         if a.tries < self.explore.get(keys[0].source, 0):
-            return keys + list(islice(offer,
-                                      max(0,
-                                          min(self.k_max,
-                                              max(self.k_min, self.explore_k)) - len(keys))))
-        costs = self.costs.verify_costs(self.k_max + 1)
+            n = min(k_max, max(k_min, self.explore_k))
+            return keys + list(islice(offer, max(0, n - len(keys))))
+        k_best = self._best_length(keys, offer, k_min, k_max)
+        if k_best == 0:
+            a.zero_streak += 1
+            # re-probe: a short draft keeps the estimate honest
+            if a.zero_streak >= self.probe_every:
+                a.zero_streak = 0
+                n = min(k_max, self.explore_k)
+                return keys[:n] + list(islice(offer, max(0, n - len(keys))))
+        else:
+            a.zero_streak = 0
+        return keys[:k_best]
+
+    def _best_length(self, keys: list[Evidence], offer: Iterator[Evidence], k_min: int,
+                     k_max: int) -> int:
+        """The k in [k_min, k_max] with the best E(k) / cost(k), drawing `keys` on from `offer`
+        while a longer draft could still pay."""
+        costs = self.costs.verify_costs(k_max + 1)
         k_best, best = 0, 1.0 / costs[1]  # E(0) / cost(0)
         expected, run, drafting = 1.0, 1.0, 0.0
         # a draft's tokens come from one or two drafters: priced once each
@@ -209,30 +227,22 @@ class Controller:
             if k > len(keys):
                 keys.append(key)
             ratio = expected / (costs[k + 1] + drafting)
-            if ratio > best or k == self.k_min:
+            if ratio > best or k == k_min:
                 k_best, best = k, ratio
-            elif k > self.k_min and self._no_longer_draft_pays(costs, k, expected, run, drafting,
-                                                               best):
+            elif k > k_min and self._no_longer_draft_pays(costs[k + 2 : k_max + 2], expected,
+                                                          run, drafting, best):
                 break
-            if k == self.k_max:
+            if k == k_max:
                 break
-        if k_best == 0:
-            a.zero_streak += 1
-            # re-probe: a short draft keeps the estimate honest
-            if a.zero_streak >= self.probe_every:
-                a.zero_streak = 0
-                n = min(self.k_max, self.explore_k)
-                return keys[:n] + list(islice(offer, max(0, n - len(keys))))
-        else:
-            a.zero_streak = 0
-        return keys[:k_best]
+        return k_best
 
-    def _no_longer_draft_pays(self, costs: list[float], k: int, expected: float, run: float,
-                              drafting: float,
+    @staticmethod
+    def _no_longer_draft_pays(longer: list[float], expected: float, run: float, drafting: float,
                               best: float) -> bool:
         """Whether no draft longer than k can beat the ratio `best`: each further token adds at most
-        `run` expected tokens (acceptances are at most 1) and no drafting cost."""
-        for cost in costs[k + 2 : self.k_max + 2]:  # verifying k + 2, k + 3, ... tokens
+        `run` expected tokens (acceptances are at most 1) and no drafting cost; `longer`: the costs
+        of verifying k + 2, k + 3, ... tokens."""
+        for cost in longer:
             expected += run
             if expected > best * (cost + drafting):
                 return False

@@ -30,6 +30,18 @@ class Source(StrEnum):
     prediction = "prediction"
 
 
+class Mode(StrEnum):
+    """How the user asks for drafts (--spec): auto picks the best source the models allow; none
+    drafts nothing; the others name the Source to draft by (drafters/builder.py decides)."""
+
+    auto = "auto"
+    draft = "draft"
+    lookup = "lookup"
+    mtp = "mtp"
+    hybrid = "hybrid"
+    none = "none"
+
+
 class Agreement(StrEnum):
     """How the followers of lookup's n-gram agreed on the token drafted (its value is how a key
     prints it)."""

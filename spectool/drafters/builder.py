@@ -1,16 +1,21 @@
-"""The one place drafters are made and combined: the session's drafter for a mode (`build`), and
-each generation's drafter built whole around it (`for_generation`: the grammar, the corpus, a
-request's prediction, the fallback). The loop takes what this module builds and decides nothing of
-it."""
+"""The one place drafting is decided: which models a mode drafts with (`loads`, before they load),
+the session's drafter, controller and limits for the options, the loaded models and the serving
+shape (`choose`: a Policy), and each generation's drafter built whole around the session's
+(`Policy.drafting`, `for_generation`: the grammar, the corpus, a request's prediction, the
+fallback; a sequence decoded beside others gets a prompt lookup of its own). The loop takes what
+this module builds and decides nothing of it."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from spectool.llama import native  # noqa: F401, I001 - llama.cpp before numpy (native.py)
 import numpy as np  # noqa: E402
 
-from spectool.core.evidence import Evidence, Source
+from spectool.core.controller import DRAFT_MAX, Controller
+from spectool.core.costs import Costs
+from spectool.core.evidence import Evidence, Mode, Source
 from spectool.core.grammar import Constraint
 from spectool.core.protocol import Draft, Drafter, Estimate
 from spectool.core.verify import Sampling
@@ -24,6 +29,120 @@ from spectool.drafters.prediction import PredictionDrafter
 from spectool.llama.engine import EngineError, Model
 
 KINDS = (Source.lookup, Source.draft, Source.mtp, Source.hybrid)  # what `build` makes
+
+
+class PolicyError(ValueError):
+    """A drafting mode the models or the serving shape cannot have: a usage error (exit code 2)."""
+
+    code = 2
+
+
+@dataclass(frozen=True)
+class Wish:
+    """What the user asks of drafting (--spec, --draft-max, --draft-min, --draft-p-min) and the
+    serving shape: one sequence, or `n_seq` decoded together (--parallel)."""
+
+    spec: Mode = Mode.auto
+    k_max: int = DRAFT_MAX
+    k_min: int = 0
+    p_min: float = 0.0
+    n_seq: int = 1
+
+
+def resolve(spec: Mode, draft_model: bool, mtp: bool) -> Mode:
+    """What `spec` drafts by, given whether there is a draft model and an MTP head: auto is hybrid
+    with a draft model, else the MTP head, else prompt lookup; hybrid pairs lookup with the draft
+    model, or without one with the MTP head; a mode whose model or head is missing is prompt lookup
+    (drafter_for says whether that is a fallback or an error)."""
+    if spec is Mode.auto:
+        return Mode.hybrid if draft_model else Mode.mtp if mtp else Mode.lookup
+    missing = {Mode.draft: not draft_model, Mode.mtp: not mtp,
+               Mode.hybrid: not (draft_model or mtp)}
+    return Mode.lookup if missing.get(spec, False) else spec
+
+
+def loads(w: Wish, draft_model: bool) -> tuple[bool, bool]:
+    """Before anything loads: whether the mode drafts with the draft model (`draft_model`: one is
+    named) and with the target's MTP heads, if it has them. Sequences decoded together draft by
+    prompt lookup only: another mode is a PolicyError there."""
+    if w.n_seq > 1 and w.spec in (Mode.draft, Mode.hybrid, Mode.mtp):
+        raise PolicyError(f"--parallel above 1 drafts by prompt lookup only, not --spec {w.spec}")
+    alone = w.n_seq == 1
+    mode = resolve(w.spec, draft_model and alone, mtp=alone)
+    by_mtp = mode is Mode.mtp or (mode is Mode.hybrid and not draft_model)
+    return mode in (Mode.draft, Mode.hybrid), by_mtp
+
+
+def drafter_for(spec: Mode, draft_model: Model | None, p_min: float = 0.0,
+                notices: list[str] | None = None, ids: np.ndarray | None = None,
+                n_target: int = 0, mtp: MtpContext | None = None) -> tuple[Drafter | None, Mode]:
+    """(drafter, the Mode it drafts by, see resolve) for a mode (run, chat, serve, bench, the
+    tests). `mtp` is the target's MTP head when it has one. A mode that cannot have what it needs is
+    a PolicyError when the user demanded it (draft, mtp), else prompt lookup with a notice."""
+    mode = resolve(spec, draft_model is not None, mtp is not None)
+    if mode is Mode.lookup and spec is Mode.mtp:
+        raise PolicyError("--spec mtp needs a target with MTP heads (NextN layers; `spectool check "
+                          "MODEL` says)")
+    if mode is Mode.lookup and spec is Mode.draft:
+        raise PolicyError("--spec draft needs a draft model (-md MODEL.gguf)")
+    if mode is Mode.lookup and spec is Mode.hybrid and notices is not None:
+        notices.append("no draft model: using prompt lookup")
+    if mode is Mode.none:
+        return None, mode
+    return build(Source(mode.value), draft_model, mtp, p_min, ids, n_target), mode
+
+
+@dataclass
+class Policy:
+    """What a session drafts with (choose): the mode, its drafter (shared by the session's
+    generations), the timed controller that learns this machine's costs, the corpus of earlier
+    requests where lookup drafts from one, whether rejected drafts can be dropped (`forced`: a
+    grammar's forced tokens and a prediction may be drafted), and the serving shape."""
+
+    mode: Mode
+    drafter: Drafter | None
+    controller: Controller
+    corpus: Corpus | None = None
+    forced: bool = True
+    n_seq: int = 1
+
+    def drafting(self, grammar: bool, prediction: Sequence[int] | None = None,
+                 seeded: bool = False) -> tuple[Drafter | None, Controller]:
+        """A generation's drafter, built whole (for_generation), and its controller. Seeded
+        sampling gets an untimed controller of its own and no corpus, so that k, and with it the
+        use of random numbers, depends only on the tokens: the same seed gives the same text after
+        any earlier request and on any machine (controller.py). A sequence decoded beside others
+        drafts with a prompt lookup of its own: lookup's index follows one history at a time."""
+        ctl, corpus, base = self.controller, self.corpus, self.drafter
+        if seeded:
+            ctl = Controller(k_max=ctl.k_max, k_min=ctl.k_min, adaptive=ctl.adaptive, timed=False)
+            corpus = None
+        if self.n_seq > 1 and base is not None:
+            base = PromptLookup()
+        return for_generation(base, grammar, corpus, self.forced, prediction), ctl
+
+
+def choose(w: Wish, target: Model, draft_model: Model | None = None,
+           ids: np.ndarray | None = None, mtp: MtpContext | None = None,
+           costs: Costs | None = None, corpus: Corpus | None = None,
+           notices: list[str] | None = None) -> Policy:
+    """The session's drafting for what the user asks (`w`) and the loaded models: the drafter
+    (drafter_for; plain decoding where the target cannot drop rejected drafts), a controller over
+    the measured `costs` between w's limits (adaptive unless they are one length), and the corpus
+    where the drafter drafts by prompt lookup. One-line notices for the user go to `notices`."""
+    notices = notices if notices is not None else []
+    if w.spec is Mode.mtp and target.n_nextn and not target.can_rollback:
+        raise PolicyError(f"{target.architecture} keeps a recurrent state that cannot drop "
+                          "rejected drafts: spectool cannot draft from its MTP heads (llama.cpp "
+                          "restores checkpoints instead)")
+    drafter, mode = drafter_for(w.spec, draft_model, w.p_min, notices, ids, target.n_vocab, mtp)
+    if not target.can_rollback and drafter is not None:
+        notices.append(f"{target.architecture} cannot roll back its cache: plain decoding")
+        drafter, mode = None, Mode.none
+    controller = Controller(k_max=w.k_max, k_min=w.k_min, adaptive=w.k_min != w.k_max,
+                            costs=costs if costs is not None else Costs())
+    return Policy(mode, drafter, controller, corpus if lookup_of(drafter) else None,
+                  target.can_rollback, w.n_seq)
 
 
 def build(kind: Source, draft_model: Model | None = None, mtp: MtpContext | None = None,
@@ -63,18 +182,6 @@ def for_generation(base: Drafter | None, grammar: bool, corpus: Corpus | None = 
     if base is None and not (grammar and forced) and prediction is None:
         return None
     return Drafting(base, corpus, forced, prediction)
-
-
-def for_sequence(drafter: Drafter | None) -> Drafter | None:
-    """A generation's drafter (for_generation's) given a prompt lookup of its own in place of the
-    session's, for a sequence decoded beside others (generate/batch.py): lookup's index follows one
-    history at a time. A draft model or an MTP head, one context for all, cannot: a ValueError."""
-    if not isinstance(drafter, Drafting) or drafter.base is None:
-        return drafter
-    if not isinstance(drafter.base, PromptLookup):
-        raise ValueError("only prompt lookup drafts for sequences decoded together")
-    drafter.base = PromptLookup()
-    return drafter
 
 
 class Drafting(Drafter):

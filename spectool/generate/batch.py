@@ -11,20 +11,16 @@ controller prices drafts from the one-sequence cost table: a decode shared with 
 teaches it nothing of costs (the batch's own pricing is issue 48 item 2). Not in a batch yet:
 drafters that listen to the target's decodes (MTP heads), sampling inside llama.cpp's graph (a
 batch reads whole rows). A drafter with a state of its own (lookup's index, a draft model's cache)
-must be each sequence's own (drafters/builder.py's for_sequence).
+must be each sequence's own (drafters/builder.py's Policy.drafting).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
-from spectool.core.evidence import Evidence
-from spectool.core.grammar import NothingAllowed
-from spectool.core.protocol import Draft
 from spectool.core.stats import Stats
-from spectool.generate.loop import GenerationConfig, Loop, Step
+from spectool.generate.loop import GenerationConfig, Loop, Step, never
 from spectool.generate.prompt import freeze_startup_objects
 from spectool.generate.stream import TextStream
 from spectool.llama.engine import EngineError, shared_prefix
@@ -38,26 +34,18 @@ SLOT_PROMPT_SIMILARITY = 0.1
 
 class Rows:
     """One sequence's rows of the batch's last decode, read as verify.py reads a Model's: row i is
-    the target after that sequence's x + d_1..d_i."""
+    the target after that sequence's x + d_1..d_i; and its roll-back, as a Model's."""
 
     output = ROWS
 
-    def __init__(self, target: ParallelModel, start: int):
-        self.target, self.start, self.n_vocab = target, start, target.n_vocab
+    def __init__(self, target: ParallelModel, seq: int, start: int):
+        self.target, self.seq, self.start, self.n_vocab = target, seq, start, target.n_vocab
 
     def logits(self, i: int):
         return self.target.logits(self.start + i)
 
-
-@dataclass(slots=True)
-class Planned:
-    """What a sequence brings to a step: its drafts and what choosing them cost."""
-
-    seq: int
-    loop: Loop
-    keys: list[Evidence]
-    draft: Draft
-    draft_seconds: float
+    def rollback(self, n: int) -> bool:
+        return self.target.rollback(n, self.seq)
 
 
 class Batch:
@@ -85,19 +73,23 @@ class Batch:
         return lru[best] if shared[best] > SLOT_PROMPT_SIMILARITY * len(prompt) else lru[0]
 
     def join(self, g: GenerationConfig, prompt: Sequence[int], stats: Stats | None = None,
-             stop: Sequence[str] | None = None, seq: int | None = None) -> int:
+             stop: Sequence[str] | None = None, seq: int | None = None,
+             interrupted: Callable[[], bool] = never) -> int:
         """A sequence's prompt into free sequence `seq` of the context (None: the one `pick`
-        picks), as `prefill` puts it there; its seq id, which the steps' results are keyed by.
-        `stop`: its steps carry their text, cut at the first of these."""
+        picks), as `prefill` puts it there (`interrupted()` true between its batches raises
+        KeyboardInterrupt: the client left); its seq id, which the steps' results are keyed by.
+        `stop`: its steps carry their text, cut at the first of these. Whatever fails on the way
+        (the grammar, the prefill, the drafter's start) leaves the sequence free."""
         target = self.target
         if g.target is not target:
             raise ValueError("the generation is not for this batch's model")
         t0 = time.perf_counter()
-        seq = self.prefill(prompt, seq, stats)
-        self.free.remove(seq)
-        x = list(prompt)
+        # before the prefill: it may fail
         constraint = g.grammar.matcher(target) if g.grammar is not None else None
+        seq = self.prefill(prompt, seq, stats, interrupted)
+        x = list(prompt)
         notice = g.drafter.start(x, constraint) if g.drafter is not None else None
+        self.free.remove(seq)  # taken once nothing more can fail
         if stats is not None:
             stats.prompt_seconds = time.perf_counter() - t0
         stream = None if stop is None else TextStream(target, stop)
@@ -112,10 +104,12 @@ class Batch:
         self.left[seq], self.n_left = self.n_left, self.n_left + 1
         return seq
 
-    def prefill(self, prompt: Sequence[int], seq: int | None, stats: Stats | None) -> int:
+    def prefill(self, prompt: Sequence[int], seq: int | None, stats: Stats | None,
+                interrupted: Callable[[], bool] = never) -> int:
         """The prompt but its last token into free sequence `seq` (None: the one `pick` picks),
-        which keeps the longest prefix its cache shares with the prompt and decodes the rest; its
-        seq id. `stats` counts the prompt's tokens and those decoded."""
+        which keeps the longest prefix its cache shares with the prompt and decodes the rest, a
+        batch at a time (`interrupted()` true between them raises KeyboardInterrupt); its seq id.
+        `stats` counts the prompt's tokens and those decoded."""
         target = self.target
         if not prompt:
             raise ValueError("empty prompt")
@@ -132,6 +126,8 @@ class Batch:
             target.rollback(0, seq)
             kept = 0
         for start in range(kept, len(x) - 1, target.n_batch):
+            if interrupted():
+                raise KeyboardInterrupt
             target.eval_seqs([(seq, x[start : min(len(x) - 1, start + target.n_batch)])],
                              logits=False)
         if stats is not None:
@@ -141,9 +137,7 @@ class Batch:
     def leave(self, seq: int) -> None:
         """Sequence `seq` out of the batch, its seq id free again; its cache stays for the next
         prompt that shares a prefix with it."""
-        loop = self.active.pop(seq)
-        if loop.drafter is not None:
-            loop.drafter.finish(loop.x)
+        self.active.pop(seq).finish()
         self.free.append(seq)
         self.left[seq], self.n_left = self.n_left, self.n_left + 1
 
@@ -162,59 +156,31 @@ class Batch:
             self.target.rollback(0, seq)
 
     def step(self) -> dict[int, Step]:
-        """One decode for every active sequence; each one's Step by seq id. A sequence whose step
-        finished it (finish_reason set) has left the batch."""
-        out = {}
-        plan = []
-        budget = self.target.n_batch // max(1, len(self.active)) - 1  # drafts a sequence may add
+        """One decode for every active sequence, each one's step as Loop.steps makes it (plan, the
+        pass, accept, settle), its room bounded by its share of the batch too; each one's Step by
+        seq id. A sequence whose step finished it (finish_reason set) has left the batch."""
+        target, out, plans = self.target, {}, {}
+        share = target.n_batch // max(1, len(self.active)) - 1  # drafts a sequence may add
         for seq, loop in self.active.items():
-            room = self.target.n_ctx_seq - len(loop.x)
-            if room < 0:
+            p = loop.plan(target.n_ctx_seq, share)
+            if p is None:
                 out[seq] = loop.last("context")
-                continue
+            else:
+                plans[seq] = p
+        if plans:
             t0 = time.perf_counter()
-            keys, d = loop.draft(min(room, budget, loop.g.max_tokens - loop.n_new - 1))
-            plan.append(Planned(seq, loop, keys, d, time.perf_counter() - t0))
-        if plan:
-            out.update(self.verify(plan))
+            starts = target.eval_seqs([(seq, self.active[seq].batch(p))
+                                       for seq, p in plans.items()])
+            self.n_steps += 1
+            self.n_rows += sum(len(p.draft.tokens) + 1 for p in plans.values())
+            self.n_seq_steps += len(plans)
+            rows = {seq: Rows(target, seq, start) for seq, start in zip(plans, starts)}
+            for seq, p in plans.items():  # every sequence's rows read before any roll-back
+                self.active[seq].accept(rows[seq], p)
+            # a decode of one sequence is a one-sequence verification: its cost is one's
+            for seq, p in plans.items():
+                out[seq] = self.active[seq].settle(p, rows[seq], t0, alone=len(plans) == 1)
         for seq, step in out.items():
             if step.finish_reason:
                 self.leave(seq)
         return out
-
-    def verify(self, plan: list[Planned]) -> dict[int, Step]:
-        """One decode of every planned sequence's [x[-1], d_1..d_k]; each accepted on its own rows
-        (all read before any roll-back, which drops the decode's outputs), then rolled back to x
-        and its accepted drafts."""
-        target = self.target
-        t0 = time.perf_counter()
-        starts = target.eval_seqs([(p.seq, [p.loop.x[-1], *p.draft.tokens]) for p in plan])
-        seconds = time.perf_counter() - t0
-        self.n_steps += 1
-        self.n_rows += sum(len(p.draft.tokens) + 1 for p in plan)
-        self.n_seq_steps += len(plan)
-        chosen = [accepted(p.loop, Rows(target, start), p.draft) for p, start in zip(plan, starts)]
-        out = {}
-        alone = len(plan) == 1  # the decode was a one-sequence verification: its cost is one's
-        for p, (n_acc, t) in zip(plan, chosen):
-            if t < 0:  # the grammar admits nothing here
-                out[p.seq] = p.loop.last("stop")
-                continue
-            target.rollback(len(p.loop.x) + n_acc, p.seq)
-            p.loop.observe(p.keys, p.draft, n_acc, p.draft_seconds, seconds if alone else None)
-            new = [*p.draft.tokens[:n_acc], t]
-            out[p.seq] = p.loop.emit(new, p.draft, n_acc, p.draft_seconds, seconds)
-        return out
-
-
-def accepted(loop: Loop, rows: Rows, d: Draft) -> tuple[int, int]:
-    """How many of a sequence's drafts its rows accept, and its own next token (-1: its grammar
-    admits none); the new tokens' logprobs read too where it asks for them."""
-    window = loop.sampling.window
-    try:  # the penalties see x + d_1..d_i
-        n_acc, t = loop.accept(rows, d, loop.x[-window:] if window else [])
-    except NothingAllowed:
-        return 0, -1
-    if loop.g.logprobs is not None:
-        loop.step_logprobs = loop.logprobs([*d.tokens[:n_acc], t], rows)
-    return n_acc, t

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Generator, Iterator, Sequence
 
 from spectool.llama import native  # noqa: F401, I001 - llama.cpp before numpy (native.py)
 import numpy as np  # noqa: E402
@@ -68,8 +68,6 @@ class GenerationConfig:
     seed: int | None = None
     # made from `seed` on first use and kept: a chat's turns go on drawing
     rng: np.random.Generator | None = None
-    # hears (done, total) while the prompt is processed
-    on_prefill: Callable[[int, int], None] | None = None
     grammar: Grammar | None = None  # every token follows it (core/grammar.py)
     # each token's log-probability and this many alternatives (Step.logprobs); None:
     logprobs: int | None = None
@@ -89,45 +87,70 @@ def never() -> bool:
 
 def speculative_generate(g: GenerationConfig, prompt: Sequence[int], stats: Stats | None = None,
                          interrupted: Callable[[], bool] = never,
-                         stop: Sequence[str] | None = None) -> Iterator[Step]:
+                         stop: Sequence[str] | None = None,
+                         on_prefill: Callable[[int, int], None] | None = None) -> Iterator[Step]:
     """The loop: a Step per target pass. `interrupted()` is asked between steps (true: a last step,
     finish reason "interrupted", with any text held back for a stop string) and between the
     prefill's batches (true: it raises KeyboardInterrupt there). `stop`: the steps carry their text,
-    cut at the first of these strings (None: no text is made)."""
-    t0 = time.perf_counter()  # prompt processing: everything before the first step
-    freeze_startup_objects()
-    x = list(prompt)
-    # before the prefill: it may fail
-    constraint = g.grammar.matcher(g.target) if g.grammar is not None else None
-    n_prefilled = prefill(g.target, x, interrupted, g.on_prefill)
-    # what llama.cpp samples inside its graph (ids, top-k or rows); a grammar's mask and logprobs
-    # need whole rows
-    on_graph = backend_chain(g.sampling) if constraint is None and g.logprobs is None else ROWS
-    notice = None
-    if g.drafter is not None:
-        calibrate(g.target, x, g.controller, on_graph)
-        # a draft model's prompt is prompt processing, not drafting
-        notice = g.drafter.start(x, constraint)
-    if stats is not None:
-        stats.n_prompt_tokens, stats.n_prefilled = len(x), n_prefilled
-        stats.prompt_seconds = time.perf_counter() - t0
-    stream = None if stop is None else TextStream(g.target, stop)
-    yield from Loop(g, x, on_graph, stats, stream, constraint, notice).steps(interrupted)
+    cut at the first of these strings (None: no text is made). `on_prefill` hears (done, total)
+    while the prompt is processed. `stats`, where given, is written here and nowhere else: a
+    generation that ends otherwise than by a last step (an error, a Ctrl-C, the generator closed)
+    is "interrupted"."""
+    try:
+        t0 = time.perf_counter()  # prompt processing: everything before the first step
+        freeze_startup_objects()
+        x = list(prompt)
+        # before the prefill: it may fail
+        constraint = g.grammar.matcher(g.target) if g.grammar is not None else None
+        n_prefilled = prefill(g.target, x, interrupted, on_prefill)
+        # what llama.cpp samples inside its graph (ids, top-k or rows); a grammar's mask and
+        # logprobs need whole rows
+        on_graph = backend_chain(g.sampling) if constraint is None and g.logprobs is None else ROWS
+        notice = None
+        if g.drafter is not None:
+            calibrate(g.target, x, g.controller, on_graph)
+            # a draft model's prompt is prompt processing, not drafting
+            notice = g.drafter.start(x, constraint)
+        if stats is not None:
+            stats.n_prompt_tokens, stats.n_prefilled = len(x), n_prefilled
+            stats.prompt_seconds = time.perf_counter() - t0
+        stream = None if stop is None else TextStream(g.target, stop)
+        yield from Loop(g, x, on_graph, stats, stream, constraint, notice).steps(interrupted)
+    finally:
+        if stats is not None and stats.finish_reason is None:
+            stats.finish_reason = "interrupted"
 
 
 def generate_text(g: GenerationConfig, prompt: Sequence[int], stop: Sequence[str] = (),
-                  stats: Stats | None = None,
-                  interrupted: Callable[[], bool] = never) -> Iterator[tuple[str, Step]]:
+                  stats: Stats | None = None, interrupted: Callable[[], bool] = never,
+                  on_prefill: Callable[[int, int], None] | None = None
+                  ) -> Generator[tuple[str, Step], None, None]:
     """Yield (text, step) pairs: the text that became final at each step (its first
     `step.draft_chars` characters came from accepted drafts), up to the first stop string; see
     speculative_generate."""
-    for step in speculative_generate(g, prompt, stats, interrupted, stop):
+    for step in speculative_generate(g, prompt, stats, interrupted, stop, on_prefill):
         yield step.text, step
+
+
+@dataclass(slots=True)
+class Plan:
+    """One step under way: the drafts the controller chose (their keys, the draft, what choosing
+    and drafting took), then what the target's rows made of them (accept): how many drafts hold,
+    the target's own next token (-1: the grammar admits none) and, where asked, their logprobs."""
+
+    keys: list[Evidence]
+    draft: Draft
+    draft_seconds: float
+    n_acc: int = 0
+    token: int = -1
+    logprobs: list[TokenLogprob] | None = None
+    logprob_seconds: float = 0.0
 
 
 class Loop:
     """One generation's state between steps: the history x, the tokens made so far, what the user is
-    to be told."""
+    to be told. A step is plan -> the target's pass over batch(plan) -> accept -> settle; `steps`
+    drives one sequence through them, generate/batch.py many at once."""
 
     def __init__(self, g: GenerationConfig, x: list[int], on_graph: Output, stats: Stats | None,
                  stream: TextStream | None, constraint: Constraint | None, notice: str | None):
@@ -146,9 +169,6 @@ class Loop:
         # acceptance is learnt per temperature
         self.temp = 0.0 if g.sampling.greedy else g.sampling.temp
         self.n_new = 0
-        # the last verification's, when g.logprobs asks ...
-        self.step_logprobs: list[TokenLogprob] | None = None
-        self.logprob_seconds = 0.0  # ... and what reading them cost
 
     def worth(self, key: Evidence) -> float:
         """What the controller makes of a drafter's greedy key at this generation's temperature."""
@@ -157,20 +177,11 @@ class Loop:
     def steps(self, interrupted: Callable[[], bool]) -> Iterator[Step]:
         x, target = self.x, self.target
         try:
-            # the batch [x[-1], d_1..d_k] must fit: k <= room
-            while (room := target.n_ctx - len(x)) >= 0:
+            while (p := self.plan(target.n_ctx)) is not None:
                 t0 = time.perf_counter()
-                keys, d = self.draft(min(room, self.g.max_tokens - self.n_new - 1))
-                t1 = time.perf_counter()
-                try:
-                    n_acc, t = self.verify(d)
-                except NothingAllowed:
-                    yield self.last("stop")
-                    return
-                t2 = time.perf_counter()
-                # a batch's cost, by size
-                self.observe(keys, d, n_acc, t1 - t0, t2 - t1 - self.logprob_seconds)
-                step = self.emit([*d.tokens[:n_acc], t], d, n_acc, t1 - t0, t2 - t1)
+                target.eval(self.batch(p), logits="all", output=self.on_graph)
+                self.accept(target, p)
+                step = self.settle(p, target, t0)
                 yield step
                 if step.finish_reason:
                     return
@@ -181,8 +192,63 @@ class Loop:
         finally:
             # whatever happened, the cache holds x[:-1] and nothing drafted
             target.rollback(len(x) - 1)
-            if self.drafter is not None:
-                self.drafter.finish(x)
+            self.finish()
+
+    def finish(self) -> None:
+        """The generation ended: its drafter hears the whole history."""
+        if self.drafter is not None:
+            self.drafter.finish(self.x)
+
+    def plan(self, n_ctx: int, share: int | None = None) -> Plan | None:
+        """The step's drafts: the drafter's offer, of which the controller picks within every bound
+        (the room the context of `n_ctx` tokens has for the batch [x[-1], d_1..d_k], a batch's
+        `share` of drafts per sequence, the token budget, the request's draft_max); None where the
+        context has no room left."""
+        room = n_ctx - len(self.x)
+        if room < 0:
+            return None
+        if self.drafter is None:
+            return Plan([], EMPTY, 0.0)
+        t0 = time.perf_counter()
+        limit = min(room, self.g.max_tokens - self.n_new - 1)
+        for bound in (share, self.g.draft_max):
+            limit = limit if bound is None else min(limit, bound)
+        keys = self.ctl.pick(self.drafter.peek(self.x, self.ctl.k_max, self.worth), self.temp,
+                             limit)
+        d = self.drafter.propose(self.x, len(keys), self.sampling, self.rng) if keys else EMPTY
+        if d.notice:
+            self.notice = d.notice
+        return Plan(keys, d, time.perf_counter() - t0)
+
+    def batch(self, p: Plan) -> list[int]:
+        """What the target's pass decodes for this sequence: [x[-1], d_1..d_k]."""
+        return [self.x[-1], *p.draft.tokens]
+
+    def accept(self, rows, p: Plan) -> None:
+        """What the pass's rows p_0..p_k (the target's, or one sequence's rows of a batch: `rows`
+        reads them as verify.py reads a model's) make of the drafts: the acceptance rule, then the
+        new tokens' logprobs where asked, all read before any roll-back (which drops the decode's
+        outputs)."""
+        try:
+            p.n_acc, p.token = self.acceptance(rows, p.draft)
+        except NothingAllowed:
+            p.token = -1
+            return
+        if self.g.logprobs is not None:
+            t0 = time.perf_counter()
+            p.logprobs = self.logprobs([*p.draft.tokens[: p.n_acc], p.token], rows)
+            p.logprob_seconds = time.perf_counter() - t0
+
+    def settle(self, p: Plan, rows, t0: float, alone: bool = True) -> Step:
+        """The step after accept: the cache (`rows`) rolled back to x and the accepted drafts (the
+        target's token is fed next step), what the controller learns (the pass's cost since `t0`
+        where it was this sequence's `alone`), and the Step, cut and recorded."""
+        if p.token < 0:
+            return self.last("stop")
+        rows.rollback(len(self.x) + p.n_acc)
+        seconds = time.perf_counter() - t0
+        self.observe(p, seconds - p.logprob_seconds if alone else None)
+        return self.emit(p, seconds)
 
     def interrupt(self) -> Iterator[Step]:
         """The end of an interrupted generation: a last step with the text held back for a stop
@@ -192,42 +258,11 @@ class Loop:
         if held:
             yield step
 
-    def draft(self, k_max: int) -> tuple[list[Evidence], Draft]:
-        """The keys the controller picked among the drafter's offer, and the draft of that many
-        tokens."""
-        if self.drafter is None:  # (a request that drafts nothing has none: requests.py)
-            return [], EMPTY
-        if self.g.draft_max is not None:
-            k_max = min(k_max, self.g.draft_max)
-        offer = self.drafter.peek(self.x, min(self.ctl.k_max, k_max), self.worth)
-        keys = self.ctl.pick(offer, self.temp)
-        if not keys:
-            return keys, EMPTY
-        d = self.drafter.propose(self.x, len(keys), self.sampling, self.rng)
-        if d.notice:
-            self.notice = d.notice
-        return keys, d
-
-    def verify(self, d: Draft) -> tuple[int, int]:
-        """One target pass over [x[-1], d_1..d_k]: how many drafts are accepted, and the target's
-        own next token. The cache then holds x and the accepted drafts."""
-        x, target, s, tokens = self.x, self.target, self.sampling, d.tokens
-        recent = x[-s.window:] if s.window else []  # p_i's penalties see x + d_1..d_i
-        target.eval([x[-1], *tokens], logits="all", output=self.on_graph)
-        n_acc, t = self.accept(target, d, recent)
-        # read before the roll-back, which drops the decode's outputs
-        if self.g.logprobs is not None:
-            t0 = time.perf_counter()
-            self.step_logprobs = self.logprobs([*tokens[:n_acc], t])
-            self.logprob_seconds = time.perf_counter() - t0
-        if n_acc < len(tokens):
-            target.rollback(len(x) + n_acc)  # keep x and the accepted drafts; t is fed next step
-        return n_acc, t
-
-    def accept(self, rows, d: Draft, recent: list[int]) -> tuple[int, int]:
-        """The acceptance rule on the verification's rows p_0..p_k, read from `rows` as verify.py
-        reads a model's (the target, or one sequence's rows of a batch: generate/batch.py)."""
+    def acceptance(self, rows, d: Draft) -> tuple[int, int]:
+        """The acceptance rule on the verification's rows p_0..p_k: how many drafts are accepted,
+        and the target's own next token."""
         s, tokens = self.sampling, d.tokens
+        recent = self.x[-s.window:] if s.window else []  # p_i's penalties see x + d_1..d_i
         if self.constraint is not None:
             return self.accept_under(rows, d, recent, self.constraint)
         if s.greedy:
@@ -255,43 +290,42 @@ class Loop:
             raise NothingAllowed("the grammar admits no token here")
         return n_acc, t
 
-    def logprobs(self, new: list[int], rows=None) -> list[TokenLogprob]:
-        """Each new token's TokenLogprob from the verification's own rows (the target's, or
-        `rows`, as in accept): token i of the step was chosen on row i (the target after
-        x + d_1..d_i), accepted drafts and the target's token alike."""
-        n, rows = self.g.logprobs or 0, self.target if rows is None else rows
+    def logprobs(self, new: list[int], rows) -> list[TokenLogprob]:
+        """Each new token's TokenLogprob from the verification's own rows: token i of the step was
+        chosen on row i (the target after x + d_1..d_i), accepted drafts and the target's token
+        alike."""
+        n = self.g.logprobs or 0
         return [token_logprob(rows.logits(i), token, n) for i, token in enumerate(new)]
 
-    def observe(self, keys: list[Evidence], d: Draft, n_acc: int, draft_seconds: float,
-                verify_seconds: float | None) -> None:
+    def observe(self, p: Plan, verify_seconds: float | None) -> None:
         """What the controller learns from a step: the batch's cost (None: the decode was shared
         with other sequences, generate/batch.py, and says nothing of it), the draft's cost and how
         far it was accepted. Plain decoding (no drafter) has nothing to decide, so nothing to learn.
         Catching up is not per token."""
         if self.drafter is None:
             return
+        d = p.draft
         if verify_seconds is not None:
             self.ctl.observe_verify(len(d.tokens) + 1, verify_seconds)
         if d.tokens:
-            self.ctl.observe_draft(keys[: len(d.tokens)], draft_seconds - d.catch_up_seconds)
-            self.ctl.observe_accept(keys, len(d.tokens), n_acc)
+            self.ctl.observe_draft(p.keys[: len(d.tokens)], p.draft_seconds - d.catch_up_seconds)
+            self.ctl.observe_accept(p.keys, len(d.tokens), p.n_acc)
 
-    def emit(self, new: list[int], d: Draft, n_acc: int, draft_seconds: float,
-             verify_seconds: float) -> Step:
+    def emit(self, p: Plan, verify_seconds: float) -> Step:
         """The step, its tokens cut at end-of-generation, the token budget or a stop string, then
         recorded."""
-        new, finish = self.cut(new)
+        d, n_acc = p.draft, p.n_acc
+        new, finish = self.cut([*d.tokens[:n_acc], p.token])
         text, draft_chars = "", 0
         if self.stream is not None:
             new, finish, text, draft_chars = self.text_of(new, finish, n_acc)
         self.x.extend(new)
         self.n_new += len(new)
-        logprobs = None if self.g.logprobs is None else (self.step_logprobs or [])[: len(new)]
+        logprobs = None if self.g.logprobs is None else (p.logprobs or [])[: len(new)]
         step = Step(tokens=new, drafted=len(d.tokens), accepted=n_acc, source=d.source,
-                    draft_seconds=draft_seconds,
-                    verify_seconds=verify_seconds, text=text, draft_chars=draft_chars,
-                    finish_reason=finish,
-                    notice=self.notice, forced=d.forced, logprobs=logprobs)
+                    draft_seconds=p.draft_seconds, verify_seconds=verify_seconds, text=text,
+                    draft_chars=draft_chars, finish_reason=finish, notice=self.notice,
+                    forced=d.forced, logprobs=logprobs)
         self.notice = None
         if self.stats is not None:
             self.stats.add_step(step)

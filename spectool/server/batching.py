@@ -2,8 +2,8 @@
 (generate/batch.py), by one thread of their own. A request's worker thread hands its generation to
 that thread and reads the steps back, as it would read them from the one-sequence loop; a
 generation joins at the next step boundary, and one whose client left or whose server stops ends
-there. Each generation drafts with a prompt lookup of its own (drafters/builder.py's for_sequence);
-the corpus, the controller and its cost table stay the session's, shared by all.
+there. Each generation drafts with a prompt lookup of its own (drafters/builder.py's Policy builds
+it so); the corpus, the controller and its cost table stay the session's, shared by all.
 
 A sequence keeps its cache when its generation ends: the server puts a request on the free slot
 whose cache shares the longest prefix with its prompt (Batch.pick), and that sequence prefills only
@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from spectool.core.stats import Stats
-from spectool.drafters.builder import for_sequence
 from spectool.generate.batch import Batch
 from spectool.generate.loop import GenerationConfig, Step
 from spectool.llama.engine import Model
@@ -60,7 +59,6 @@ class Batcher:
         """In a worker thread: the generation's (text, step) pairs as the batch makes them, as
         generate_text hands them over; it joins sequence `seq` (the server's slot: Batch.pick's
         choice), free once the generation before it there has ended."""
-        gen.drafter = for_sequence(gen.drafter)
         member = Member(gen, tokens, stop, stats, interrupted, seq)
         self.joining.put(member)
         while (item := member.out.get()) is not None:
@@ -106,8 +104,10 @@ class Batcher:
                 self.batch.warm(m.tokens, m.seq, m.stats)
                 m.out.put(None)
                 return
-            self.members[self.batch.join(m.gen, m.tokens, m.stats, m.stop, m.seq)] = m
-        except Exception as e:  # noqa: BLE001 - its worker answers it
+            self.members[self.batch.join(m.gen, m.tokens, m.stats, m.stop, m.seq,
+                                         m.interrupted)] = m
+        # its worker answers it; a KeyboardInterrupt: the client left during the prefill
+        except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001
             m.out.put(e)
 
     def hand(self, seq: int, steps: list[Step], ended: bool = False) -> None:

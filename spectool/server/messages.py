@@ -352,7 +352,7 @@ async def answer(server, request):
     back."""
     from starlette.responses import JSONResponse
 
-    body, ignored = load(await server.body(request)), []
+    body, ignored = load(await server.body(request)), list[str]()
     chat = to_chat(body, ignored)
     server.ignored.add("messages", ignored)
     try:

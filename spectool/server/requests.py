@@ -163,10 +163,9 @@ def generations(body: dict, chat: bool, n: int, grammar: Grammar | None, session
     seeds = [o.seed if o.seed is None else o.seed + i for i in range(n)]
     logprobs = requested_logprobs(body, chat)  # logprobs.py
     draft_max = request_draft_max(body, session.k_max)
-    gens = [replace(generation(session, replace(o, seed=seed), grammar, prediction),
-                    logprobs=logprobs, draft_max=draft_max) for seed in seeds]
-    # no drafting: not even a grammar's forced tokens, nor the drafter's setup
-    return [replace(g, drafter=None) for g in gens] if draft_max == 0 else gens
+    return [replace(generation(session.policy, session.target, replace(o, seed=seed), grammar,
+                               prediction), logprobs=logprobs, draft_max=draft_max)
+            for seed in seeds]
 
 
 def request_draft_max(body: dict, k_max: int) -> int | None:

@@ -478,7 +478,7 @@ async def answer(server, request):
     translated back."""
     from starlette.responses import JSONResponse
 
-    body, ignored = load(await server.body(request)), []
+    body, ignored = load(await server.body(request)), list[str]()
     try:
         chat = to_chat(body, ignored)
         server.ignored.add("responses", ignored)

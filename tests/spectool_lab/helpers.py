@@ -131,9 +131,9 @@ def drafters(draft_model) -> dict:
     """A maker of each drafter spectool runs, from the session layer's own factory (the one place drafters are
     made): lookup, the draft model, and hybrid."""
     from spectool.options import Mode
-    from spectool.session import build_drafter
+    from spectool.drafters.builder import drafter_for
 
-    return {m.value: (lambda m=m: build_drafter(m, draft_model)[0]) for m in (Mode.lookup, Mode.draft, Mode.hybrid)}
+    return {m.value: (lambda m=m: drafter_for(m, draft_model)[0]) for m in (Mode.lookup, Mode.draft, Mode.hybrid)}
 
 
 class AlwaysWrong(Drafter):
