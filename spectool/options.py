@@ -244,6 +244,17 @@ class Options:
                            help="Seconds a stream may stay silent (a long prompt prefilled, a "
                            "tool call held until whole) before a keep-alive is sent: a Messages "
                            "ping, an SSE comment elsewhere. 0 = none.")
+    allowed_hosts: Optional[str] = opt(None, "--allowed-hosts", group=SERVE,
+                                       metavar="NAME[,NAME...]",
+                                       help="Host names requests may reach the server by, besides "
+                                       "localhost, loopback addresses and --host ('.example.com': "
+                                       "it and its subdomains; '*': any); any other Host header "
+                                       "gets a 403 (against DNS rebinding).")
+    cors_origins: Optional[str] = opt(None, "--cors-origins", group=SERVE,
+                                      metavar="ORIGIN[,ORIGIN...]",
+                                      help="Web pages' origins (https://app.example) that may "
+                                      "call the server, besides its own pages ('*': any); a "
+                                      "request from another origin gets a 403.")
     # -- common
     yes: bool = opt(False, "--yes", "-y", group=COMMON, help="Download without asking.")
     debug: bool = opt(False, "--debug", group=COMMON, help="Show tracebacks and llama.cpp's log.")
@@ -280,6 +291,12 @@ class Options:
             return Grammar.gbnf(text) if name.startswith("grammar") else Grammar.json_schema(text)
         except GrammarError as e:
             raise UserError(f"{where}: {e}", code=2, option=name) from None
+
+    def grammar_flag(self) -> str:
+        """The flag that asks for the grammar, and its file where it names one."""
+        name = next(n for n in GRAMMAR_OPTIONS if getattr(self, n) is not None)
+        flag = Options.declared()[name][0].flags[0]
+        return f"{flag} {getattr(self, name)}" if name.endswith("_file") else flag
 
     @classmethod
     def declared(cls) -> dict[str, tuple[Decl, Any, Any]]:

@@ -71,11 +71,14 @@ def test_what_asks_nothing_passes_and_comes_back_to_be_counted():
     assert fields.check("messages", {"messages": [], "metadata": None}) == []
 
 
-def test_the_counts_are_bounded_in_names():
+def test_the_counts_name_only_declared_fields():
+    """A name a client chose (which may hold a user's data: issue 58 item 11) is counted as `other`."""
     ignored = Ignored()
-    ignored.add("chat", ["metadata", "metadata", 'bad"name'])
-    ignored.add("chat", [f"f{i}" for i in range(2 * Ignored.LIMIT)])
+    ignored.add("chat", ["metadata", "metadata", 'bad"name', "user_ssn_123-45-6789", "speculative.n_min"])
+    ignored.add("chat", [f"f{i}" for i in range(400)])
+    ignored.add("responses", ["tools.web_search_2025_08_26", "tools.web_search_20evil"])
     text = ignored.prometheus()
     assert 'spectool_ignored_fields_total{api="chat",field="metadata"} 2\n' in text
-    assert 'field="bad' not in text and 'field="other"} 203' in text  # the odd name and those past the limit
-    assert len(ignored.counts) == Ignored.LIMIT
+    assert 'field="speculative.n_min"} 1\n' in text and 'field="tools.web_search"} 1\n' in text
+    assert 'field="bad' not in text and "ssn" not in text and 'api="chat",field="other"} 402' in text
+    assert 'api="responses",field="other"} 1' in text and len(ignored.counts) == 5

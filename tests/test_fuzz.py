@@ -197,7 +197,8 @@ def apps(tool_models, fim_path):
             o = Options(model=str(model), ctx_size=1024, threads=2, max_tokens=4, max_body_bytes=4_000_000)
             said: list[str] = []
             session = stack.enter_context(open_session(o))
-            out[name] = stack.enter_context(TestClient(make_app(App(session, o, "tiny", None, said.append)))), said
+            app = make_app(App(session, o, "tiny", None, said.append))  # (a Host the server answers: guard.py)
+            out[name] = stack.enter_context(TestClient(app, base_url="http://127.0.0.1")), said
         yield out
 
 

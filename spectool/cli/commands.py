@@ -166,7 +166,20 @@ def session(o: Options):
     with open_session(o, hooks()) as s:
         for n in s.notices:
             say(n)
+        checked_grammar(s, o)
         yield s
+
+
+def checked_grammar(s, o: Options) -> None:
+    """The grammar the flags ask for, against the model's vocabulary (a token id or special token
+    it lacks), before anything generates: one line naming the flag."""
+    from spectool.core.grammar import GrammarError
+
+    try:
+        if s.gen.grammar is not None:
+            s.gen.grammar.check(s.gen.target)
+    except GrammarError as e:
+        raise UserError(f"{o.grammar_flag()}: {e}", code=2) from None
 
 
 # -- run
@@ -274,8 +287,10 @@ def serve(
             raise UserError(f"spectool serve needs uvicorn and starlette ({e.name or e} is "
                             "missing): pip install uvicorn starlette") from None
         from spectool.server.app import check_api_key, serve as run_server
+        from spectool.server.guard import Guard
 
-        check_api_key(api_key)  # an empty key is refused before the model loads
+        check_api_key(api_key)  # an empty key, or a bad origin, is refused before the model loads
+        Guard.of(host, port, o.allowed_hosts, o.cors_origins)
         # off where others reach it (serve.md)
         with session(with_corpus_default(o, is_loopback(host))) as s:
             model_id = o.pair or Path(str(s.gen.target.path)).stem

@@ -223,6 +223,15 @@ class Grammar:
         """Any JSON object (OpenAI's response_format {"type": "json_object"})."""
         return cls.json_schema({"type": "object"})
 
+    def check(self, model) -> None:
+        """The grammar against `model`'s vocabulary (the token ids and special tokens it names), as
+        `matcher` would find it, in a millisecond: a GrammarError saying what is wrong."""
+        from llguidance import LLMatcher
+
+        error = _library(LLMatcher.validate_grammar, self.source, tokenizer_for(model).tokenizer)
+        if error:
+            raise GrammarError(_one_line(error))
+
     def matcher(self, model) -> Constraint:
         """A fresh constraint for one generation on `model`'s vocabulary."""
         from llguidance import LLMatcher

@@ -18,10 +18,11 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from spectool.options import Options, UserError
+from spectool.options import Options, UserError, is_loopback
 from spectool.server import infill, messages, responses, slots, tokens
 from spectool.server.context import Server
 from spectool.server.errors import ApiError
+from spectool.server.guard import Guarded
 from spectool.server.metrics import corpus_metrics
 from spectool.session import Session
 
@@ -62,14 +63,18 @@ def answered(handler: Handler, shape: Shape = ApiError.body) -> Handler:
 
 
 def authorised(request: Request) -> None:
-    """The request's key, where the server has one: the header's bytes (Starlette decodes them as
-    latin-1), compared in constant time; Anthropic's clients send the key as x-api-key, which
-    llama-server reads too."""
+    """The request's key, where the server has one: `Authorization: Bearer KEY` (the scheme in any
+    case, RFC 7235), else x-api-key (Anthropic's clients send it, and llama-server reads it), the
+    header's bytes (Starlette decodes them as latin-1) compared in constant time."""
     key = server_of(request).api_key
-    sent_key = request.headers.get("x-api-key")
-    sent = (f"Bearer {sent_key}" if sent_key and "authorization" not in request.headers else
-            request.headers.get("authorization", "")).encode("latin-1")
-    if key and not hmac.compare_digest(sent, f"Bearer {key}".encode()):
+    if not key:
+        return
+    scheme, _, sent = request.headers.get("authorization", "").strip().partition(" ")
+    if "authorization" not in request.headers:
+        sent = request.headers.get("x-api-key", "")
+    elif scheme.lower() != "bearer":
+        sent = ""
+    if not hmac.compare_digest(sent.strip().encode("latin-1"), key.encode()):
         raise ApiError(401, "invalid API key (send 'Authorization: Bearer "
                             "KEY')", "authentication_error",
                        "invalid_api_key")
@@ -140,9 +145,10 @@ async def health(request: Request) -> Response:
 
 
 async def metrics(request: Request) -> Response:
-    """Open too, as llama-server's: counters only, no text of anyone's; each slot's, and the batch's
-    with --parallel above 1; the corpus's size and its disputes' tally, where there is one
+    """Counters only, no text of anyone's, behind the key as llama-server's: each slot's, and the
+    batch's with --parallel above 1; the corpus's size and its disputes' tally, where there is one
     (--lookup-corpus)."""
+    authorised(request)
     server = server_of(request)
     corpus = server.session.corpus
     batch = server.batcher.batch if server.batcher is not None else None
@@ -188,8 +194,15 @@ ROUTES = [
 
 
 def make_app(server: Server) -> Starlette:
-    """The ASGI application of `server`."""
-    app = Starlette(routes=ROUTES, exception_handlers={HTTPException: http_error})
+    """The ASGI application of `server`, behind its guard (guard.py: the Host, the Origin, JSON
+    only), which lets the pages of the origins it allows read the answers (CORS)."""
+    from starlette.middleware import Middleware
+    from starlette.middleware.cors import CORSMiddleware
+
+    app = Starlette(routes=ROUTES, exception_handlers={HTTPException: http_error}, middleware=[
+        Middleware(Guarded, guard=server.guard),
+        Middleware(CORSMiddleware, allow_origins=sorted(server.guard.origins),
+                   allow_methods=["GET", "POST"], allow_headers=["*"])])
     app.state.server = server
     return app
 
@@ -212,8 +225,8 @@ def serve(session: Session, options: Options, model_id: str, host: str, port: in
     import uvicorn
 
     check_api_key(api_key)
-    server = Server(session, options, model_id, api_key, say)
-    if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
+    server = Server(session, options, model_id, api_key, say, host, port)
+    if not is_loopback(host) and not api_key:
         say(f"warning: serving on {host} without --api-key: anyone who can reach this port can use "
             "the model")
     say(f"serving {model_id} on http://{host}:{port}/v1 ({session.mode}, "

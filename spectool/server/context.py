@@ -27,6 +27,7 @@ from spectool.options import Options
 from spectool.server import logprobs
 from spectool.server.completions import Reply, answer, choices, chunks
 from spectool.server.errors import ApiError
+from spectool.server.guard import Guard
 from spectool.server.infill import Limits
 from spectool.server.metrics import Ignored, Slots, Totals
 from spectool.server.requests import Request, parse
@@ -57,12 +58,13 @@ class Turns:
         self.waiting = 0  # generations that have a ticket and are not served yet
 
     def take(self, n: int) -> list[int]:
-        """n tickets in a row (a request's `n` choices, one after another); a 503 when the queue is
-        full."""
+        """n tickets in a row (a request's `n` choices, one after another); a 503 when it would wait
+        and the queue is full (--queue 0: no waiting room, so only while every slot is taken)."""
         with self.turn:
-            if self.waiting >= self.queue:
-                raise ApiError(503, f"busy: {self.waiting} requests are waiting; try again "
-                                    "later", "server_error",
+            free = self.slots - self.running  # (a ticket taken, not yet served, will take one)
+            if self.waiting >= free and self.waiting - free >= self.queue:
+                raise ApiError(503, f"busy: {self.waiting - free} requests are waiting "
+                                    f"(--queue {self.queue}); try again later", "server_error",
                                "queue_full")
             self.waiting += n
             self.next_ticket += n
@@ -90,7 +92,8 @@ class Server:
 
     def __init__(self, session: Session, options: Options, model_id: str,
                  api_key: str | None = None,
-                 say: Callable[[str], None] = print):
+                 say: Callable[[str], None] = print, host: str = "127.0.0.1",
+                 port: int | None = None):
         self.session = session
         self.options = options
         self.model_id = model_id
@@ -109,6 +112,8 @@ class Server:
 
             self.batcher = Batcher(session.gen.target)
         self.stopping = threading.Event()
+        # who may call from a web page (guard.py): the Host names, the pages' origins
+        self.guard = Guard.of(host, port, options.allowed_hosts, options.cors_origins)
 
     def parse_request(self, raw: bytes | dict, chat: bool, infill: bool = False) -> Request:
         """What a request's body asks for (requests.parse). Runs in a thread: parsing and tokenizing
@@ -165,7 +170,8 @@ class Server:
         # the prefill stopped between batches: the client left (loop.prefill)
         except KeyboardInterrupt:
             pass
-        except Exception as e:  # noqa: BLE001 - reported to the client as a 500, never a traceback
+        except Exception as e:  # noqa: BLE001 - a 500 to the client, a line here, no traceback
+            self.say(f"error: generation failed: {type(e).__name__}: {' '.join(str(e).split())}")
             push((None, e))
             return
         finally:

@@ -11,6 +11,7 @@ of docs/serve.md are this declaration's (`table`; tests/test_fields.py checks th
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -231,6 +232,15 @@ def check(api: str, body: dict) -> list[str]:
     if api == "responses" and isinstance(body.get("tools"), list):
         ignored += [f"tools.{t['type']}" for t in body["tools"] if built_in_ignored(t)]
     return ignored
+
+
+def label(api: str, name: str) -> str:
+    """The name /metrics counts an ignored field by: one this declaration names (a dated built-in
+    tool by its undated name), else `other`, as a field a client names at will may hold anything
+    (a user's data)."""
+    tool = re.sub(r"_20\d\d_\d\d_\d\d$", "", name)
+    named = {f"{a}.{b}" for a, b in NESTED.get(api, ())} | {f"tools.{t}" for t in IGNORED_TOOLS}
+    return tool if name in declared(api) or tool in named else "other"
 
 
 # Responses' built-in tools that run at OpenAI's side and that agents send by default (Codex:

@@ -4,10 +4,11 @@ gauges."""
 
 from __future__ import annotations
 
-import re
 import threading
 from collections import Counter
 from dataclasses import dataclass, fields
+
+from spectool.server.fields import label
 
 
 @dataclass
@@ -42,11 +43,8 @@ class Totals:
 
 
 class Ignored:
-    """The request fields that asked nothing of the output (fields.py), counted by API and name: at
-    most LIMIT names, any more (a client names fields at will) and any name that is not plain
-    ASCII as `other`."""
-
-    LIMIT = 200
+    """The request fields that asked nothing of the output (fields.py), counted by API and name:
+    the names fields.py declares; any other (a client names fields at will) as `other`."""
 
     def __init__(self):
         self.counts: Counter[tuple[str, str]] = Counter()
@@ -55,9 +53,7 @@ class Ignored:
     def add(self, api: str, names: list[str]) -> None:
         with self.lock:
             for name in names:
-                plain = re.fullmatch(r"[\w.\-]{1,64}", name, re.ASCII)
-                known = (api, name) in self.counts or len(self.counts) < self.LIMIT
-                self.counts[(api, name if plain and known else "other")] += 1
+                self.counts[(api, label(api, name))] += 1
 
     def prometheus(self) -> str:
         with self.lock:

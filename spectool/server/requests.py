@@ -135,7 +135,7 @@ def parse(raw: bytes | dict, chat: bool, session: Session, options: Options,
         tokens, stop = completion_prompt(body, target, infill, options)
     if len(tokens) >= target.n_ctx:
         raise Overflow(len(tokens), target.n_ctx, "messages" if chat else "prompt")
-    grammar = request_grammar(body)
+    grammar = request_grammar(body, target)
     if tools and tools.constrained and grammar is not None:
         if grammar.schema is None:
             raise invalid("tools", "cannot be given with a grammar unless tool_choice is \"none\"")
@@ -235,17 +235,20 @@ def tools_grammar(tools: Tools, target: Model) -> Grammar:
     from spectool.core.grammar import GrammarError
 
     try:
-        return tools.grammar(target)
+        grammar = tools.grammar(target)
+        grammar.check(target)
+        return grammar
     except GrammarError as e:
         raise invalid("tools", f"could not be made into a grammar of a call: {e}") from None
 
 
-def request_grammar(body: dict) -> Grammar | None:
+def request_grammar(body: dict, target: Model | None = None) -> Grammar | None:
     """The grammar a request asks for, None when it asks for none (then the server's default holds):
     `response_format` as OpenAI sends it (`text`; `json_object`, with a `schema` as llama-server
     allows; or `json_schema` with {name, schema, strict}; no schema: any JSON object),
     llama-server's `json_schema` (an object) or `grammar` (GBNF text; "" is none, as there). Two of
-    them, a value of the wrong shape, or a grammar the library refuses: a 400 naming the field."""
+    them, a value of the wrong shape, or a grammar the library refuses, or that names a token the
+    `target`'s vocabulary lacks (`<[99999]>`, `<|no_such|>`): a 400 naming the field."""
     asked: list[tuple[str, Any]] = []  # (field, how to make its Grammar)
     rf = body.get("response_format")
     if rf is not None:
@@ -279,15 +282,20 @@ def request_grammar(body: dict) -> Grammar | None:
     if len(asked) > 1:
         raise invalid(asked[1][0], f"cannot be given with '{asked[0][0]}': ask for one grammar or "
                                    "schema")
-    if not asked:
-        return None
+    return made(*asked[0], target) if asked else None
+
+
+def made(name: str, value: Any, target: Model | None) -> Grammar:
+    """The Grammar of a request's field `name` (GBNF text, a schema, None: any JSON object), checked
+    against the `target`'s vocabulary; one the library refuses is a 400 naming the field."""
     from spectool.core.grammar import Grammar, GrammarError
 
-    name, value = asked[0]
     try:
-        if name == "grammar":
-            return Grammar.gbnf(value)
-        return Grammar.json_object() if value is None else Grammar.json_schema(value)
+        grammar = (Grammar.gbnf(value) if name == "grammar" else Grammar.json_object()
+                   if value is None else Grammar.json_schema(value))
+        if target is not None:
+            grammar.check(target)
+        return grammar
     except GrammarError as e:
         raise invalid(name, f"was refused: {e}") from None
 

@@ -16,6 +16,46 @@ LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # llama.cpp's seed that means "a random one"
 SAMPLERS = ["penalties", "top_k", "top_p", "min_p", "temperature"]
 
 
+# llama-server's task_params as /props and /slots give them (`params`)
+PARAMS = ("seed", "temperature", "dynatemp_range", "dynatemp_exponent", "top_k", "top_p", "min_p",
+          "top_n_sigma", "xtc_probability", "xtc_threshold", "typical_p", "repeat_last_n",
+          "repeat_penalty", "presence_penalty", "frequency_penalty", "dry_multiplier", "dry_base",
+          "dry_allowed_length", "dry_penalty_last_n", "mirostat", "mirostat_tau", "mirostat_eta",
+          "max_tokens", "n_predict", "n_keep", "n_discard", "ignore_eos", "n_probs", "min_keep",
+          "samplers", "speculative.types", "speculative.n_max", "speculative.n_min",
+          "timings_per_token", "post_sampling_probs", "backend_sampling", "lora")
+# What each endpoint about the server, not about one's own request, may show anyone who holds the
+# key (anyone, without one): the paths of its JSON's keys ("a/b": b in a's object, or in each of
+# a's list's), and /metrics' names and labels. Counts, settings, the model's own facts and the
+# operator's default grammar (/props): never a prompt, an answer, or a grammar, schema, tool or
+# field name that a client chose (tests/test_serve_web.py checks each answer against it).
+SHOWN = {
+    "/health": {"status"},
+    "/v1/models": {"object", "data", "data/id", "data/object", "data/created", "data/owned_by"},
+    "/props": {"default_generation_settings", "default_generation_settings/n_ctx",
+               "default_generation_settings/params", "default_generation_settings/params/grammar",
+               *(f"default_generation_settings/params/{p}" for p in PARAMS), "total_slots",
+               "model_alias", "model_path", "modalities", "modalities/vision", "modalities/video",
+               "modalities/audio", "endpoint_slots", "endpoint_props", "endpoint_metrics",
+               "chat_template", "chat_template_caps", "bos_token", "eos_token", "build_info",
+               "is_sleeping"},
+    "/slots": {"id", "n_ctx", "speculative", "is_processing", "id_task", "n_prompt_tokens",
+               "draft_n", "draft_n_accepted", "n_prompt_tokens_processed", "n_prompt_tokens_cache",
+               "params", *(f"params/{p}" for p in PARAMS), "next_token", "next_token/n_remain",
+               "next_token/has_next_token", "next_token/has_new_line", "next_token/n_decoded"},
+    # names without their _total, and each label's values: fields.label's names, a slot's number
+    "/metrics": {"spectool_requests", "spectool_requests_rejected", "spectool_requests_cancelled",
+                 "spectool_prompt_tokens", "spectool_completion_tokens", "spectool_decode_seconds",
+                 "spectool_drafted_tokens", "spectool_accepted_tokens", "spectool_slots",
+                 "spectool_slots_busy", "spectool_slot_busy", "spectool_slot_completion_tokens",
+                 "spectool_slot_drafted_tokens", "spectool_slot_accepted_tokens",
+                 "spectool_batch_steps", "spectool_batch_rows", "spectool_batch_sequences",
+                 "spectool_lookup_corpus_tokens", "spectool_lookup_corpus_disputes",
+                 "spectool_lookup_corpus_outranks", "spectool_ignored_fields",
+                 "api", "field", "slot", "result"},
+}
+
+
 @dataclass
 class Task:
     """The generation a slot runs, or ran last: its number (the queue's ticket), its settings, its
@@ -28,11 +68,13 @@ class Task:
     processing: bool = True
 
 
-def params(gen, session) -> dict:
+def params(gen, session, grammar: bool = False) -> dict:
     """A generation's settings as llama-server's task_params (the short form /props and /slots
-    give): spectool's chain, and llama-server's other samplers at the values that turn them off."""
+    give): spectool's chain, and llama-server's other samplers at the values that turn them off;
+    with `grammar`, its grammar (/props: the server's default, never a request's)."""
     s = gen.sampling
-    return {
+    shown = {"grammar": "" if gen.grammar is None else gen.grammar.source} if grammar else {}
+    return shown | {
         "seed": LLAMA_DEFAULT_SEED if gen.seed is None else gen.seed, "temperature": s.temp,
         "dynatemp_range": 0.0, "dynatemp_exponent": 1.0, "top_k": s.top_k, "top_p": s.top_p,
         "min_p": s.min_p, "top_n_sigma": -1.0, "xtc_probability": 0.0, "xtc_threshold": 0.1,
@@ -42,8 +84,7 @@ def params(gen, session) -> dict:
         "dry_penalty_last_n": gen.target.n_ctx, "mirostat": 0, "mirostat_tau": 5.0,
         "mirostat_eta": 0.1, "max_tokens": gen.max_tokens, "n_predict": gen.max_tokens,
         "n_keep": 0, "n_discard": 0, "ignore_eos": False, "n_probs": gen.logprobs or 0,
-        "min_keep": 0, "grammar": "" if gen.grammar is None else gen.grammar.source,
-        "samplers": SAMPLERS, "speculative.types": str(session.mode),
+        "min_keep": 0, "samplers": SAMPLERS, "speculative.types": str(session.mode),
         "speculative.n_max": session.k_max if gen.draft_max is None else gen.draft_max,
         "speculative.n_min": session.k_min,
         "timings_per_token": False, "post_sampling_probs": False, "backend_sampling": False,
@@ -93,7 +134,7 @@ def props(server) -> dict:
         return target.piece(token, special=True).decode("utf-8", "replace") if token >= 0 else ""
 
     return {
-        "default_generation_settings": {"params": params(server.session.gen, server.session),
+        "default_generation_settings": {"params": params(server.session.gen, server.session, True),
                                         "n_ctx": target.n_ctx},
         "total_slots": len(server.tasks), "model_alias": server.model_id,
         "model_path": str(target.path),
