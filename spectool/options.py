@@ -331,11 +331,28 @@ def with_corpus_default(o: Options, on: bool) -> Options:
     return o if o.lookup_corpus is not None else replace(o, lookup_corpus=on)
 
 
+# the most bytes an input file (--prediction, --grammar-file, -jf) or stdin is read for: what is no
+# regular file (/dev/zero, a FIFO) may never end
+INPUT_BYTES = 64 << 20
+
+
+def read_bounded(f, what: str) -> bytes:
+    """At most INPUT_BYTES of the binary file `f`, else a UserError naming `what` and the bound."""
+    data = f.read(INPUT_BYTES + 1)
+    if len(data) > INPUT_BYTES:
+        raise UserError(f"{what}: over {INPUT_BYTES >> 20} MiB; spectool reads at most that "
+                        "much", code=2)
+    return data
+
+
 def read_text(path: Path, flag: str, option: str) -> str:
-    """A file's text as UTF-8, else a UserError naming the flag and the path as given (missing, a
-    directory, unreadable, not UTF-8)."""
+    """A file's text as UTF-8 (at most INPUT_BYTES), else a UserError naming the flag and the path
+    as given (missing, a directory, unreadable, too long, not UTF-8)."""
     try:
-        return path.read_text(encoding="utf-8")
+        with open(path, "rb") as f:
+            return read_bounded(f, f"{flag} {path}").decode("utf-8")
+    except UserError as e:
+        raise UserError(str(e), code=2, option=option) from None
     except IsADirectoryError:
         raise UserError(f"{flag} {path}: is a directory", code=2, option=option) from None
     except FileNotFoundError:

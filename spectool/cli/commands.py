@@ -35,6 +35,7 @@ from spectool.options import (
     Options,
     UserError,
     is_loopback,
+    read_bounded,
     takes,
     with_corpus_default,
 )
@@ -96,10 +97,11 @@ def say(line: str) -> None:
 
 
 def read_prompt(prompt: str | None) -> str:
-    """PROMPT joined after piped stdin, as `llm` does; an error only when both are empty."""
+    """PROMPT joined after piped stdin (at most INPUT_BYTES of it), as `llm` does; an error only
+    when both are empty."""
     parts = []
     if not sys.stdin.isatty():
-        data = sys.stdin.buffer.read()
+        data = read_bounded(sys.stdin.buffer, "stdin")
         if b"\x00" in data:
             raise UserError("stdin looks binary (it contains NUL bytes); pipe text instead")
         try:
@@ -117,18 +119,23 @@ def read_prompt(prompt: str | None) -> str:
 
 def writable(path: Path, flag: str) -> None:
     """A file a command writes when it ends, checked before anything loads, so that a bad path costs
-    no generation: a directory, a missing folder, a folder it cannot write in, or a read-only file
-    (replacing it would drop its mode) is one line naming the path as given."""
-    if path.is_dir():
+    no generation: a directory, a device or a FIFO (what is not a regular file), a missing folder,
+    a folder it cannot write in, or a read-only file (replacing it would drop its mode) is one line
+    naming the path as given. A symbolic link is written through: what it names is checked."""
+    real = Path(os.path.realpath(path))
+    if real.is_dir():
         raise UserError(f"{flag} {path}: is a directory", code=2)
-    if path.exists() and (not os.access(path, os.W_OK) or not path.stat().st_mode & 0o222):
+    if real.exists() and not real.is_file():
+        raise UserError(f"{flag} {path}: not a regular file (a device, a FIFO or a socket); "
+                        "spectool writes only files", code=2)
+    if real.exists() and (not os.access(real, os.W_OK) or not real.stat().st_mode & 0o222):
         raise UserError(f"{flag} {path}: the file is read-only", code=2)
-    if not path.parent.is_dir():
+    if not real.parent.is_dir():
         raise UserError(f"{flag} {path}: no such directory {path.parent}", code=2)
     import tempfile
 
     try:  # what saving will do: make a file in that folder
-        tempfile.TemporaryFile(dir=path.parent).close()
+        tempfile.TemporaryFile(dir=real.parent).close()
     except OSError as e:
         raise UserError(f"{flag} {path}: cannot write in {path.parent} "
                         f"({e.strerror})", code=2) from None
@@ -211,6 +218,8 @@ def run(
         text = read_prompt(prompt or prompt_option)
         if stats_json:
             writable(stats_json, "--stats-json")
+        if o.lookup_cache is not None:  # written back when the run ends
+            writable(Path(o.lookup_cache), "--lookup-cache")
         with session(with_corpus_default(o, False)) as s, SigintFlag() as interrupted:
             stats = s.stats()
             display = Display(stats, quiet=quiet, color_drafts=color_drafts)

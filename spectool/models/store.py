@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -24,8 +25,12 @@ def file_tag(path: str | os.PathLike, *extra: object) -> str:
 
 def write_json_atomic(path: str | os.PathLike, obj, indent: int | None = 2) -> None:
     """Write JSON to a temporary file beside `path`, flushed to the disk, then rename: readers see
-    the old file or the new one, after a crash too."""
-    path = Path(path)
+    the old file or the new one, after a crash too. A symbolic link is written through (the file it
+    names is replaced, as editors do); what is not a regular file (a device, a FIFO) is never
+    replaced: an OSError."""
+    path = Path(os.path.realpath(path))
+    if path.exists() and not path.is_file():
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
     text = json.dumps(obj, indent=indent, separators=None if indent else (",", ":")) + "\n"
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
