@@ -234,3 +234,30 @@ def test_sigterm_at_the_idle_prompt_exits_143(tiny, tmp_path, after_a_reply):
         os.kill(int(pid.read_text()), signal.SIGTERM)
         assert pane.exit_code() == "143", pane.screen()
         assert "Traceback" not in pane.screen()
+
+
+def test_a_message_too_long_for_the_context_is_refused_and_the_conversation_kept(tiny):
+    """Issue 58 item 7: a message that cannot fit even alone dropped every earlier turn before it was refused, so
+    the next message had lost the history. Now the conversation, its tokens and the KV cache stay as they were,
+    and the next turn prefills only its own tokens."""
+    from spectool.llama.engine import EngineError, Model
+
+    with Model(tiny["target"], n_ctx=256) as m:
+        chat = Chat(GenerationConfig(m, PromptLookup(), max_tokens=20), system="be brief")
+        for line in ("The quick brown fox", "jumps over the lazy dog"):
+            list(chat.send(line))
+        kept = (chat.messages[:], chat.tokens[:], chat.anchor, list(m.tokens))
+        with pytest.raises(EngineError, match="shorten it"):
+            list(chat.send("The quick brown fox jumps over the lazy dog " * 30))
+        assert (chat.messages, chat.tokens, chat.anchor, list(m.tokens)) == kept and len(chat.turns) == 2
+        list(chat.send("and runs"))
+        assert chat.messages[:5] == kept[0] and len(chat.messages) == 7
+        assert chat.turns[-1].n_prefilled < chat.turns[-1].n_prompt_tokens // 2
+
+
+def test_chat_refuses_a_message_too_long_in_one_line_and_goes_on(tiny):
+    r = CliRunner().invoke(app, ["chat", "-m", str(tiny["target"]), "-c", "256", "-n", "8", "--temp", "0"],
+                           input="The quick brown fox\n" + "jumps over the lazy dog " * 80 + "\nand runs\n/stats\n")
+    assert r.exit_code == 0, r.output
+    assert sum("shorten it" in line for line in r.stderr.splitlines()) == 1
+    assert "session: 2 replies" in r.stderr and "Traceback" not in r.stderr

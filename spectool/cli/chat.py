@@ -57,16 +57,18 @@ class Chat:
     def _fit(self, user: str) -> tuple[list[int], str, int]:
         """The prompt for `user` after dropping the oldest turns, as ollama does (never the system
         prompt), until it leaves room for a reply: (tokens, rendered text, turns dropped). An error
-        only when the new message alone (with the system prompt) cannot fit."""
+        only when the new message alone (with the system prompt) cannot fit: then the conversation
+        is kept as it was, every turn and its tokens."""
         n_ctx = self.gen.target.n_ctx
         room = min(self.gen.max_tokens, n_ctx // 4)
         first = 1 if self.messages and self.messages[0]["role"] == "system" else 0
-        dropped = 0
+        dropped, kept = 0, (self.messages[:], self.tokens, self.anchor)
         while True:
             prompt, rendered = self._prompt(user)
             if len(prompt) + room <= n_ctx or (len(self.messages) <= first and len(prompt) < n_ctx):
                 return prompt, rendered, dropped
             if len(self.messages) <= first:
+                self.messages, self.tokens, self.anchor = kept
                 raise EngineError(f"the message has {len(prompt)} tokens with the chat template "
                                   f"but the context holds {n_ctx}: shorten it, or raise "
                                   "-c/--ctx-size")
