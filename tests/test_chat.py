@@ -109,9 +109,16 @@ class Pane:
         subprocess.run([*self.tmux, "kill-server"], capture_output=True)
 
 
+# The tiny models' chats run on one thread (-t 1). With as many threads as cores (the default), every decode waits at
+# each graph node for all its threads (ggml under OpenMP), so on a 2-core machine that other processes keep busy a
+# 12-token reply took 0.1-9.4 s against 0.01-0.02 s on one thread (issue 58 item 13: a suite run's second turn
+# printed "." and nothing more for 40 s). No lock: slow scheduling.
+TINY_CHAT = f"{sys.executable} -m spectool chat -t 1"
+
+
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 def test_chat_in_a_real_terminal(tiny, tmp_path):
-    cmd = f"{sys.executable} -m spectool chat -m {tiny['target']} -md {tiny['draft']} -n 12"
+    cmd = f"{TINY_CHAT} -m {tiny['target']} -md {tiny['draft']} -n 12"
     with Pane(tmp_path, cmd, 120, 40) as pane:
         pane.wait_for("/help for commands")
         pane.send("The quick brown fox")
@@ -188,7 +195,7 @@ def test_a_long_chat_drops_its_oldest_turns_and_keeps_the_system_prompt(tiny):
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 def test_a_chat_that_outgrows_the_context_goes_on_in_a_real_terminal(tiny, tmp_path):
-    cmd = f"{sys.executable} -m spectool chat -m {tiny['target']} -c 256 -n 40 --temp 0 --system 'be brief'"
+    cmd = f"{TINY_CHAT} -m {tiny['target']} -c 256 -n 40 --temp 0 --system 'be brief'"
     with Pane(tmp_path, cmd) as pane:
         pane.wait_for("/help for commands")
         for i in range(1, 7):
@@ -224,7 +231,7 @@ def test_sigterm_at_the_idle_prompt_exits_143(tiny, tmp_path, after_a_reply):
     """SIGTERM while chat waits for a line ends it with 143, as it does during a reply (it used to print the
     prompt again and stay)."""
     pid = tmp_path / "pid"
-    cmd = f"bash -c 'echo $$ > {pid}; exec {sys.executable} -m spectool chat -m {tiny['target']} -n 8'"
+    cmd = f"bash -c 'echo $$ > {pid}; exec {TINY_CHAT} -m {tiny['target']} -n 8'"
     with Pane(tmp_path, cmd) as pane:
         pane.wait_for("/help for commands")
         if after_a_reply:
