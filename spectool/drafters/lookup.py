@@ -180,7 +180,7 @@ class LookupOffer:
     drawn (the controller draws only while a longer draft could pay); `take(k)` the first k tokens,
     however many keys were drawn before."""
 
-    __slots__ = ("history", "n_history", "tokens", "sources", "_keys")
+    __slots__ = ("history", "n_history", "tokens", "sources", "keys", "_keys")
 
     def __init__(self, lookup: PromptLookup, history: Sequence[int], k_max: int,
                  final: int | None = None):
@@ -188,13 +188,14 @@ class LookupOffer:
         self.tokens: list[int] = []  # the tokens behind the keys drawn so far ...
         # ... and where each came from: the request's own text or the corpus
         self.sources: list[Source] = []
-        self._keys = lookup._keys(history, k_max, self.tokens, final, self.sources)
+        self.keys: list[Evidence] = []  # ... and their keys
+        self._keys = lookup._keys(history, k_max, self.tokens, final, self.sources, self.keys)
 
     def __iter__(self) -> Iterator[Evidence]:
         return self._keys
 
     def take(self, k: int) -> list[int]:
-        """The first k tokens on offer (fewer where the prediction ends)."""
+        """The first k tokens on offer (fewer where the prediction ends); `keys[:k]` are theirs."""
         if len(self.tokens) < k:
             for _ in islice(self._keys, k - len(self.tokens)):
                 pass  # drawing a key predicts its token
@@ -226,10 +227,11 @@ class PromptLookup(Drafter):
         self._disputes: dict[int, Dispute] = {}  # by the disputed position
 
     def _keys(self, history: Sequence[int], k: int, tokens: list[int], final: int | None = None,
-              sources: list[Source] | None = None) -> Iterator[Evidence]:
+              sources: list[Source] | None = None,
+              keys: list[Evidence] | None = None) -> Iterator[Evidence]:
         """For LookupOffer: the controller keys of up to k tokens predicted after `history`, lazily,
-        each key's token appended to the offer's `tokens` as the key is yielded (and its source to
-        `sources`).
+        each key's token appended to the offer's `tokens` as the key is yielded (its source to
+        `sources`, the key to `keys`).
 
         A draft copies a stretch of the history: its first token comes from an n-gram match, and
         each next one usually from the same match one token longer, which by then includes drafted
@@ -243,11 +245,11 @@ class PromptLookup(Drafter):
         self.index.extend(history, final)
         if self._disputes and self.corpus is not None:
             self._settle(history, final)
-        yield from self._predicted(history, k, tokens, sources, final)
+        yield from self._predicted(history, k, tokens, sources, final, keys)
 
     def _predicted(self, history: Sequence[int], k: int, tokens: list[int],
-                   sources: list[Source] | None = None,
-                   final: int | None = None) -> Iterator[Evidence]:
+                   sources: list[Source] | None = None, final: int | None = None,
+                   keys: list[Evidence] | None = None) -> Iterator[Evidence]:
         """`_keys` on the index as it is (`final`: where the history's verified tokens end, to note
         disputes from; None notes none)."""
         corpus = self.corpus
@@ -268,6 +270,8 @@ class PromptLookup(Drafter):
             tokens.append(token)
             if sources is not None:
                 sources.append(source)
+            if keys is not None:
+                keys.append(key)
             prev_n, prev_source = n, source
             yield key
 

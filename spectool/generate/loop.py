@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Generator, Iterator, Sequence
+from typing import Callable, Generator, Iterator, Sequence, cast
 
 from spectool.llama import native  # noqa: F401, I001 - llama.cpp before numpy (native.py)
 import numpy as np  # noqa: E402
 
+from spectool.core.audit import HORIZON, Audit, Offer
 from spectool.core.controller import Controller
 from spectool.core.evidence import Evidence, Source
 from spectool.core.grammar import Constraint, Grammar, NothingAllowed, dist_under, token_under
@@ -169,6 +170,10 @@ class Loop:
         # acceptance is learnt per temperature
         self.temp = 0.0 if g.sampling.greedy else g.sampling.temp
         self.n_new = 0
+        # a greedy generation's adaptive picks checked against fixed lengths (core/audit.py)
+        # (not under a floor the user set: --draft-min is a policy of its own)
+        self.audit = (Audit() if g.sampling.greedy and self.ctl.adaptive and self.ctl.audit
+                      and not self.ctl.k_min and g.drafter is not None else None)
 
     def worth(self, key: Evidence) -> float:
         """What the controller makes of a drafter's greedy key at this generation's temperature."""
@@ -213,8 +218,12 @@ class Loop:
         limit = min(room, self.g.max_tokens - self.n_new - 1)
         for bound in (share, self.g.draft_max):
             limit = limit if bound is None else min(limit, bound)
-        keys = self.ctl.pick(self.drafter.peek(self.x, self.ctl.k_max, self.worth), self.temp,
-                             limit)
+        offer = self.drafter.peek(self.x, self.ctl.k_max, self.worth)
+        keys = self.ctl.pick(offer, self.temp, limit)
+        if self.audit is not None and hasattr(offer, "take"):  # lookup's: its tokens are known
+            known = cast(Offer, offer)
+            seen = known.take(min(HORIZON, limit))
+            keys = known.keys[: self.audit.length(len(keys), seen, limit, len(self.x))]
         d = self.drafter.propose(self.x, len(keys), self.sampling, self.rng) if keys else EMPTY
         if d.notice:
             self.notice = d.notice
@@ -248,7 +257,10 @@ class Loop:
         rows.rollback(len(self.x) + p.n_acc)
         seconds = time.perf_counter() - t0
         self.observe(p, seconds - p.logprob_seconds if alone else None)
-        return self.emit(p, seconds)
+        step = self.emit(p, seconds)
+        if self.audit is not None:
+            self.audit.judge(self.x, self.ctl.costs.verify_costs(HORIZON + 1))
+        return step
 
     def interrupt(self) -> Iterator[Step]:
         """The end of an interrupted generation: a last step with the text held back for a stop

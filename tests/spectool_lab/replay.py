@@ -14,6 +14,7 @@ import time
 from spectool.llama import native  # noqa: F401, I001 - llama.cpp's libraries before numpy (spectool/llama/native.py)
 import numpy as np  # noqa: E402
 
+from spectool.core.audit import HORIZON, Audit
 from spectool.core.controller import Controller
 from spectool.core.costs import Costs
 from spectool.drafters.lookup import PromptLookup
@@ -66,15 +67,32 @@ def verified(ctl: Controller, keys, draft: list[int], y, j: int, cost) -> tuple[
 
 def ours(p, y, cost, k_max: int, costs: Costs, lookup: PromptLookup | None = None,
          ctl: Controller | None = None) -> float:
-    """spectool's lookup (`lookup`, a fresh one by default) under its controller (`ctl`: one of its own)."""
+    """spectool's lookup (`lookup`, a fresh one by default) under its controller (`ctl`: one of its own), its picks
+    audited against fixed lengths as Loop.plan audits them (core/audit.py) where the controller's `audit` is on."""
     lookup, ctl, total, j = lookup or PromptLookup(), ctl or Controller(k_max=k_max, costs=costs), 0.0, 0
+    audit = Audit() if ctl.audit and ctl.adaptive and not ctl.k_min else None
     while j < len(y):
-        h = p + y[:j]
-        keys = ctl.pick(lookup.peek(h, min(k_max, len(y) - j - 1)))
+        h, limit = p + y[:j], len(y) - j - 1
+        offer = lookup.peek(h, min(k_max, limit))
+        keys = ctl.pick(offer)
+        if audit is not None:
+            keys = offer.keys[: audit.length(len(keys), offer.take(min(HORIZON, limit)), limit, len(h))]
         draft = lookup.propose(h, len(keys), None, None).tokens if keys else []
         m, seconds = verified(ctl, keys, draft, y, j, cost)
         total += seconds
         j += m + 1
+        if audit is not None:
+            audit.judge(p + y[:j], cost)
+    return total
+
+
+def fixed(p, y, cost, k: int) -> float:
+    """Seconds of a fixed policy over the same drafts: lookup's first k tokens (as many as it has) at every step."""
+    lookup, total, j = PromptLookup(), 0.0, 0
+    while j < len(y):
+        draft = lookup.lookup(p + y[:j], min(k, len(y) - j - 1))[0]
+        total += cost[len(draft) + 1]
+        j += accepted(draft, y, j) + 1
     return total
 
 

@@ -1,0 +1,128 @@
+"""The controller checking itself against fixed policies, inside one greedy generation.
+
+Prompt lookup's drafts are a deterministic function of the text, and at temperature 0 the text the
+target makes is known once verified. So at each step the loop hands the audit what lookup offered
+(up to HORIZON tokens, drawn whether or not they are drafted) and the length the controller picked;
+once the text has passed that point, the audit knows how far each length would have been accepted
+there: a draft of k tokens yields min(k, m) + 1 tokens, m being how far the offer matched the text,
+and costs what the cost table charges a batch of k + 1. Summed over the recent steps (decayed), that
+is the speed of every fixed length (llama.cpp's n-gram drafters draft a fixed length where their
+evidence holds) and of the controller's own choices, at this machine's costs, on this very text.
+Where the best fixed length has been faster than the controller by more than MARGIN, the next step
+drafts that length instead: the controller never trails a fixed length by more than that for long,
+whatever the prompt's format, and it keeps learning from what the other drafts show.
+
+The comparison is made at the states the generation visited (a fixed policy would have stepped
+from other positions), and there it flatters the fixed lengths: replayed over Gemma 3 270M's greedy
+output (research/controller_replay.py, 2026-12-03), a margin of 3% took over where the controller
+was right and lost up to 6 points of the oracle's speed; from 30% on it never took over there, and
+the controller alone made 1.11-1.22x the best fixed length on every set. So the audit is a safety
+net, not a second controller: it takes over where the controller's estimates are badly wrong (a run
+whose priors or acceptance were poisoned drafts nearly nothing: tests/test_audit.py), and costs
+about 20 us of host time a step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+from spectool.core.evidence import Evidence
+
+# the fixed lengths held up against the controller's choices
+LENGTHS = (1, 2, 3, 4, 6, 8, 12, 16)
+HORIZON = LENGTHS[-1]  # how many tokens of each offer are drawn for the audit
+# how much faster a fixed length must have been to take over (research/controller_replay.py)
+MARGIN = 0.3
+MIN_STEPS = 8  # steps seen before any takes over
+DECAY = 0.98  # the weight of a step's evidence one step later
+
+
+class Offer(Protocol):
+    """A drafter's offer whose tokens are known before any is drafted (prompt lookup's LookupOffer):
+    `take(k)` its first k tokens, `keys` the keys of those drawn so far."""
+
+    keys: list[Evidence]
+
+    def take(self, k: int) -> list[int]: ...
+
+
+@dataclass(slots=True)
+class _Seen:
+    pos: int  # where the step's drafts began in the history
+    offer: list[int]  # what lookup offered there, up to HORIZON tokens
+    picked: int  # the length the controller picked
+    limit: int  # the most the step could draft (room, budget, a request's maximum)
+
+
+@dataclass
+class Audit:
+    """One greedy generation's record of what each fixed length, and the controller, would have
+    made on its text (see the module)."""
+
+    lengths: Sequence[int] = LENGTHS
+    margin: float = MARGIN
+    min_steps: int = MIN_STEPS
+    decay: float = DECAY
+    # decayed tokens made and seconds spent: by each fixed length, and by the controller's picks
+    made: dict[int, float] = field(default_factory=dict)
+    spent: dict[int, float] = field(default_factory=dict)
+    ours: list[float] = field(default_factory=lambda: [0.0, 0.0])
+    steps: float = 0.0  # decayed count of the steps judged
+    taken_over: int = 0  # how many steps a fixed length drafted instead of the controller's pick
+    _pending: list[_Seen] = field(default_factory=list)
+
+    def length(self, picked: int, offer: list[int], limit: int, pos: int) -> int:
+        """The length to draft at history position `pos`: the controller's `picked`, unless a fixed
+        length has lately been faster on this text (then that length, within `limit` and the
+        offer). The step is remembered, to be judged once the text has passed it."""
+        self._pending.append(_Seen(pos, offer, picked, limit))
+        best = self.leader()
+        if best is None:
+            return picked
+        self.taken_over += 1
+        return min(best, limit, len(offer))
+
+    def leader(self) -> int | None:
+        """The fixed length that has made more tokens a second than the controller by more than
+        the margin, over enough steps; None where none has."""
+        if self.steps < self.min_steps or not self.ours[1]:
+            return None
+        ours = self.ours[0] / self.ours[1]
+        rates = {k: self.made[k] / self.spent[k] for k in self.made if self.spent[k]}
+        best = max(rates, key=rates.__getitem__, default=None)
+        return best if best is not None and rates[best] > ours * (1 + self.margin) else None
+
+    def judge(self, history: Sequence[int], costs: Sequence[float]) -> None:
+        """Judge the steps the verified `history` has passed: each one's offer against the text the
+        target made, priced by `costs` (seconds of a batch by size, index = size)."""
+        keep = []
+        for s in self._pending:
+            m = _matched(s.offer, history, s.pos)
+            if m is None:
+                keep.append(s)
+                continue
+            self._add(s, m, costs)
+        self._pending = keep
+
+    def _add(self, s: _Seen, m: int, costs: Sequence[float]) -> None:
+        d = self.decay
+        self.steps = self.steps * d + 1.0
+        for k in self.lengths:
+            n = min(k, s.limit, len(s.offer))
+            self.made[k] = self.made.get(k, 0.0) * d + min(n, m) + 1
+            self.spent[k] = self.spent.get(k, 0.0) * d + costs[n + 1]
+        n = min(s.picked, len(s.offer))
+        self.ours[0] = self.ours[0] * d + min(n, m) + 1
+        self.ours[1] = self.ours[1] * d + costs[n + 1]
+
+
+def _matched(offer: list[int], history: Sequence[int], pos: int) -> int | None:
+    """How many of `offer`'s tokens the history holds from `pos` on; None while the history has not
+    yet reached far enough to say."""
+    for i, token in enumerate(offer):
+        if pos + i >= len(history):
+            return None
+        if history[pos + i] != token:
+            return i
+    return len(offer)
