@@ -12,7 +12,8 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, ContextManager, Generator, Iterator, NamedTuple
+from typing import (TYPE_CHECKING, Callable, ContextManager, Generator, Iterator, NamedTuple,
+                    Sequence)
 
 # the session layer's vocabulary, re-exported
 from spectool.options import DRAFT_MAX, Mode, Options, UserError  # noqa: F401
@@ -157,23 +158,28 @@ def text_completion(s: Session, text: str, stop, truncate: bool, interrupted, st
 
 
 def generation(policy: Policy, target: Model, o: Options, grammar: Grammar | None = None,
-               prediction: str | None = None) -> GenerationConfig:
+               predicted: Sequence[int] | None = None) -> GenerationConfig:
     """The GenerationConfig that options `o` ask of a session's `policy` and `target` (a command
     line's, or a serve request's over the server's): checked sampling, token budget and seed, the
     grammar (`grammar` if given, made once: a serve request's, or the server's; else the one `o`
     asks for), and the drafter and controller the policy builds for it (drafters/builder.py: the
-    session's drafter under that grammar, with the corpus, behind the text the output is predicted
-    to be, `prediction`)."""
+    session's drafter under that grammar, with the corpus, behind the tokens the output is predicted
+    to be, `predicted`: see prediction_tokens)."""
     from spectool.generate.loop import GenerationConfig
 
     sampling = o.sampling()
     grammar = grammar if grammar is not None else o.grammar_spec()
-    predicted = (target.tokenize(prediction, add_special=False, parse_special=False)
-                 if prediction else None)
     drafter, ctl = policy.drafting(grammar is not None, predicted,
                                    seeded=o.seed is not None and not sampling.greedy)
     return GenerationConfig(target, drafter, sampling, ctl, max_tokens=o.max_tokens, seed=o.seed,
                             grammar=grammar)
+
+
+def prediction_tokens(target: Model, prediction: str | None) -> list[int] | None:
+    """The tokens of the text the output is predicted to be (--prediction, a request's
+    `prediction`), tokenized once for all of a request's choices; None without one."""
+    return target.tokenize(prediction, add_special=False, parse_special=False) if prediction \
+        else None
 
 
 def resolve_models(o: Options) -> Refs:
@@ -399,7 +405,8 @@ def open_session(o: Options, hooks: Hooks = Hooks()) -> Iterator[Session]:
             notices.append(f"--lookup-cache {o.lookup_cache}: this mode does not draft by prompt "
                            "lookup; not used")
         draft_model = m.draft if policy.mode in (Mode.draft, Mode.hybrid) else None
-        s = Session(generation(policy, m.target, o, p.grammar, p.prediction), policy,
+        predicted = prediction_tokens(m.target, p.prediction)
+        s = Session(generation(policy, m.target, o, p.grammar, predicted), policy,
                     m.target_name, m.draft_name, notices, draft_model)
         try:
             yield s

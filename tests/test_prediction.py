@@ -187,3 +187,30 @@ def test_run_with_a_prediction_file_and_a_bad_one(tiny, tmp_path):
     for bad, why in ((tmp_path / "missing.py", "no such file"), (tmp_path, "is a directory")):
         out = spectool(*args, "--prediction", bad, "def greet(name):", timeout=300)
         assert out.returncode == 2 and out.stderr.strip().splitlines() == [f"error: --prediction {bad}: {why}"]
+
+
+def test_a_requests_prediction_is_tokenized_once_for_all_its_choices(tiny):
+    """A 5 MB prediction at n 8 took 15.8 s against 2.3 s at n 1 (issue 58): the prediction is tokenized once
+    for the request, and every choice drafts from the same tokens."""
+    from spectool.server.requests import parse
+    from spectool.session import Options, open_session
+
+    o = Options(model=str(tiny["target"]), ctx_size=512, threads=2)
+    prediction = "def greet(name):\n    print('hello', name)\n" * 50
+    with open_session(o) as s:
+        target, calls = s.target, []
+        tokenize = target.tokenize
+
+        def counting(text, *args, **kwargs):
+            calls.append(text == prediction)
+            return tokenize(text, *args, **kwargs)
+
+        target.tokenize = counting
+        try:
+            asked = parse({"prompt": PROMPT, "n": 8, "max_tokens": 4, "prediction": {"type": "content",
+                                                                                    "content": prediction}},
+                          False, s, o)
+        finally:
+            del target.tokenize
+    assert len(asked.gens) == 8 and sum(calls) == 1
+    assert len({id(g.drafter.prediction) for g in asked.gens}) == 1

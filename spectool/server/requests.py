@@ -18,7 +18,7 @@ from spectool.options import Options, UserError, in_request, request_options
 from spectool.server.errors import ApiError, Overflow, invalid
 from spectool.server.fields import check
 from spectool.server.logprobs import requested as requested_logprobs
-from spectool.session import Session, generation
+from spectool.session import Session, generation, prediction_tokens
 
 if TYPE_CHECKING:
     from spectool.core.grammar import Grammar
@@ -163,8 +163,9 @@ def generations(body: dict, chat: bool, n: int, grammar: Grammar | None, session
     seeds = [o.seed if o.seed is None else o.seed + i for i in range(n)]
     logprobs = requested_logprobs(body, chat)  # logprobs.py
     draft_max = request_draft_max(body, session.k_max)
+    predicted = prediction_tokens(session.target, prediction)  # once for all the choices
     return [replace(generation(session.policy, session.target, replace(o, seed=seed), grammar,
-                               prediction), logprobs=logprobs, draft_max=draft_max)
+                               predicted), logprobs=logprobs, draft_max=draft_max)
             for seed in seeds]
 
 
