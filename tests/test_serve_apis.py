@@ -609,17 +609,18 @@ def test_a_prompt_past_the_context_is_refused_in_each_apis_own_words(server):
 @pytest.fixture(scope="module")
 def beating(tiny):
     """A server that sends a keep-alive after 50 ms of silence."""
-    s = Server(tiny["target"], "--no-lookup-corpus", "--keepalive", "0.05", "-c", "2048")
+    s = Server(tiny["target"], "--no-lookup-corpus", "--keepalive", "0.05", "-c", "8192")
     yield s
     s.stop()
 
 
 def test_a_stream_is_kept_alive_while_a_long_prompt_is_prefilled(beating):
-    """Streamed, a long prompt's prefill (here over 50 ms: about 1,500 tokens on the tiny model) is not silent: SSE
+    """Streamed, a long prompt's prefill (here well over 50 ms: about 5,300 tokens on the tiny model; 2,200 took
+    under 50 ms one run in three on a quiet 2-core EPYC) is not silent: SSE
     comments on chat completions and the Responses API, `ping` events on the Messages API; the clients skip them and
     read the same answer as without them."""
     def prompt(tag: str) -> str:  # (a prompt of its own for each request: none is read from the KV cache)
-        return " ".join(f"{tag}{i}" for i in range(500))
+        return " ".join(f"{tag}{i}" for i in range(1200))
 
     _, raw = beating.request("POST", "/v1/chat/completions", {"max_tokens": 4, "stream": True, "messages": [
         {"role": "user", "content": prompt("c")}]})
