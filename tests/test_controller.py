@@ -1,5 +1,6 @@
 """The adaptive controller with synthetic costs and acceptance."""
 
+import itertools
 import json
 import random
 
@@ -356,3 +357,58 @@ def test_a_predictions_match_is_drafted_as_far_as_lookups_before_either_is_learn
             keys.append(keys[-1].next)
         assert ctl.acceptance(keys[0]) == ctl.acceptance(Evidence.lookup(8))
         assert len(ctl.pick(keys)) == len(ctl.pick([Evidence.lookup(8, Agreement.agreed, i) for i in range(8)]))
+
+
+def batch_ratio(ctl, offers, ks, others=0):
+    """Expected tokens per second of one decode of several sequences' drafts, the first ks[i] keys of offers[i]
+    each, beside `others` rows that make a token each (the brute force of Controller.pick_together's rule)."""
+    rows, expected = others + len(offers) + sum(ks), float(others + len(offers))
+    for keys, k in zip(offers, ks):
+        run = 1.0
+        for key in keys[:k]:
+            run *= ctl.acceptance(key)
+            expected += run
+    return expected / ctl.costs.verify_costs(rows)[rows]
+
+
+def test_a_batch_drafts_the_lengths_that_make_the_most_tokens_a_second():
+    """pick_together() against every combination of lengths, for two and three sequences: random acceptance
+    histories, CPU-like, GPU-like and noisy cost tables. Its lengths make the most expected tokens per second of
+    any combination (within rounding), and each sequence's keys are its offer's first ones."""
+    rng = random.Random(2)
+    pool = [Evidence.lookup(n, agr, pos) for n in (1, 2, 3, 4, 8) for agr in Agreement for pos in range(3)]
+    drafted = 0
+    for trial in range(300):
+        ctl = Controller(k_max=5)
+        slope, noisy = ((0.55, False), (0.02, False), (0.2, True))[trial % 3]
+        ctl.costs = Costs(verify={b: (1 + slope * (b - 1)) * (rng.uniform(0.8, 1.2) if noisy else 1.0)
+                                  for b in range(1, 3 * 6 + 3)})
+        for key in pool:
+            for _ in range(rng.randrange(3, 30)):
+                ctl.observe_accept([key], 1, int(rng.random() < rng.random()))
+        offers = [[rng.choice(pool) for _ in range(rng.randrange(0, 8))] for _ in range(rng.choice((2, 3)))]
+        others = rng.choice((0, 2))
+        picked = ctl.pick_together([(keys, 0.0, None) for keys in offers], others=others)
+        ks = [len(p) for p in picked]
+        assert all(p == keys[: len(p)] for p, keys in zip(picked, offers))
+        best = max(batch_ratio(ctl, offers, combo, others)
+                   for combo in itertools.product(*(range(min(5, len(keys)) + 1) for keys in offers)))
+        assert batch_ratio(ctl, offers, ks, others) >= best * (1 - 1e-9), (trial, ks)
+        drafted += sum(ks)
+    assert drafted > 100  # the tables make drafting pay often
+
+
+def test_where_the_batch_alone_fills_the_machine_nothing_is_drafted():
+    """A CPU whose rows cost a share of the decode each from four on (0.4 R, against 1 + 0.2 (R - 1) below): alone,
+    a sequence whose tokens are accepted 80% of the time drafts 3 (4 rows for 1.6 steps); four such sequences
+    together draft nothing, since a row would add at most 0.8 tokens where the batch makes a token per row.
+    Pricing each alone would draft 12 rows, for 1.84 tokens a step against 2.5. The same with three rows of
+    sequences that do not draft beside one that could."""
+    ctl = Controller(k_max=8)
+    ctl.costs = Costs(verify={1: 1.0, 2: 1.2, 3: 1.4, **{b: 0.4 * b for b in range(4, 40)}})
+    key = Evidence.lookup(8, Agreement.agreed, 0)
+    ctl.priors[key.stretch_start] = (0.8, 1e9)  # acceptance 0.8, whatever is observed
+    assert len(ctl.pick([key] * 8)) == 3
+    assert ctl.pick_together([([key] * 8, 0.0, None)] * 4) == [[]] * 4
+    assert ctl.pick_together([([key] * 8, 0.0, None)], others=3) == [[]]
+    assert ctl.pick_together([([key] * 8, 0.0, None)] + [([], 0.0, None)] * 3) == [[]] * 4

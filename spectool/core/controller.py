@@ -189,64 +189,141 @@ class Controller:
         may be lazy (PromptLookup.peek): it is drawn from only while a longer draft could still do
         better than the best so far, since each further token adds at most the chance of reaching
         it and no drafting cost."""
-        k_max = self.k_max if limit is None else max(0, min(self.k_max, limit))
-        k_min = min(self.k_min, k_max)
-        offer = map(Evidence.at, offer, repeat(temp)) if temp else iter(offer)
-        keys = list(islice(offer, k_max if not self.adaptive else min(k_max, k_min + 1)))
-        if not self.adaptive or len(keys) <= k_min:
-            return keys
-        a = self._stats(keys[0])
-        if a.tries < self.explore.get(keys[0].source, 0):
-            n = min(k_max, max(k_min, self.explore_k))
-            return keys + list(islice(offer, max(0, n - len(keys))))
-        k_best = self._best_length(keys, offer, k_min, k_max)
-        if k_best == 0:
-            a.zero_streak += 1
-            # re-probe: a short draft keeps the estimate honest
-            if a.zero_streak >= self.probe_every:
-                a.zero_streak = 0
-                n = min(k_max, self.explore_k)
-                return keys[:n] + list(islice(offer, max(0, n - len(keys))))
-        else:
-            a.zero_streak = 0
-        return keys[:k_best]
+        return self.pick_together([(offer, temp, limit)])[0]
 
-    def _best_length(self, keys: list[Evidence], offer: Iterator[Evidence], k_min: int,
-                     k_max: int) -> int:
-        """The k in [k_min, k_max] with the best E(k) / cost(k), drawing `keys` on from `offer`
-        while a longer draft could still pay."""
-        costs = self.costs.verify_costs(k_max + 1)
-        k_best, best = 0, 1.0 / costs[1]  # E(0) / cost(0)
-        expected, run, drafting = 1.0, 1.0, 0.0
-        # a draft's tokens come from one or two drafters: priced once each
-        drafter, per_token = None, 0.0
-        for k, key in enumerate(chain(keys, offer), 1):
+    def pick_together(self, offers: Sequence[tuple[Iterable[Evidence], float, int | None]],
+                      others: int = 0) -> list[list[Evidence]]:
+        """`pick` for several sequences whose drafts one decode verifies, beside `others` rows of
+        sequences that do not draft (generate/batch.py): each sequence's keys, the lengths chosen
+        together for the best expected tokens, summed over the sequences, per second of a decode of
+        all their rows. The next row goes to the sequence whose next token is likeliest to be kept,
+        so a row of a batch is priced at what it adds to the batch's decode, and where the batch's
+        own rows fill the machine, nothing is drafted."""
+        chains = [_Chain.of(self, offer, temp, limit) for offer, temp, limit in offers]
+        free = [c for c in chains if not c.decided]
+        if free:  # the others' rows, and their tokens (a decided draft's as expected)
+            decided = [c for c in chains if c.decided]
+            self._best_lengths(free, others + sum(1 + len(c.keys) for c in decided),
+                               others + sum(map(self._expected, decided)))
+        for c in free:
+            c.keys = self._probed(c)
+        return [c.keys for c in chains]
+
+    def _expected(self, c: _Chain) -> float:
+        """The tokens a step with `c`'s keys drafted makes, as expected."""
+        run, expected = 1.0, 1.0
+        for key in c.keys:
             run *= self.acceptance(key)
             expected += run
-            if key.cost_key is not drafter:
-                drafter, per_token = key.cost_key, self.draft_cost(key, costs[1])
-            drafting += per_token
-            if k > len(keys):
-                keys.append(key)
-            ratio = expected / (costs[k + 1] + drafting)
-            if ratio > best or k == k_min:
-                k_best, best = k, ratio
-            elif k > k_min and self._no_longer_draft_pays(costs[k + 2 : k_max + 2], expected,
-                                                          run, drafting, best):
+        return expected
+
+    def _best_lengths(self, chains: list[_Chain], rows: int, expected: float) -> None:
+        """Each chain's length (`n`), at least its floor: the one with the best E / cost, summed
+        over the chains and beside `rows` rows of other sequences that make `expected` tokens,
+        drawing keys while a longer draft could still pay."""
+        costs = self.costs.verify_costs(rows + sum(1 + c.cap for c in chains))
+        drafting = 0.0
+        for c in chains:
+            rows += 1
+            expected += 1.0
+            while c.n < c.floor:
+                gain, per_token = c.grow(self, costs[1])
+                rows, expected, drafting = rows + 1, expected + gain, drafting + per_token
+        best, chosen = expected / (costs[rows] + drafting), [c.n for c in chains]
+        while growing := [c for c in chains if c.can_grow()]:
+            c = max(growing, key=lambda c: c.gain(self))
+            gain, per_token = c.grow(self, costs[1])
+            rows, expected, drafting = rows + 1, expected + gain, drafting + per_token
+            ratio = expected / (costs[rows] + drafting)
+            if ratio > best:
+                best, chosen = ratio, [c.n for c in chains]
+                continue
+            longer = costs[rows + 1 : rows + 1 + sum(c.cap - c.n for c in chains)]
+            if self._no_longer_draft_pays(longer, expected, max(c.run for c in growing), drafting,
+                                          best):
                 break
-            if k == k_max:
-                break
-        return k_best
+        for c, n in zip(chains, chosen, strict=True):
+            c.n = n
+
+    def _probed(self, c: _Chain) -> list[Evidence]:
+        """A chain's keys as chosen, unless its first key has been held at no draft for
+        `probe_every` steps: then a short draft keeps the estimate honest."""
+        if not c.keys:
+            return []
+        a = self._stats(c.keys[0])
+        if c.n:
+            a.zero_streak = 0
+            return c.keys[: c.n]
+        a.zero_streak += 1
+        if a.zero_streak < self.probe_every:
+            return []
+        a.zero_streak = 0
+        return c.draw(min(c.cap, self.explore_k))
 
     @staticmethod
     def _no_longer_draft_pays(longer: list[float], expected: float, run: float, drafting: float,
                               best: float) -> bool:
-        """Whether no draft longer than k can beat the ratio `best`: each further token adds at most
+        """Whether no longer draft can beat the ratio `best`: each further token adds at most
         `run` expected tokens (acceptances are at most 1) and no drafting cost; `longer`: the costs
-        of verifying k + 2, k + 3, ... tokens."""
+        of verifying one more row, two more, ..."""
         for cost in longer:
             expected += run
             if expected > best * (cost + drafting):
                 return False
         return True
 
+
+@dataclass
+class _Chain:
+    """One sequence's offer as the controller weighs it: the keys drawn so far from `offer`, the
+    most it may draft (`cap`) and the least (`floor`), how many are chosen (`n`) and the chance
+    that all of them are accepted (`run`). `decided`: its keys are what it drafts (a fixed length, an
+    offer no longer than the floor, a drafter being explored); else the controller chooses."""
+
+    keys: list[Evidence]
+    offer: Iterator[Evidence]
+    cap: int
+    floor: int
+    decided: bool = False
+    n: int = 0
+    run: float = 1.0
+    drafter: Evidence | None = None
+    per_token: float = 0.0
+
+    @classmethod
+    def of(cls, ctl: Controller, offer: Iterable[Evidence], temp: float,
+           limit: int | None) -> _Chain:
+        cap = ctl.k_max if limit is None else max(0, min(ctl.k_max, limit))
+        floor = min(ctl.k_min, cap)
+        keys = map(Evidence.at, offer, repeat(temp)) if temp else iter(offer)
+        c = cls([], keys, cap, floor)
+        c.draw(cap if not ctl.adaptive else min(cap, floor + 1))
+        if not ctl.adaptive or len(c.keys) <= floor:
+            c.decided = True
+        elif ctl._stats(c.keys[0]).tries < ctl.explore.get(c.keys[0].source, 0):
+            c.decided = True
+            c.draw(min(cap, max(floor, ctl.explore_k)))
+        return c
+
+    def draw(self, n: int) -> list[Evidence]:
+        """The first n keys, drawn from the offer as far as needed (fewer where it ends)."""
+        self.keys += islice(self.offer, max(0, n - len(self.keys)))
+        return self.keys[:n]
+
+    def can_grow(self) -> bool:
+        return self.n < self.cap and len(self.draw(self.n + 1)) > self.n
+
+    def gain(self, ctl: Controller) -> float:
+        """What the next key adds to the expected tokens: the chance that it and all before it are
+        accepted."""
+        return self.run * ctl.acceptance(self.keys[self.n])
+
+    def grow(self, ctl: Controller, one: float) -> tuple[float, float]:
+        """The next key chosen: what it adds to the expected tokens and to drafting's seconds (`one`:
+        a target step's)."""
+        key = self.keys[self.n]
+        self.run = gain = self.gain(ctl)
+        if key.cost_key is not self.drafter:
+            self.drafter, self.per_token = key.cost_key, ctl.draft_cost(key, one)
+        self.n += 1
+        return gain, self.per_token

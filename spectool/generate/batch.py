@@ -6,9 +6,12 @@ left keeps its cache: the next prompt joins the free sequence whose cache shares
 with it (llama-server's slot choice, `pick`) and prefills only what follows that prefix.
 
 Each sequence is a Loop (loop.py) of its own, with its drafter, controller, sampling and random
-generator: a seeded sequence draws what it would draw alone, whatever runs beside it. Its
-controller prices drafts from the one-sequence cost table: a decode shared with other sequences
-teaches it nothing of costs (the batch's own pricing is issue 48 item 2). Not in a batch yet:
+generator: a seeded sequence draws what it would draw alone, whatever runs beside it. The sequences
+that share a controller (a server's, but for seeded ones) have their drafts priced together: a row
+costs what it adds to the batch's decode, which the cost table prices by its rows (a row costs
+about the same whichever sequence it is in: research/notes/2026-12-03-parallel-bound.md), so the
+next row goes to the likeliest draft token of any sequence, and where the batch's own rows fill the
+machine none is drafted (Controller.pick_together). Not in a batch yet:
 drafters that listen to the target's decodes (MTP heads), sampling inside llama.cpp's graph (a
 batch reads whole rows). A drafter with a state of its own (lookup's index, a draft model's cache)
 must be each sequence's own (drafters/builder.py's Policy.drafting).
@@ -17,10 +20,11 @@ must be each sequence's own (drafters/builder.py's Policy.drafting).
 from __future__ import annotations
 
 import time
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from spectool.core.stats import Stats
-from spectool.generate.loop import GenerationConfig, Loop, Step, never
+from spectool.core.controller import Controller
+from spectool.generate.loop import GenerationConfig, Loop, Offered, Plan, Step, never
 from spectool.generate.prompt import freeze_startup_objects
 from spectool.generate.stream import TextStream
 from spectool.llama.engine import EngineError, shared_prefix
@@ -159,20 +163,14 @@ class Batch:
         """One decode for every active sequence, each one's step as Loop.steps makes it (plan, the
         pass, accept, settle), its room bounded by its share of the batch too; each one's Step by
         seq id. A sequence whose step finished it (finish_reason set) has left the batch."""
-        target, out, plans = self.target, {}, {}
-        share = target.n_batch // max(1, len(self.active)) - 1  # drafts a sequence may add
-        for seq, loop in self.active.items():
-            p = loop.plan(target.n_ctx_seq, share)
-            if p is None:
-                out[seq] = loop.last("context")
-            else:
-                plans[seq] = p
+        target, out = self.target, dict[int, Step]()
+        plans = self.plan(out)
         if plans:
             t0 = time.perf_counter()
             starts = target.eval_seqs([(seq, self.active[seq].batch(p))
                                        for seq, p in plans.items()])
-            self.n_steps += 1
-            self.n_rows += sum(len(p.draft.tokens) + 1 for p in plans.values())
+            n_rows = sum(len(p.draft.tokens) + 1 for p in plans.values())
+            self.n_steps, self.n_rows = self.n_steps + 1, self.n_rows + n_rows
             self.n_seq_steps += len(plans)
             rows = {seq: Rows(target, seq, start) for seq, start in zip(plans, starts)}
             for seq, p in plans.items():  # every sequence's rows read before any roll-back
@@ -180,7 +178,48 @@ class Batch:
             # a decode of one sequence is a one-sequence verification: its cost is one's
             for seq, p in plans.items():
                 out[seq] = self.active[seq].settle(p, rows[seq], t0, alone=len(plans) == 1)
+            if len(plans) > 1:
+                self.observe(plans, n_rows, time.perf_counter() - t0)
         for seq, step in out.items():
             if step.finish_reason:
                 self.leave(seq)
         return out
+
+    def plan(self, out: dict[int, Step]) -> dict[int, Plan]:
+        """Every active sequence's drafts, priced together: the sequences that share a controller
+        have their lengths chosen by it at once (Controller.pick_together), each sequence's row
+        priced at what it adds to the batch's decode; a sequence whose context is full gets its
+        last step in `out` instead."""
+        share = self.target.n_batch // max(1, len(self.active)) - 1  # drafts a sequence may add
+        offers: dict[int, Offered] = {}
+        for seq, loop in self.active.items():
+            o = loop.offer(self.target.n_ctx_seq, share)
+            if o is None:
+                out[seq] = loop.last("context")
+            else:
+                offers[seq] = o
+        plans = {}
+        for ctl, seqs in self.by_controller(offers):
+            loops = [self.active[seq] for seq in seqs]
+            picks = ctl.pick_together([(offers[seq].keys, loop.temp, offers[seq].limit)
+                                       for seq, loop in zip(seqs, loops)],
+                                      others=len(offers) - len(seqs))
+            for seq, loop, keys in zip(seqs, loops, picks):
+                plans[seq] = loop.draft(offers[seq], keys, audited=len(offers) == 1)
+        return plans
+
+    def by_controller(self, seqs: Iterable[int]) -> list[tuple[Controller, list[int]]]:
+        """The sequences `seqs` by the controller that picks their drafts."""
+        groups: dict[int, tuple[Controller, list[int]]] = {}
+        for seq in seqs:
+            ctl = self.active[seq].ctl
+            groups.setdefault(id(ctl), (ctl, []))[1].append(seq)
+        return list(groups.values())
+
+    def observe(self, plans: dict[int, Plan], n_rows: int, seconds: float) -> None:
+        """A decode of several sequences' `n_rows` rows took `seconds` (logprobs aside): the price of
+        that many rows, for the controller they share (a seeded sequence's own untimed one learns
+        nothing of it)."""
+        seconds -= sum(p.logprob_seconds for p in plans.values())
+        for ctl, _ in self.by_controller(plans):
+            ctl.observe_verify(n_rows, seconds)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Generator, Iterator, Sequence, cast
+from typing import Callable, Generator, Iterable, Iterator, Sequence, cast
 
 from spectool.llama import native  # noqa: F401, I001 - llama.cpp before numpy (native.py)
 import numpy as np  # noqa: E402
@@ -134,6 +134,16 @@ def generate_text(g: GenerationConfig, prompt: Sequence[int], stop: Sequence[str
 
 
 @dataclass(slots=True)
+class Offered:
+    """A step's offer before the controller's pick: the drafter's keys (lazy), the most the step
+    may draft, and when planning began."""
+
+    keys: Iterable[Evidence]
+    limit: int
+    t0: float
+
+
+@dataclass(slots=True)
 class Plan:
     """One step under way: the drafts the controller chose (their keys, the draft, what choosing
     and drafting took), then what the target's rows made of them (accept): how many drafts hold,
@@ -205,29 +215,41 @@ class Loop:
             self.drafter.finish(self.x)
 
     def plan(self, n_ctx: int, share: int | None = None) -> Plan | None:
-        """The step's drafts: the drafter's offer, of which the controller picks within every bound
-        (the room the context of `n_ctx` tokens has for the batch [x[-1], d_1..d_k], a batch's
-        `share` of drafts per sequence, the token budget, the request's draft_max); None where the
-        context has no room left."""
+        """The step's drafts: the drafter's offer (`offer`), of which the controller picks within
+        every bound; None where the context has no room left."""
+        o = self.offer(n_ctx, share)
+        return None if o is None else self.draft(o, self.ctl.pick(o.keys, self.temp, o.limit))
+
+    def offer(self, n_ctx: int, share: int | None = None) -> Offered | None:
+        """What the drafter offers this step, and the most the step may draft: the room the
+        context of `n_ctx` tokens has for the batch [x[-1], d_1..d_k], a batch's `share` of drafts
+        per sequence, the token budget, the request's draft_max; None where the context has no room
+        left."""
         room = n_ctx - len(self.x)
         if room < 0:
             return None
-        if self.drafter is None:
-            return Plan([], EMPTY, 0.0)
         t0 = time.perf_counter()
         limit = min(room, self.g.max_tokens - self.n_new - 1)
         for bound in (share, self.g.draft_max):
             limit = limit if bound is None else min(limit, bound)
-        offer = self.drafter.peek(self.x, self.ctl.k_max, self.worth)
-        keys = self.ctl.pick(offer, self.temp, limit)
-        if self.audit is not None and hasattr(offer, "take"):  # lookup's: its tokens are known
-            known = cast(Offer, offer)
-            seen = known.take(min(HORIZON, limit))
-            keys = known.keys[: self.audit.length(len(keys), seen, limit, len(self.x))]
+        if self.drafter is None:
+            return Offered(iter(()), 0, t0)
+        return Offered(self.drafter.peek(self.x, self.ctl.k_max, self.worth), limit, t0)
+
+    def draft(self, o: Offered, keys: list[Evidence], audited: bool = True) -> Plan:
+        """The plan for the controller's `keys` of offer `o`: where the audit (`audited`: the
+        decode is this sequence's alone) finds a fixed length faster on this text, that length;
+        then the drafter's tokens."""
+        if self.drafter is None:
+            return Plan([], EMPTY, 0.0)
+        if self.audit is not None and audited and hasattr(o.keys, "take"):  # lookup's: known
+            known = cast(Offer, o.keys)
+            seen = known.take(min(HORIZON, o.limit))
+            keys = known.keys[: self.audit.length(len(keys), seen, o.limit, len(self.x))]
         d = self.drafter.propose(self.x, len(keys), self.sampling, self.rng) if keys else EMPTY
         if d.notice:
             self.notice = d.notice
-        return Plan(keys, d, time.perf_counter() - t0)
+        return Plan(keys, d, time.perf_counter() - o.t0)
 
     def batch(self, p: Plan) -> list[int]:
         """What the target's pass decodes for this sequence: [x[-1], d_1..d_k]."""

@@ -3,14 +3,15 @@
 that thread and reads the steps back, as it would read them from the one-sequence loop; a
 generation joins at the next step boundary, and one whose client left or whose server stops ends
 there. Each generation drafts with a prompt lookup of its own (drafters/builder.py's Policy builds
-it so); the corpus, the controller and its cost table stay the session's, shared by all.
+it so); the corpus, the controller and its cost table stay the session's, shared by all: the
+controller prices every sequence's drafts together (generate/batch.py).
 
 A sequence keeps its cache when its generation ends: the server puts a request on the free slot
 whose cache shares the longest prefix with its prompt (Batch.pick), and that sequence prefills only
 the rest.
 
 Not yet (issue 48): a long prompt is prefilled whole when its generation joins, holding up the
-others' steps for that long; one controller for the batch's rows.
+others' steps for that long.
 """
 
 from __future__ import annotations
