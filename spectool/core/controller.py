@@ -277,8 +277,9 @@ class Controller:
 class _Chain:
     """One sequence's offer as the controller weighs it: the keys drawn so far from `offer`, the
     most it may draft (`cap`) and the least (`floor`), how many are chosen (`n`) and the chance
-    that all of them are accepted (`run`). `decided`: its keys are what it drafts (a fixed length, an
-    offer no longer than the floor, a drafter being explored); else the controller chooses."""
+    that all of them are accepted (`run`). `decided`: its keys are what it drafts (a fixed
+    length, an offer no longer than the floor, a drafter being explored); else the controller
+    chooses."""
 
     keys: list[Evidence]
     offer: Iterator[Evidence]
@@ -319,8 +320,8 @@ class _Chain:
         return self.run * ctl.acceptance(self.keys[self.n])
 
     def grow(self, ctl: Controller, one: float) -> tuple[float, float]:
-        """The next key chosen: what it adds to the expected tokens and to drafting's seconds (`one`:
-        a target step's)."""
+        """The next key chosen: what it adds to the expected tokens and to drafting's seconds
+        (`one`: a target step's)."""
         key = self.keys[self.n]
         self.run = gain = self.gain(ctl)
         if key.cost_key is not self.drafter:

@@ -217,9 +217,9 @@ class Batch:
         return list(groups.values())
 
     def observe(self, plans: dict[int, Plan], n_rows: int, seconds: float) -> None:
-        """A decode of several sequences' `n_rows` rows took `seconds` (logprobs aside): the price of
-        that many rows, for the controller they share (a seeded sequence's own untimed one learns
-        nothing of it)."""
+        """A decode of several sequences' `n_rows` rows took `seconds` (logprobs aside): the
+        price of that many rows, for the controllers they share (a seeded sequence's own untimed
+        one learns nothing of it)."""
         seconds -= sum(p.logprob_seconds for p in plans.values())
         for ctl, _ in self.by_controller(plans):
             ctl.observe_verify(n_rows, seconds)
