@@ -255,6 +255,8 @@ class Options:
                                       help="Web pages' origins (https://app.example) that may "
                                       "call the server, besides its own pages ('*': any); a "
                                       "request from another origin gets a 403.")
+    no_webui: bool = opt(False, "--no-webui", group=SERVE,
+                         help="Serve no chat page at / (a 404 there); the APIs are unchanged.")
     # -- common
     yes: bool = opt(False, "--yes", "-y", group=COMMON, help="Download without asking.")
     debug: bool = opt(False, "--debug", group=COMMON, help="Show tracebacks and llama.cpp's log.")

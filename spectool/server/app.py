@@ -1,6 +1,7 @@
 """`spectool serve`: the HTTP application (Starlette on uvicorn) and its routes, over the server's
 state (context.py): OpenAI's chat completions, completions, Responses and models; Anthropic's
-Messages; llama-server's /infill, /tokenize and /detokenize; /health and /metrics.
+Messages; llama-server's /infill, /tokenize and /detokenize; /health and /metrics; the chat page at
+/ (webui.py).
 
 Every route answers: an ApiError as itself, anything else as a 500 and one line on stderr, each in
 its API's error shape (`answered`).
@@ -19,7 +20,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from spectool.options import Options, UserError, is_loopback
-from spectool.server import infill, messages, responses, slots, tokens
+from spectool.server import infill, messages, responses, slots, tokens, webui
 from spectool.server.context import Server
 from spectool.server.errors import ApiError
 from spectool.server.guard import Guarded
@@ -188,7 +189,6 @@ ROUTES = [
     get("/props", props),
     get("/slots", props),
     get("/health", health),
-    get("/", health),  # (and HEAD /, which Claude Code sends before it starts)
     get("/metrics", metrics),
 ]
 
@@ -199,10 +199,13 @@ def make_app(server: Server) -> Starlette:
     from starlette.middleware import Middleware
     from starlette.middleware.cors import CORSMiddleware
 
-    app = Starlette(routes=ROUTES, exception_handlers={HTTPException: http_error}, middleware=[
-        Middleware(Guarded, guard=server.guard),
-        Middleware(CORSMiddleware, allow_origins=sorted(server.guard.origins),
-                   allow_methods=["GET", "POST"], allow_headers=["*"])])
+    # the chat page (webui.py), and HEAD /, which Claude Code sends before it starts
+    page = [] if server.options.no_webui else [get(path, webui.page) for path in webui.FILES]
+    middleware = [Middleware(Guarded, guard=server.guard),
+                  Middleware(CORSMiddleware, allow_origins=sorted(server.guard.origins),
+                             allow_methods=["GET", "POST"], allow_headers=["*"])]
+    app = Starlette(routes=ROUTES + page, exception_handlers={HTTPException: http_error},
+                    middleware=middleware)
     app.state.server = server
     return app
 

@@ -143,11 +143,18 @@ class Chunks:
         return ([self.chunk(None, delta={"role": "assistant", "content": ""})] if self.reply.chat
                 else [])
 
-    def piece(self, piece: str, records) -> list[dict]:
+    def piece(self, piece: str, records, step: dict | None = None) -> list[dict]:
+        """A piece's chunks; with its `step` (`draft_steps`), the last carries it (a piece that
+        makes no text yet: a chunk of its own, with no content)."""
         self.held.extend(records or ())
         if self.shaped:
-            return [self.chunk(None, delta=delta) for delta in self.shaped.feed(piece)]
-        return [self.chunk(piece)]
+            out = [self.chunk(None, delta=delta) for delta in self.shaped.feed(piece)]
+        else:
+            out = [self.chunk(piece)] if piece or step is None else []
+        if step is not None:
+            out = out or [self.chunk(None, delta={})]
+            out[-1]["draft_step"] = step
+        return out
 
     def end(self, stats) -> list[dict]:
         """A choice's end: its held tool calls, its finish chunk, and the next choice's opening (the
@@ -175,9 +182,9 @@ async def chunks(reply: Reply, model_id: str, mode: str):
     try:
         for obj in stream.opening():
             yield obj
-        async for piece, end in reply.pieces:
+        async for piece, end, *step in reply.pieces:
             if piece is not None:
-                out = stream.piece(piece, end)
+                out = stream.piece(piece, end, *step)
             elif isinstance(end, Exception):
                 out = [ApiError(500, f"generation failed: {end}", "server_error").body()]
             else:

@@ -148,10 +148,11 @@ class Server:
 
     def run(self, ticket: int, gen, tokens: list[int], stop: list[str], push,
             cancelled: threading.Event,
-            limits: Limits | None = None) -> None:
+            limits: Limits | None = None, steps: bool = False) -> None:
         """Generate in this (worker) thread once `ticket` is served, handing (text, the
         log-probability records of its tokens or None) pieces and finally (None, Stats) to `push`;
-        /infill's `limits` end it early, as the token budget does."""
+        with `steps`, each step's piece is (text, records, what drafted it: step_of), even where it
+        made no text yet. /infill's `limits` end it early, as the token budget does."""
         from spectool.core.stats import Stats
 
         stats = Stats(mode=self.session.mode)
@@ -166,7 +167,7 @@ class Server:
                 warm(gen, tokens, stats, self.batcher, slot)
             # a client that left while waiting costs nothing, nor does a turn once the server stops
             elif not cancelled.is_set() and not self.stopping.is_set():
-                self.generate(gen, tokens, stop, push, cancelled, limits, stats, slot)
+                self.generate(gen, tokens, stop, push, cancelled, limits, stats, slot, steps)
         # the prefill stopped between batches: the client left (loop.prefill)
         except KeyboardInterrupt:
             pass
@@ -193,9 +194,10 @@ class Server:
                 t.join(max(0.0, deadline - time.monotonic()))
 
     def generate(self, gen, tokens: list[int], stop: list[str], push, cancelled: threading.Event,
-                 limits: Limits | None, stats, slot: int = 0) -> None:
+                 limits: Limits | None, stats, slot: int = 0, traced: bool = False) -> None:
         """One generation's pieces handed to `push`, until it ends, its client leaves, the server
-        stops or /infill's `limits` are reached; with --parallel, in the batch's sequence `slot`."""
+        stops or /infill's `limits` are reached; with --parallel, in the batch's sequence `slot`;
+        `traced` (`draft_steps`): every step's piece, with what drafted it (step_of)."""
         from spectool.generate.loop import generate_text
 
         tracker = logprobs.Tracker(gen.target) if gen.logprobs is not None else None
@@ -209,7 +211,9 @@ class Server:
         for text, step in steps:
             text = limits.cut(text) if limits is not None else text
             records = tracker.feed(text, step) if tracker is not None else None
-            if text or records:
+            if traced:
+                push((text, records, step_of(step)))
+            elif text or records:
                 push((text, records))
         if limits is not None and limits.reached and stats.finish_reason in (None, "interrupted"):
             stats.finish_reason = "length"
@@ -234,7 +238,7 @@ class Server:
             queues.append(queue := asyncio.Queue[tuple]())
             threading.Thread(target=self.run, daemon=True, name=GENERATION_THREAD, args=(
                 ticket, gen, asked.tokens, asked.stop, handing(loop, queue), cancelled,
-                asked.limits)).start()
+                asked.limits, asked.steps)).start()
         shape = None
         if asked.gens[0].logprobs is not None:  # OpenAI's shape of a choice's records (logprobs.py)
             shape = partial(logprobs.chat if chat else logprobs.completion,
@@ -292,6 +296,15 @@ async def kept_alive(events: AsyncGenerator[str, None], beat: str, seconds: floa
         if pending is not None and pending.cancel():
             await asyncio.gather(pending, return_exceptions=True)
         await events.aclose()
+
+
+def step_of(step) -> dict:
+    """What drafted a step's text (a streamed chunk's `draft_step`): the drafter's source (none:
+    nothing drafted), its drafted and accepted tokens (a grammar forced `forced` of them), the
+    tokens made final, and how many of the text's characters came from accepted drafts (the rest is
+    the target's own token)."""
+    return {"source": str(step.source), "drafted": step.drafted, "accepted": step.accepted,
+            "forced": step.forced, "tokens": len(step.tokens), "draft_chars": step.draft_chars}
 
 
 def handing(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue) -> Callable[[tuple], None]:

@@ -102,6 +102,8 @@ OPENAI = [
           "(none), or `{\"n_max\": K}` (llama-server's older flat `speculative.n_max`): at most K "
           "drafts a step, capped at `--draft-max`; the output is the same "
           "([parallel requests](#parallel-requests))"),
+    Field(("draft_steps",), SERVED, "spectool's: `true`, with `stream`, and each chunk's "
+          "`draft_step` says where its text came from ([the chat page](#the-chat-page))"),
     MODEL,
     Field(("user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key",
            "prompt_cache_retention"), IGNORED, f"client metadata and storage: {NO_OUTPUT}"),

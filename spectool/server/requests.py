@@ -31,13 +31,19 @@ def stream_and_stop(body: dict) -> tuple[bool, list[str]]:
     """The request's `stream` (true or false) and `stop` (a string or a list of strings) by their
     types, else a 400 naming the field; the numeric fields are checked by their declarations
     (options.request_options)."""
-    stream, stop = body.get("stream"), body.get("stop")
-    if stream is not None and not isinstance(stream, bool):
-        raise invalid("stream", f"must be true or false (it was sent as {json.dumps(stream)[:60]})")
+    stream, stop = boolean(body, "stream"), body.get("stop")
     stop = [] if stop is None else [stop] if isinstance(stop, str) else stop
     if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
         raise invalid("stop", "must be a string or a list of strings")
-    return bool(stream), [s for s in stop if s]
+    return stream, [s for s in stop if s]
+
+
+def boolean(body: dict, name: str) -> bool:
+    """A field that is true or false (absent: false), else a 400 naming it."""
+    value = body.get(name)
+    if value is not None and not isinstance(value, bool):
+        raise invalid(name, f"must be true or false (it was sent as {json.dumps(value)[:60]})")
+    return bool(value)
 
 
 N_MAX = 8  # `n`: the most choices a request may ask for, generated one after another
@@ -104,6 +110,7 @@ class Request:
     fields: list | None = None  # /infill: the answer's fields it keeps (None: all)
     limits: Limits | None = None  # /infill: the editors' limits on the answer
     ignored: list[str] = field(default_factory=list)  # the fields that asked nothing (fields.py)
+    steps: bool = False  # each streamed chunk says what drafted its text (`draft_steps`)
 
 
 def parse(raw: bytes | dict, chat: bool, session: Session, options: Options,
@@ -145,7 +152,8 @@ def parse(raw: bytes | dict, chat: bool, session: Session, options: Options,
                and tools_grammar(tools, target)) or grammar or session.gen.grammar
     gens = generations(body, chat, n, grammar, session, options, request_prediction(body))
     return Request([replace(g, max_tokens=0) for g in gens] if warm else gens, tokens, stop + more,
-                   stream, tools, fields, limits, [] if infill else ignored)
+                   stream, tools, fields, limits, [] if infill else ignored,
+                   stream and not infill and boolean(body, "draft_steps"))
 
 
 def generations(body: dict, chat: bool, n: int, grammar: Grammar | None, session: Session,

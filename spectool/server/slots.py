@@ -38,7 +38,7 @@ SHOWN = {
                "model_alias", "model_path", "modalities", "modalities/vision", "modalities/video",
                "modalities/audio", "endpoint_slots", "endpoint_props", "endpoint_metrics",
                "chat_template", "chat_template_caps", "bos_token", "eos_token", "build_info",
-               "is_sleeping"},
+               "is_sleeping", "backend"},
     "/slots": {"id", "n_ctx", "speculative", "is_processing", "id_task", "n_prompt_tokens",
                "draft_n", "draft_n_accepted", "n_prompt_tokens_processed", "n_prompt_tokens_cache",
                "params", *(f"params/{p}" for p in PARAMS), "next_token", "next_token/n_remain",
@@ -125,7 +125,7 @@ def slots(server, fail_on_no_slot: bool = False) -> list[dict]:
 def props(server) -> dict:
     """GET /props: the settings requests default to, the slots, the model and its template."""
     from spectool import __version__
-    from spectool.llama.devices import versions
+    from spectool.llama.devices import devices, versions
 
     target = server.session.gen.target
     info = target.vocab_info()
@@ -144,4 +144,6 @@ def props(server) -> dict:
         "bos_token": text(info.bos), "eos_token": text(info.eos),
         "build_info": f"spectool {__version__} (llama.cpp {versions()['llama_cpp']})",
         "is_sleeping": False,
+        # spectool's own: where the model runs, as `spectool info` names its devices' backends
+        "backend": ", ".join(dict.fromkeys(d.backend for d in devices() if d.offloads)) or "CPU",
     }
