@@ -376,6 +376,7 @@ class Figures {
   constructor() { this.started = performance.now(); this.tokens = 0; this.steps = 0; this.drafted = 0; this.accepted = 0; this.positions = []; this.speeds = []; }
 
   add(step) {
+    if (!this.steps) this.started = performance.now(); // speed from the first token, as the server counts it
     this.tokens += step.tokens; this.steps += 1;
     this.drafted += step.drafted; this.accepted += step.accepted;
     for (let i = 0; i < step.drafted; i++) {
@@ -451,6 +452,12 @@ async function send() {
   await answerInto(answer, history);
 }
 
+// A streamed chunk's text, and the step that made it (null: a stream without draft_step)
+function addPiece(message, text, step) {
+  message.content += text;
+  message.steps.push(step ? { ...step, chars: text.length } : { source: "plain", plain: true, drafted: 0, accepted: 0, tokens: 0, draft_chars: 0, chars: text.length });
+}
+
 async function answerInto(answer, history) {
   const view = messageView(answer);
   const box = $("messages");
@@ -462,8 +469,7 @@ async function answerInto(answer, history) {
   const later = () => { if (!pending) { pending = true; requestAnimationFrame(() => { pending = false; view.render(); figures.show(); box.scrollTop = box.scrollHeight; }); } };
   try {
     const usage = await stream(requestBody(history), controller.signal, (text, step) => {
-      answer.content += text;
-      answer.steps.push(step ? { ...step, chars: text.length } : { source: "plain", plain: true, drafted: 0, accepted: 0, tokens: 0, draft_chars: 0, chars: text.length });
+      addPiece(answer, text, step);
       if (step) figures.add(step);
       later();
     });
@@ -484,14 +490,17 @@ async function answerInto(answer, history) {
 // ---- the race: the same prompt with and without speculation --------------------------------------
 
 async function runLane(history, speculative, lane) {
-  const out = lane.querySelector("pre");
-  out.textContent = "";
+  const message = { role: "assistant", content: "", steps: [] };
+  const view = messageView(message);
+  lane.querySelector(".race-answer").replaceChildren(view.node);
   lane.querySelector(".race-speed").textContent = "…";
   const body = requestBody(history, { speculative });
-  const usage = await stream(body, state.busy.signal, (text) => { out.textContent += text; });
+  const usage = await stream(body, state.busy.signal, (text, step) => { addPiece(message, text, step); view.render(); });
   const speed = usage ? usage.speculative.tokens_per_second : 0;
   lane.querySelector(".race-speed").textContent = `${speed.toFixed(1)} tok/s (${usage ? usage.completion_tokens : 0} tokens)`;
-  return { text: out.textContent, speed };
+  message.summary = summaryLine(usage);
+  view.render();
+  return { text: message.content, speed };
 }
 
 async function race() {
