@@ -7,6 +7,7 @@ temporary folder. Without Chromium the tests fail: CI installs it (.ci/run)."""
 
 import http.client
 import json
+import os
 import re
 import time
 from pathlib import Path
@@ -177,3 +178,46 @@ def test_a_server_that_went_away_gives_a_message(browser, tiny, tmp_path):
     error = wait(browser, lambda: browser.find_element("id", "error").text, "an error message")
     browser.save_screenshot(str(tmp_path / "gone.png"))
     assert "not answering" in error and "error:" in browser.find_element("css selector", ".message.assistant").text
+
+
+def test_the_race_runs_side_by_side_with_two_slots(browser, tiny, tmp_path):
+    """With --parallel 2, /props' total_slots tells the page to race both requests at once."""
+    s = Server(tiny["target"], "-c", "2048", "--parallel", "2", "--draft-min", "1")
+    try:
+        open_page(browser, s.url)
+        fill(browser, "max-tokens", 40)
+        browser.find_element("id", "prompt").send_keys(PROMPT)
+        browser.find_element("id", "race").click()
+        same = wait(browser, lambda: browser.find_element("id", "race-same").text, "the race's verdict", 90)
+        browser.save_screenshot(str(tmp_path / "race-parallel.png"))
+        assert same == "identical" and "(side by side)" in browser.find_element("id", "race-ratio").text
+    finally:
+        s.stop()
+
+
+EIFFEL = ("Text: The Eiffel Tower was completed in 1889 for the World's Fair in Paris. It is 330 metres tall and was the "
+          "tallest man-made structure in the world for 41 years. Question: When was the Eiffel Tower completed, and how "
+          "tall is it?")
+
+
+@pytest.mark.realmodel
+def test_the_demo_models_answer_and_race(browser, gemma_q4, tmp_path):
+    """The demo model (Gemma 3 270M) answers the README's question with lookup's drafts coloured, and the race
+    against plain decoding is identical at temperature 0. This test makes docs/webui.png, the README's screenshot:
+    SPECTOOL_WEBUI_SHOT=docs/webui.png pytest tests/test_webui.py -k demo."""
+    s = Server(gemma_q4)
+    try:
+        open_page(browser, s.url)
+        fill(browser, "max-tokens", 40)
+        send(browser, EIFFEL)
+        wait(browser, lambda: summary(browser), "the summary line", 120)
+        assert browser.find_elements("css selector", ".message.assistant .src-lookup")
+        browser.find_element("id", "prompt").send_keys(EIFFEL)
+        browser.find_element("id", "race").click()
+        assert wait(browser, lambda: browser.find_element("id", "race-same").text, "the race's verdict", 120) == \
+            "identical"
+        browser.save_screenshot(str(tmp_path / "demo.png"))
+        if os.environ.get("SPECTOOL_WEBUI_SHOT"):
+            browser.save_screenshot(os.environ["SPECTOOL_WEBUI_SHOT"])
+    finally:
+        s.stop()
