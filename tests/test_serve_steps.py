@@ -64,8 +64,9 @@ def test_without_the_field_the_stream_is_openais(server):
 
 
 def test_with_the_field_each_chunk_says_what_drafted_it_and_the_steps_add_up(server):
-    """Every chunk after the role's carries its step: source, drafted, accepted, tokens, draft_chars; summed, they
-    are the usage's drafted, accepted and completion tokens, and the text is the answer without the field."""
+    """Every chunk after the role's carries its step: source, drafted, accepted, tokens, draft_chars, the rejected
+    drafts' text; summed, they are the usage's drafted, accepted and completion tokens, and the text is the answer
+    without the field."""
     client = server.client()
     chunks = list(client.chat.completions.create(model="m", stream=True, extra_body={"draft_steps": True}, **CHAT))
     steps = [(c.choices[0].delta.content or "", c.model_extra["draft_step"]) for c in chunks
@@ -77,6 +78,8 @@ def test_with_the_field_each_chunk_says_what_drafted_it_and_the_steps_add_up(ser
     assert sum(s["tokens"] for _, s in steps) == usage.completion_tokens
     assert all(0 <= s["draft_chars"] <= len(text) and s["accepted"] <= s["drafted"] for text, s in steps)
     assert {s["source"] for _, s in steps} <= {"none", "lookup", "corpus"} and any(s["draft_chars"] for _, s in steps)
+    assert all(isinstance(s["rejected"], str) and (s["rejected"] == "") == (s["accepted"] == s["drafted"])
+               for _, s in steps)  # the refused drafts' text
     whole = client.chat.completions.create(model="m", **CHAT).choices[0].message.content
     assert "".join(text for text, _ in steps) == whole
 

@@ -117,6 +117,9 @@ def test_an_answer_streams_and_its_coloured_steps_add_up_to_the_servers_counts(b
     assert (drafted, accepted) == (slot["draft_n"], slot["draft_n_accepted"]) and accepted > 0
     assert f"drafted {drafted}, accepted {accepted}" in line and "tok/s" in line
     assert browser.find_elements("css selector", ".message.assistant .src-lookup")  # drafts coloured as lookup's
+    titles = browser.execute_script("return [...document.querySelectorAll('.message.assistant [data-step]')]"
+                                    ".map((s) => s.title)")  # what hovering a step shows
+    assert any("accepted draft:" in t for t in titles) and any("rejected draft:" in t for t in titles)
     assert browser.find_elements("css selector", "#positions .bar") and "%" in browser.find_element(
         "id", "fig-acceptance").text
     assert "slot 0" in browser.find_element("id", "slots").text

@@ -54,6 +54,8 @@ class Step:
     notice: str | None = None  # a one-line message for the user (e.g. the draft model failed)
     # one per token of `tokens`, when GenerationConfig.logprobs asks
     logprobs: list[TokenLogprob] | None = None
+    # the drafted tokens the target refused (the draft after its `accepted`)
+    rejected: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -359,7 +361,7 @@ class Loop:
         step = Step(tokens=new, drafted=len(d.tokens), accepted=n_acc, source=d.source,
                     draft_seconds=p.draft_seconds, verify_seconds=verify_seconds, text=text,
                     draft_chars=draft_chars, finish_reason=finish, notice=self.notice,
-                    forced=d.forced, logprobs=logprobs)
+                    forced=d.forced, logprobs=logprobs, rejected=list(d.tokens[n_acc:]))
         self.notice = None
         if self.stats is not None:
             self.stats.add_step(step)

@@ -212,7 +212,7 @@ class Server:
             text = limits.cut(text) if limits is not None else text
             records = tracker.feed(text, step) if tracker is not None else None
             if traced:
-                push((text, records, step_of(step)))
+                push((text, records, step_of(step, gen.target)))
             elif text or records:
                 push((text, records))
         if limits is not None and limits.reached and stats.finish_reason in (None, "interrupted"):
@@ -298,13 +298,14 @@ async def kept_alive(events: AsyncGenerator[str, None], beat: str, seconds: floa
         await events.aclose()
 
 
-def step_of(step) -> dict:
+def step_of(step, target) -> dict:
     """What drafted a step's text (a streamed chunk's `draft_step`): the drafter's source (none:
     nothing drafted), its drafted and accepted tokens (a grammar forced `forced` of them), the
-    tokens made final, and how many of the text's characters came from accepted drafts (the rest is
-    the target's own token)."""
+    tokens made final, how many of the text's characters came from accepted drafts (the rest is
+    the target's own token), and the text of the drafts the target refused."""
     return {"source": str(step.source), "drafted": step.drafted, "accepted": step.accepted,
-            "forced": step.forced, "tokens": len(step.tokens), "draft_chars": step.draft_chars}
+            "forced": step.forced, "tokens": len(step.tokens), "draft_chars": step.draft_chars,
+            "rejected": target.detokenize(step.rejected)}
 
 
 def handing(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue) -> Callable[[tuple], None]:

@@ -220,7 +220,9 @@ function stepTitle(step, i) {
   if (step.plain) return "";
   const rejected = step.drafted - step.accepted;
   const drafted = step.drafted ? `${step.source} drafted ${step.drafted}, accepted ${step.accepted}, rejected ${rejected}` : "nothing drafted";
-  return `step ${i + 1}: ${drafted}; ${step.tokens} token${step.tokens === 1 ? "" : "s"} made final`;
+  const draft = step.draft ? `\naccepted draft: ${JSON.stringify(step.draft)}` : "";
+  const refused = step.rejected ? `\nrejected draft: ${JSON.stringify(step.rejected)}` : "";
+  return `step ${i + 1}: ${drafted}; ${step.tokens} token${step.tokens === 1 ? "" : "s"} made final${draft}${refused}`;
 }
 
 function filler(message, runs) {
@@ -455,7 +457,7 @@ async function send() {
 // A streamed chunk's text, and the step that made it (null: a stream without draft_step)
 function addPiece(message, text, step) {
   message.content += text;
-  message.steps.push(step ? { ...step, chars: text.length } : { source: "plain", plain: true, drafted: 0, accepted: 0, tokens: 0, draft_chars: 0, chars: text.length });
+  message.steps.push(step ? { ...step, chars: text.length, draft: text.slice(0, step.draft_chars) } : { source: "plain", plain: true, drafted: 0, accepted: 0, tokens: 0, draft_chars: 0, chars: text.length });
 }
 
 async function answerInto(answer, history) {
