@@ -4,8 +4,10 @@ chains, from the same sources, replayed over the target's own greedy output at t
     python research/tree_bound.py [--prompts 8] [--tokens 96] [--samples 1] [--seed N] [--load run.json]
 
 It decodes each prompt of each set plainly once (the tuning list and unseen samples, seeded and printed) and
-measures what a decode of R rows costs, R = 1..k_max+1 (spectool_lab.replay.batch_costs), as lookup_bound.py does
-(--load: replay lookup_bound.py --save's outputs and costs instead). A step's price is the cost of its rows: a
+measures what a decode of R rows costs, R = 1..k_max+1, as lookup_bound.py does (spectool_lab.replay.batch_costs),
+the least of --rounds measurements (a shared machine's load only slows a decode). --load replays lookup_bound.py
+--save's outputs (greedy: the same on any load) and its costs, or costs measured anew (--remeasure), or a cost
+table given as cost_line prints it (--cost). A step's price is the cost of its rows: a
 chain of k drafted tokens is k + 1 rows, a tree of R nodes is R + 1 rows (the last committed token, then every
 node at its depth, in one decode).
 
@@ -149,20 +151,38 @@ def bounds(p: list[int], y: list[int], cost, k_max: int, shorter: bool = False) 
     return out
 
 
-def measure(args, seed: int) -> tuple[list[float], dict]:
-    """The target's greedy outputs of every set's samples, and the batch costs (as lookup_bound.py measures them)."""
+def least_costs(target, prompt, sizes: int, rounds: int) -> list[float]:
+    """batch_costs measured `rounds` times, the least of each size: on a machine others keep busy their load only
+    ever slows a decode, so the least is the nearest to a quiet machine's price."""
+    runs = [batch_costs(target, prompt, sizes) for _ in range(rounds)]
+    return [min(c) for c in zip(*runs)]
+
+
+def measure(args, seed: int, saved: dict | None = None) -> tuple[list[float], dict]:
+    """The target's greedy outputs of every set's samples (or `saved`'s, lookup_bound.py --save's), and the batch
+    costs (least_costs, after the first set's first prompt)."""
     from spectool.llama import engine
     from spectool.options import CTX_SIZE
 
     engine.set_verbose(False)
-    cost, saved = [], {}
+    sizes = max(args.k_max, max(BUDGETS)) + 1
     with engine.Model(common.models()["F16"], n_ctx=CTX_SIZE, n_threads=args.threads) as target:
-        for name in common.SETS:
-            for sample, texts in common.samples(name, args.prompts, seed, args.samples).items():
-                data = [(p, plain_output(target, p, args.tokens)) for p in map(target.tokenize, texts)]
-                cost = cost or batch_costs(target, data[0][0], max(args.k_max, max(BUDGETS)) + 1)
-                saved[f"{name} / {sample}"] = data
-    return cost, saved
+        if saved is None:
+            saved = {}
+            for name in common.SETS:
+                for sample, texts in common.samples(name, args.prompts, seed, args.samples).items():
+                    data = [(p, plain_output(target, p, args.tokens)) for p in map(target.tokenize, texts)]
+                    saved[f"{name} / {sample}"] = data
+        return least_costs(target, next(iter(saved.values()))[0][0], sizes, args.rounds), saved
+
+
+def parsed(line: str) -> list[float]:
+    """A cost table from cost_line's text ("batch cost (ms): 1:19.6 2:28.7 ..."), in seconds."""
+    pairs = [part.split(":") for part in line.split("):")[-1].split()]
+    cost = [0.0] * (max(int(b) for b, _ in pairs) + 1)
+    for b, ms in pairs:
+        cost[int(b)] = float(ms) / 1000
+    return cost
 
 
 def tables(cost, saved: dict, k_max: int, shorter: bool) -> list[str]:
@@ -170,9 +190,8 @@ def tables(cost, saved: dict, k_max: int, shorter: bool) -> list[str]:
     head = ("| set / sample | llama-lookup | controller | chain oracle | tree bound W4 N32 | tree / chain"
             " | tree / llama-lookup | room |\n|---|---:|---:|---:|---:|---:|---:|---|")
     grid = " | ".join(f"W{w} N{b}" for w in WIDTHS[1:] for b in BUDGETS)
-    bound_rows, shaped_rows = [f"| set / sample | {grid} |", f"| set / sample | {grid} |"]
-    bound_rows.append("|---|" + "---:|" * (len(WIDTHS) - 1) * len(BUDGETS))
-    shaped_rows.append(bound_rows[-1])
+    rule = "|---|" + "---:|" * (len(WIDTHS) - 1) * len(BUDGETS)
+    bound_rows, shaped_rows = [f"| set / sample | {grid} |", rule], [f"| set / sample | {grid} |", rule]
     lines = [head]
     for label, data in saved.items():
         n, shared = sum(len(y) for _, y in data), Costs()
@@ -202,17 +221,24 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=1, help="unseen samples a set, beside its tuning list")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--shorter", action="store_true", help="the next-shorter n-gram's followers as a second source")
-    ap.add_argument("--load", type=Path, help="replay lookup_bound.py --save's outputs and costs")
+    ap.add_argument("--rounds", type=int, default=3, help="batch costs measured this often, the least of each kept")
+    ap.add_argument("--load", type=Path, help="replay lookup_bound.py --save's outputs (and its costs, unless"
+                    " --remeasure or --cost)")
+    ap.add_argument("--remeasure", action="store_true", help="with --load: measure the batch costs anew")
+    ap.add_argument("--cost", help="replay at this cost table instead, as cost_line prints it")
     ap.add_argument("--save", type=Path, help="write the outputs and costs replayed here (JSON)")
     args = ap.parse_args()
     if args.load:
         run = json.loads(args.load.read_text())
         seed, cost, saved = run["seed"], run["cost"], run["data"]
-        if len(cost) < max(args.k_max, max(BUDGETS)) + 2:
-            raise SystemExit(f"{args.load}'s costs stop at {len(cost) - 1} rows")
+        if args.remeasure:
+            cost = measure(args, seed, saved)[0]
     else:
         seed = common.fresh_seed(args.seed)
         cost, saved = measure(args, seed)
+    cost = parsed(args.cost) if args.cost else cost
+    if len(cost) < max(args.k_max, max(BUDGETS)) + 2:
+        raise SystemExit(f"the cost table stops at {len(cost) - 1} rows")
     print(f"{common.machine(args.threads)}; unseen samples drawn with --seed {seed}"
           f"{'; sources: lookup + the next-shorter n-gram' if args.shorter else '; source: lookup'}")
     print("\n(tokens/s replayed; tree / chain and the grids: the chain oracle's seconds over the tree's)\n")
