@@ -18,8 +18,8 @@ from spectool_lab.helpers import Server
 CHROMIUM, DRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 PROMPT = "The quick brown fox jumps over the lazy dog. The quick"
 # a reply the server's grammar forces: markup that would run if the page took model text as HTML
-MARKUP = '<img src=x onerror="document.title=1"><script>document.title=2</script> **bold**'
-GRAMMAR = 'root ::= "' + MARKUP.replace('"', '\\"') + '"'
+MARKUP = '<img src=x onerror="document.title=1"><script>document.title=2</script> **bold**\n```py\nx = 1\n```'
+GRAMMAR = 'root ::= "' + MARKUP.replace('"', '\\"').replace("\n", "\\n") + '"'
 
 
 @pytest.fixture(scope="module")
@@ -123,6 +123,42 @@ def test_an_answer_streams_and_its_coloured_steps_add_up_to_the_servers_counts(b
     assert browser.find_elements("css selector", "#positions .bar") and "%" in browser.find_element(
         "id", "fig-acceptance").text
     assert "slot 0" in browser.find_element("id", "slots").text
+    requested = browser.execute_script("return performance.getEntriesByType('resource').map((e) => e.name)")
+    assert requested and all(u.startswith(server.url + "/") for u in requested), requested  # no other host
+
+
+def test_conversations_keys_settings_and_theme(browser, server, tmp_path):
+    """Shift+Enter adds a line and Enter sends; speculation off for a request drafts nothing; conversations are
+    kept in the browser, renamed and deleted; the theme follows the system's dark or light."""
+    from selenium.webdriver.common.keys import Keys
+
+    open_page(browser, server.url)
+    fill(browser, "max-tokens", 8)
+    browser.find_element("id", "speculative").click()  # off
+    box = browser.find_element("id", "prompt")
+    box.send_keys("a", Keys.SHIFT, Keys.ENTER, Keys.SHIFT, "b", Keys.ENTER)
+    line = wait(browser, lambda: summary(browser), "the summary line")
+    assert browser.find_element("css selector", ".message.user").text.endswith("a\nb") and "drafted 0," in line
+    browser.find_element("id", "new-chat").click()
+    browser.find_elements("css selector", "#chat-list .rename")[0].click()
+    browser.switch_to.alert.send_keys("renamed")
+    browser.switch_to.alert.accept()
+    titles = [e.text for e in browser.find_elements("css selector", "#chat-list .open")]
+    assert len(titles) == 2 and titles[0] == "renamed", titles
+    browser.refresh()  # kept in localStorage
+    wait(browser, lambda: len(browser.find_elements("css selector", "#chat-list li")) == 2, "two conversations")
+    browser.find_elements("css selector", "#chat-list .delete")[0].click()
+    assert [e.text for e in browser.find_elements("css selector", "#chat-list .open")] != ["renamed"]  # (one left)
+    browser.find_elements("css selector", "#chat-list .open")[0].click()
+    assert browser.find_elements("css selector", ".message.assistant")
+    colours = []
+    for scheme in ("light", "dark"):
+        browser.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": [{"name": "prefers-color-scheme",
+                                                                             "value": scheme}]})
+        colours.append(browser.execute_script("return getComputedStyle(document.body).backgroundColor"))
+        browser.save_screenshot(str(tmp_path / f"{scheme}.png"))
+    assert colours == ["rgb(255, 255, 255)", "rgb(23, 25, 29)"]
+    browser.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": []})
 
 
 def test_stop_ends_the_stream(browser, server, tmp_path):
@@ -168,6 +204,7 @@ def test_the_key_is_asked_once_and_markup_in_a_reply_shows_as_text(browser, tiny
         body = browser.find_element("css selector", ".message.assistant .body")
         assert '<img src=x onerror="document.title=1"><script>document.title=2</script>' in body.text
         assert not body.find_elements("css selector", "img, script") and body.find_elements("css selector", "strong")
+        assert body.find_element("css selector", ".codeblock pre code").text == "x = 1"  # Markdown's code block
         assert browser.title == "spectool"  # neither handler ran
     finally:
         s.stop()
