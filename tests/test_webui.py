@@ -138,7 +138,15 @@ def test_conversations_keys_settings_and_theme(browser, server, tmp_path):
     box = browser.find_element("id", "prompt")
     box.send_keys("a", Keys.SHIFT, Keys.ENTER, Keys.SHIFT, "b", Keys.ENTER)
     line = wait(browser, lambda: summary(browser), "the summary line")
-    assert browser.find_element("css selector", ".message.user").text.endswith("a\nb") and "drafted 0," in line
+    assert browser.find_element("css selector", ".message.user").text.endswith("a\nb") and "[none]" in line
+    assert "drafted 0," in line
+    browser.execute_cdp_cmd("Browser.grantPermissions", {"permissions": ["clipboardReadWrite",
+                                                                         "clipboardSanitizedWrite"]})
+    browser.find_element("css selector", ".message.assistant .copy").click()
+    wait(browser, lambda: browser.find_element("css selector", ".message.assistant .copy").text == "Copied", "copied")
+    copied = browser.execute_async_script("navigator.clipboard.readText().then(arguments[0])")
+    assert copied and copied == browser.execute_script("return JSON.parse(localStorage.getItem('spectool.chats'))"
+                                                       "[0].messages[1].content")
     browser.find_element("id", "new-chat").click()
     browser.find_elements("css selector", "#chat-list .rename")[0].click()
     browser.switch_to.alert.send_keys("renamed")
@@ -198,6 +206,9 @@ def test_the_key_is_asked_once_and_markup_in_a_reply_shows_as_text(browser, tiny
         browser.find_element("id", "key-input").send_keys("s3cret\n")
         wait(browser, lambda: browser.find_element("id", "model").text == "target", "the model after the key")
         assert browser.execute_script("return sessionStorage.getItem('spectool.key')") == "s3cret"
+        browser.refresh()  # asked once: the tab keeps it
+        wait(browser, lambda: browser.find_element("id", "model").text == "target", "the model after a reload")
+        assert not browser.find_element("id", "key-dialog").is_displayed()
         send(browser, "hi")
         wait(browser, lambda: summary(browser), "the summary line")
         browser.save_screenshot(str(tmp_path / "markup.png"))

@@ -422,12 +422,12 @@ function chart(values) {
   return svg;
 }
 
-// spectool run's summary line, from the server's usage
-function summaryLine(usage) {
+// spectool run's summary line, from the server's usage (its mode, or none for a request that drafted nothing)
+function summaryLine(usage, body) {
   const s = usage && usage.speculative;
   if (!s) return "";
   const rate = s.drafted ? ` (${Math.round((100 * s.accepted) / s.drafted)}%)` : "";
-  return `[${s.mode}] ${usage.completion_tokens} tokens in ${s.decode_seconds.toFixed(2)}s = ${s.tokens_per_second.toFixed(1)} tok/s; drafted ${s.drafted}, accepted ${s.accepted}${rate}; prompt ${usage.prompt_tokens} tokens in ${s.prompt_seconds.toFixed(2)}s`;
+  return `[${body.speculative === false ? "none" : s.mode}] ${usage.completion_tokens} tokens in ${s.decode_seconds.toFixed(2)}s = ${s.tokens_per_second.toFixed(1)} tok/s; drafted ${s.drafted}, accepted ${s.accepted}${rate}; prompt ${usage.prompt_tokens} tokens in ${s.prompt_seconds.toFixed(2)}s`;
 }
 
 // ---- sending a message -------------------------------------------------------------------------
@@ -470,12 +470,13 @@ async function answerInto(answer, history) {
   let pending = false;
   const later = () => { if (!pending) { pending = true; requestAnimationFrame(() => { pending = false; view.render(); figures.show(); box.scrollTop = box.scrollHeight; }); } };
   try {
-    const usage = await stream(requestBody(history), controller.signal, (text, step) => {
+    const body = requestBody(history);
+    const usage = await stream(body, controller.signal, (text, step) => {
       addPiece(answer, text, step);
       if (step) figures.add(step);
       later();
     });
-    answer.summary = summaryLine(usage);
+    answer.summary = summaryLine(usage, body);
     showError("");
   } catch (e) {
     answer.notice = e.name === "AbortError" ? "(stopped)" : "error: " + e.message;
@@ -500,7 +501,7 @@ async function runLane(history, speculative, lane) {
   const usage = await stream(body, state.busy.signal, (text, step) => { addPiece(message, text, step); view.render(); });
   const speed = usage ? usage.speculative.tokens_per_second : 0;
   lane.querySelector(".race-speed").textContent = `${speed.toFixed(1)} tok/s (${usage ? usage.completion_tokens : 0} tokens)`;
-  message.summary = summaryLine(usage);
+  message.summary = summaryLine(usage, body);
   view.render();
   return { text: message.content, speed };
 }
