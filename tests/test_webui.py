@@ -33,6 +33,7 @@ def browser():
     for arg in ("--headless=new", "--no-sandbox", "--window-size=1400,900", "--disable-gpu"):
         options.add_argument(arg)
     options.binary_location = str(CHROMIUM)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # the console: errors, CSP violations
     driver = webdriver.Chrome(service=Service(executable_path=str(DRIVER)), options=options)
     yield driver
     driver.quit()
@@ -125,6 +126,8 @@ def test_an_answer_streams_and_its_coloured_steps_add_up_to_the_servers_counts(b
     assert "slot 0" in browser.find_element("id", "slots").text
     requested = browser.execute_script("return performance.getEntriesByType('resource').map((e) => e.name)")
     assert requested and all(u.startswith(server.url + "/") for u in requested), requested  # no other host
+    errors = [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    assert not errors, errors  # the page breaks neither its own CSP nor anything else
 
 
 def test_conversations_keys_settings_and_theme(browser, server, tmp_path):
