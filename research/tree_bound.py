@@ -25,8 +25,9 @@ the next-shorter n-gram's followers after the longest's (a second source, as a t
   candidates of its parent. Knowing the output, the best such tree is the path that matches it: a node off that
   path only adds a row. So its reach is the longest prefix of the output that stays inside the top-W candidates
   at every depth (at most N deep), at the price of its rows; a chain (up to k_max) stays allowed. Shortest path
-  over the output as `cheapest` takes it. W = 1 is the chain oracle; it is never below it. No tree from these
-  sources, however it is shaped or sized, can be cheaper: it cannot draft what no source offers.
+  over the output as `cheapest` takes it. At W = 1 it is the chain oracle, and it is never slower. No tree from
+  these sources, however shaped or sized, can be cheaper (on a table whose price never falls as rows grow): it
+  cannot draft what no source offers.
 - tree, fixed shape (W, N): what a tree shaped WITHOUT knowing the output keeps of that bound. The nodes are
   added best first by the product along the path of each candidate's share of its n-gram's followers,
   count / (total + 1) (one unseen follower: a match seen once is not certain); the oracle only chooses how many
