@@ -188,6 +188,8 @@ def test_the_race_shows_two_speeds_and_identical_at_temperature_0(browser, serve
     open_page(browser, server.url)
     fill(browser, "temperature", 0)
     fill(browser, "max-tokens", 60)
+    browser.find_element("id", "race").click()  # nothing to race yet
+    assert "type a prompt first" in browser.find_element("id", "race-ratio").text
     browser.find_element("id", "prompt").send_keys(PROMPT)
     browser.find_element("id", "race").click()
     same = wait(browser, lambda: browser.find_element("id", "race-same").text, "the race's verdict", 90)

@@ -511,10 +511,14 @@ async function race() {
   const chat = currentChat();
   const history = chat.messages.filter((m) => m.content).map((m) => ({ role: m.role, content: m.content }));
   if (text.trim()) history.push({ role: "user", content: text });
-  if (!history.length || history[history.length - 1].role !== "user" || state.busy) return;
+  if (state.busy) return;
   $("race-result").hidden = false;
-  $("race-ratio").textContent = "running…";
   $("race-same").textContent = "";
+  if (!history.length || history[history.length - 1].role !== "user") {
+    $("race-ratio").textContent = "type a prompt first: the race runs it with and without speculation";
+    return;
+  }
+  $("race-ratio").textContent = "running…";
   setBusy(new AbortController());
   try {
     const side = state.props && state.props.total_slots >= 2;
