@@ -87,3 +87,13 @@ def test_with_the_field_each_chunk_says_what_drafted_it_and_the_steps_add_up(ser
 def test_the_field_is_true_or_false(server):
     status, body = server.request("POST", "/v1/chat/completions", {**CHAT, "stream": True, "draft_steps": "yes"})
     assert status == 400 and "'draft_steps' must be true or false" in json.loads(body)["error"]["message"]
+
+
+def test_completions_stream_the_steps_too(server):
+    """/v1/completions' text_completion chunks carry draft_step as chat's do, and add up to the usage."""
+    chunks = list(server.client().completions.create(model="m", prompt=CHAT["messages"][0]["content"], max_tokens=40,
+                                                     temperature=0, stream=True, extra_body={"draft_steps": True}))
+    steps = [c.model_extra["draft_step"] for c in chunks if c.model_extra and "draft_step" in c.model_extra]
+    spec = chunks[-1].usage.model_extra["speculative"]
+    assert steps and sum(s["drafted"] for s in steps) == spec["drafted"]
+    assert sum(s["tokens"] for s in steps) == chunks[-1].usage.completion_tokens
