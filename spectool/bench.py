@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from spectool.core.costs import Costs
 from spectool.core.controller import Controller
-from spectool.options import CTX_SIZE, DRAFT_MAX, Mode, llama_cpp_sampling
+from spectool.options import CTX_SIZE, DRAFT_MAX, Mode, UserError, llama_cpp_sampling
 from spectool.models.registry import PAIR_DRAFT_MAX
 from spectool.drafters.builder import drafter_for
 from spectool.generate.loop import GenerationConfig, speculative_generate
@@ -389,6 +389,9 @@ def compare(o, texts: Sequence[str], draft_vocab: int, with_sampled: bool, hooks
         m = load_models(o, stack, refs, want_draft=True, hooks=hooks)
         if m.draft_error is not None:
             raise m.draft_error
+        if m.through_text:
+            raise UserError(m.draft_notice + ": `spectool bench` compares drafts on the target's "
+                            "vocabulary only (run and serve draft through text)")
         target, draft = m.target, m.draft
         removed = cost_files.reset(target.path) if reset_costs else 0
         drafts: dict[int, tuple[Model | None, np.ndarray | None]] = {0: (draft, None)}

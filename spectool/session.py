@@ -73,6 +73,8 @@ class Loaded:
     draft_ref: ModelRef | None
     draft_error: Exception | None = None  # why a draft that was asked for is not there
     draft_notice: str = ""
+    # the draft's vocabulary is not the target's: it drafts through text (drafters/text.py)
+    through_text: bool = False
 
 
 @dataclass
@@ -206,8 +208,8 @@ def resolve_models(o: Options) -> Refs:
 def load_models(o: Options, stack: contextlib.ExitStack, refs: Refs, want_draft: bool,
                 hooks: Hooks = Hooks(), load_mtp: bool = False) -> Loaded:
     """Download if needed and load the target and (when wanted) the draft of `refs` (from
-    resolve_models); check that they share a vocabulary. A draft that cannot be used is reported in
-    `draft_error`, not raised: the caller decides."""
+    resolve_models); check whether they share a vocabulary (else the draft drafts through text). A
+    draft that cannot be loaded is reported in `draft_error`, not raised: the caller decides."""
     from spectool.llama import devices, engine, parallel
     from spectool.models import hub
     from spectool.models.compat import vocab_differences
@@ -239,9 +241,9 @@ def load_models(o: Options, stack: contextlib.ExitStack, refs: Refs, want_draft:
         return out
     problems = vocab_differences(target.vocab_info(), draft.vocab_info(), limit=1)
     if problems:
-        msg = f"the draft model's vocabulary does not match the target's: {problems[0]}"
-        out.draft_error, out.draft_notice = UserError(msg + " (see `spectool check`)"), msg
-        return out
+        out.through_text = True
+        out.draft_notice = (f"the draft model's vocabulary is not the target's ({problems[0]}): it "
+                            "drafts through text")
     out.draft = draft
     return out
 
@@ -324,6 +326,7 @@ class Models:
     mtp: MtpContext | None
     target_name: str
     draft_name: str | None
+    through_text: bool = False  # the draft's vocabulary is not the target's
 
 
 def load_stage(o: Options, stack: contextlib.ExitStack, refs: Refs, w: Wish, hooks: Hooks,
@@ -339,8 +342,10 @@ def load_stage(o: Options, stack: contextlib.ExitStack, refs: Refs, w: Wish, hoo
         if o.spec is Mode.draft:
             raise m.draft_error
         notices.append(m.draft_notice + "; using prompt lookup")
+    elif m.through_text:
+        notices.append(m.draft_notice)
     target, draft, ids = m.target, m.draft, None
-    if draft is not None and 0 < o.draft_vocab < draft.n_vocab:
+    if draft is not None and 0 < o.draft_vocab < draft.n_vocab and not m.through_text:
         draft, ids, notice = pruned_draft(stack, draft, o.draft_vocab, o, hooks)
         notices.append(notice)
     mtp = None
@@ -349,7 +354,7 @@ def load_stage(o: Options, stack: contextlib.ExitStack, refs: Refs, w: Wish, hoo
 
         mtp = stack.enter_context(contextlib.closing(MtpContext(target)))
     draft_name = str(m.draft_ref) if draft is not None else None
-    return Models(target, draft, ids, mtp, str(m.target_ref), draft_name)
+    return Models(target, draft, ids, mtp, str(m.target_ref), draft_name, m.through_text)
 
 
 def costs_stage(o: Options, m: Models, grammar: bool,
@@ -400,7 +405,8 @@ def open_session(o: Options, hooks: Hooks = Hooks()) -> Iterator[Session]:
         m = load_stage(o, stack, p.refs, p.wish, hooks, notices)
         costs_file, costs = costs_stage(o, m, p.grammar is not None, notices)
         corpus, vocab = open_corpus(o, m.target, notices)
-        policy = choose(p.wish, m.target, m.draft, m.ids, m.mtp, costs, corpus, notices)
+        policy = choose(p.wish, m.target, m.draft, m.ids, m.mtp, costs, corpus, notices,
+                        m.through_text)
         if o.lookup_cache is not None and policy.corpus is None:
             notices.append(f"--lookup-cache {o.lookup_cache}: this mode does not draft by prompt "
                            "lookup; not used")

@@ -135,19 +135,24 @@ def test_unloadable_draft_falls_back_to_lookup(tiny, tmp_path):
 def test_check_compatible_and_not(tiny):
     ok = run(["check", str(tiny["target"]), str(tiny["draft"])])
     assert ok.exit_code == 0 and "compatible" in ok.stdout
-    bad = run(["check", str(tiny["target"]), str(tiny["foreign"])])
-    assert bad.exit_code == 1 and "NOT compatible" in bad.stdout
-    assert "token 261 differs" in bad.stdout  # the first difference, readable
+    other = run(["check", str(tiny["target"]), str(tiny["foreign"])])
+    assert other.exit_code == 0 and "another vocabulary: the draft drafts through text" in other.stdout
+    assert "token 261 differs" in other.stdout  # the first difference, readable
 
 
-def test_incompatible_draft_falls_back_or_is_refused(tiny, tmp_path):
+def test_a_draft_with_another_vocabulary_drafts_through_text(tiny, tmp_path):
+    """-md with another vocabulary: the run says it drafts through text, auto pairs it with lookup (hybrid),
+    --spec draft drafts with it alone, and the greedy text is plain decoding's."""
     stats = tmp_path / "s.json"
-    args = ["run", "-m", str(tiny["target"]), "-md", str(tiny["foreign"]), "-n", "5"]
-    r = run([*args, "--stats-json", str(stats), "hi"])
-    assert r.exit_code == 0 and "does not match" in r.stderr
-    assert json.loads(stats.read_text())["mode"] == "lookup"
-    r = run([*args, "--spec", "draft", "hi"])
-    assert r.exit_code == 1 and "does not match" in r.stderr
+    args = ["run", "-m", str(tiny["target"]), "-n", "24", "--temp", "0", "def add(a, b):"]
+    plain = run([*args, "--spec", "none"])
+    r = run([*args, "-md", str(tiny["foreign"]), "--stats-json", str(stats)])
+    assert r.exit_code == 0 and "drafts through text" in r.stderr and r.stdout == plain.stdout
+    assert json.loads(stats.read_text())["mode"] == "hybrid"
+    r = run([*args, "-md", str(tiny["foreign"]), "--spec", "draft", "--stats-json", str(stats)])
+    assert r.exit_code == 0 and r.stdout == plain.stdout
+    st = json.loads(stats.read_text())
+    assert st["mode"] == "draft" and st["n_drafted"] > 0
 
 
 def test_vocab_differences_unit(target):

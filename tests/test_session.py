@@ -50,16 +50,17 @@ def test_a_session_generates_as_its_options_say(tiny, target):
         assert s.mode == "lookup" and tokens_of(s.gen, prompt) == by_hand(1.0, prompt)
 
 
-def test_a_draft_that_cannot_draft_falls_back_with_a_notice(tiny):
-    """A draft model whose vocabulary does not match the target's: auto falls back to lookup and says why; asked
-    for by name (--spec draft), it is an error."""
+def test_a_draft_with_another_vocabulary_drafts_through_text(tiny):
+    """A draft model whose vocabulary is not the target's drafts through text (drafters/text.py), with a notice;
+    asked for by name (--spec draft), it is the drafter."""
+    from spectool.drafters.text import TextDraft
+
     o = Options(model=str(tiny["target"]), model_draft=str(tiny["foreign"]), ctx_size=256, threads=2)
     with open_session(o) as s:
-        assert s.mode == "lookup" and any("does not match" in n for n in s.notices)
-    with pytest.raises(UserError, match="does not match"):
-        with open_session(Options(model=str(tiny["target"]), model_draft=str(tiny["foreign"]), spec=Mode.draft,
-                                  ctx_size=256, threads=2)):
-            pass
+        assert s.mode == "hybrid" and any("drafts through text" in n for n in s.notices)
+    with open_session(Options(model=str(tiny["target"]), model_draft=str(tiny["foreign"]), spec=Mode.draft,
+                              ctx_size=256, threads=2)) as s:
+        assert s.mode == "draft" and isinstance(s.policy.drafter, TextDraft)
 
 
 def test_what_needs_the_user_comes_through_hooks(tiny):

@@ -365,8 +365,9 @@ def check(
     target: Annotated[str, typer.Argument(help="Target model (.gguf).")],
     draft: Annotated[Optional[str], typer.Argument(help="Draft model (.gguf).")] = None,
 ) -> None:
-    """What TARGET (and DRAFT) are: vocabulary and MTP heads; with DRAFT, whether it can draft for
-    TARGET by llama.cpp's vocabulary rule (exit 0 if so, 1 if not)."""
+    """What TARGET (and DRAFT) are: vocabulary and MTP heads; with DRAFT, how it drafts for TARGET:
+    token for token where llama.cpp's vocabulary rule says they share a vocabulary, else through
+    text (each draft decoded and encoded again in the target's vocabulary)."""
     with cli_errors(o.debug):
         from spectool.models.compat import check_files
 
@@ -379,12 +380,13 @@ def check(
     if draft is None:
         return
     if not problems:
-        print("compatible: the draft can draft for the target")
+        print("compatible: the draft drafts for the target token for token (one vocabulary)")
         return
-    print("NOT compatible:")
+    print("another vocabulary: the draft drafts through text, each draft decoded and encoded again "
+          "in the target's tokens (a tokenization of a few characters a drafted token, beside the "
+          "draft model's own step; greedy and sampled output unchanged). The differences:")
     for p in problems:
         print(f"  - {p}")
-    raise typer.Exit(1)
 
 
 # -- pull / models

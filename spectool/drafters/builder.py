@@ -26,7 +26,9 @@ from spectool.drafters.hybrid import Hybrid
 from spectool.drafters.lookup import PromptLookup
 from spectool.drafters.mtp import Mtp, MtpContext
 from spectool.drafters.prediction import PredictionDrafter
+from spectool.drafters.text import TextDraft
 from spectool.llama.engine import EngineError, Model
+from spectool.llama.vocab import Facts
 
 KINDS = (Source.lookup, Source.draft, Source.mtp, Source.hybrid)  # what `build` makes
 
@@ -75,9 +77,11 @@ def loads(w: Wish, draft_model: bool) -> tuple[bool, bool]:
 
 def drafter_for(spec: Mode, draft_model: Model | None, p_min: float = 0.0,
                 notices: list[str] | None = None, ids: np.ndarray | None = None,
-                n_target: int = 0, mtp: MtpContext | None = None) -> tuple[Drafter | None, Mode]:
+                n_target: int = 0, mtp: MtpContext | None = None,
+                text_of: Facts | None = None) -> tuple[Drafter | None, Mode]:
     """(drafter, the Mode it drafts by, see resolve) for a mode (run, chat, serve, bench, the
-    tests). `mtp` is the target's MTP head when it has one. A mode that cannot have what it needs is
+    tests). `mtp` is the target's MTP head when it has one; `text_of` the target where the draft
+    model's vocabulary is another (it drafts through text). A mode that cannot have what it needs is
     a PolicyError when the user demanded it (draft, mtp), else prompt lookup with a notice."""
     mode = resolve(spec, draft_model is not None, mtp is not None)
     if mode is Mode.lookup and spec is Mode.mtp:
@@ -89,7 +93,7 @@ def drafter_for(spec: Mode, draft_model: Model | None, p_min: float = 0.0,
         notices.append("no draft model: using prompt lookup")
     if mode is Mode.none:
         return None, mode
-    return build(Source(mode.value), draft_model, mtp, p_min, ids, n_target), mode
+    return build(Source(mode.value), draft_model, mtp, p_min, ids, n_target, text_of), mode
 
 
 @dataclass
@@ -125,17 +129,19 @@ class Policy:
 def choose(w: Wish, target: Model, draft_model: Model | None = None,
            ids: np.ndarray | None = None, mtp: MtpContext | None = None,
            costs: Costs | None = None, corpus: Corpus | None = None,
-           notices: list[str] | None = None) -> Policy:
+           notices: list[str] | None = None, through_text: bool = False) -> Policy:
     """The session's drafting for what the user asks (`w`) and the loaded models: the drafter
     (drafter_for; plain decoding where the target cannot drop rejected drafts), a controller over
     the measured `costs` between w's limits (adaptive unless they are one length), and the corpus
-    where the drafter drafts by prompt lookup. One-line notices for the user go to `notices`."""
+    where the drafter drafts by prompt lookup; `through_text`: the draft model's vocabulary is not
+    the target's. One-line notices for the user go to `notices`."""
     notices = notices if notices is not None else []
     if w.spec is Mode.mtp and target.n_nextn and not target.can_rollback:
         raise PolicyError(f"{target.architecture} keeps a recurrent state that cannot drop "
                           "rejected drafts: spectool cannot draft from its MTP heads (llama.cpp "
                           "restores checkpoints instead)")
-    drafter, mode = drafter_for(w.spec, draft_model, w.p_min, notices, ids, target.n_vocab, mtp)
+    drafter, mode = drafter_for(w.spec, draft_model, w.p_min, notices, ids, target.n_vocab, mtp,
+                                target if through_text else None)
     if not target.can_rollback and drafter is not None:
         notices.append(f"{target.architecture} cannot roll back its cache: plain decoding")
         drafter, mode = None, Mode.none
@@ -146,12 +152,13 @@ def choose(w: Wish, target: Model, draft_model: Model | None = None,
 
 
 def build(kind: Source, draft_model: Model | None = None, mtp: MtpContext | None = None,
-          p_min: float = 0.0,
-          ids: np.ndarray | None = None, n_target: int = 0) -> Drafter:
+          p_min: float = 0.0, ids: np.ndarray | None = None, n_target: int = 0,
+          text_of: Facts | None = None) -> Drafter:
     """The session's drafter of `kind` (one of KINDS): prompt lookup, the draft model (`ids`: a
-    pruned draft's kept target ids, see prune.py), the target's MTP head, or a hybrid of prompt
-    lookup and the draft model, or, without one, of prompt lookup and the MTP head. Its parts are
-    shared by the session's generations."""
+    pruned draft's kept target ids, see prune.py; `text_of`: the target, where the draft's
+    vocabulary is another and it drafts through text, text.py), the target's MTP head, or a hybrid
+    of prompt lookup and the draft model, or, without one, of prompt lookup and the MTP head. Its
+    parts are shared by the session's generations."""
     if kind is Source.lookup:
         return PromptLookup()
     if kind is Source.mtp or (kind is Source.hybrid and draft_model is None):
@@ -161,7 +168,8 @@ def build(kind: Source, draft_model: Model | None = None, mtp: MtpContext | None
         return head if kind is Source.mtp else Hybrid(PromptLookup(), head)
     if kind not in (Source.draft, Source.hybrid) or draft_model is None:
         raise ValueError(f"no drafter of kind {kind} with a draft model {draft_model}")
-    dm = DraftModel(draft_model, p_min=p_min, ids=ids, n_target=n_target)
+    dm = (TextDraft(draft_model, text_of) if text_of is not None else
+          DraftModel(draft_model, p_min=p_min, ids=ids, n_target=n_target))
     return dm if kind is Source.draft else Hybrid(PromptLookup(), dm)
 
 

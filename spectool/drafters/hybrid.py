@@ -1,4 +1,5 @@
-"""Prompt lookup while its evidence holds, then a draft model or MTP head for the rest of a step."""
+"""Prompt lookup while its evidence holds, then a draft model (of the target's vocabulary or through
+text) or MTP head for the rest of a step."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from spectool.core.protocol import EMPTY, Draft, Drafter, Estimate, no_grammar
 from spectool.drafters.draft_model import DraftModel
 from spectool.drafters.lookup import PromptLookup
 from spectool.drafters.mtp import Mtp
+from spectool.drafters.text import TextDraft
 
 
 class Hybrid(Drafter):
@@ -23,7 +25,7 @@ class Hybrid(Drafter):
     token (Controller.worth: acceptance less what drafting costs), and the draft model continues
     from there (from the start where lookup finds nothing)."""
 
-    def __init__(self, lookup: PromptLookup, draft: DraftModel | Mtp):
+    def __init__(self, lookup: PromptLookup, draft: DraftModel | Mtp | TextDraft):
         self.lookup, self.draft = lookup, draft
         self._n_lookup = 0
 
