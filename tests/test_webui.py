@@ -88,7 +88,7 @@ def summary(driver) -> str:
 
 def test_the_page_and_its_headers_and_no_webui(server, tiny):
     """GET / is the page with a CSP that runs only its own script; its script and style are served; --no-webui
-    makes / a 404 and leaves /health."""
+    makes GET / a 404 and leaves /health and HEAD / (which Claude Code sends first)."""
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
     conn.request("GET", "/")
     r = conn.getresponse()
@@ -100,6 +100,7 @@ def test_the_page_and_its_headers_and_no_webui(server, tiny):
     off = Server(tiny["target"], "--no-webui")
     try:
         assert off.request("GET", "/")[0] == 404 and off.request("GET", "/health")[0] == 200
+        assert off.request("HEAD", "/")[0] == 200  # Claude Code's check before it starts
     finally:
         off.stop()
 

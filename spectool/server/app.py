@@ -193,14 +193,23 @@ ROUTES = [
 ]
 
 
+async def alive(request: Request) -> Response:
+    """/ without the page: HEAD answers (Claude Code's check), GET is any unknown path's 404."""
+    if request.method == "HEAD":
+        return Response()
+    raise HTTPException(404)
+
+
 def make_app(server: Server) -> Starlette:
     """The ASGI application of `server`, behind its guard (guard.py: the Host, the Origin, JSON
     only), which lets the pages of the origins it allows read the answers (CORS)."""
     from starlette.middleware import Middleware
     from starlette.middleware.cors import CORSMiddleware
 
-    # the chat page (webui.py), and HEAD /, which Claude Code sends before it starts
-    page = [] if server.options.no_webui else [get(path, webui.page) for path in webui.FILES]
+    # the chat page (webui.py), and HEAD /, which Claude Code sends before it starts (answered
+    # without the page too)
+    page = ([Route("/", alive, methods=["GET", "HEAD"])] if server.options.no_webui else
+            [get(path, webui.page) for path in webui.FILES])
     middleware = [Middleware(Guarded, guard=server.guard),
                   Middleware(CORSMiddleware, allow_origins=sorted(server.guard.origins),
                              allow_methods=["GET", "POST"], allow_headers=["*"])]
