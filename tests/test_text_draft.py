@@ -112,3 +112,20 @@ def test_a_wrong_acceptance_rule_is_caught(target, itself, monkeypatch):
     counts = sample_joint(target, lambda: TextDraft(itself, target), prompt)
     rejects, stat, crit = chi2_rejects(counts, exact_joint(target, prompt, SAMPLING), N_RUNS)
     assert rejects, f"chi2 {stat:.1f} <= {crit:.1f}: the test cannot tell a wrong rule"
+
+
+def test_a_server_drafts_through_text(tiny):
+    """`spectool serve -md` with a draft of another vocabulary: greedy completions are the plain server's, drafted
+    by the draft model through text (usage's by_source), with no refusal."""
+    from spectool_lab.helpers import Server
+
+    texts = {}
+    for name, args in {"plain": ("--spec", "none"), "text": ("-md", str(tiny["foreign"]), "--spec", "draft")}.items():
+        server = Server(tiny["target"], *args)
+        try:
+            r = server.client().completions.create(model="tiny", prompt=TEXTS[1], max_tokens=32, temperature=0)
+            texts[name], usage = r.choices[0].text, r.usage.model_extra["speculative"]
+        finally:
+            server.stop()
+    assert texts["text"] == texts["plain"]
+    assert usage["mode"] == "draft" and usage["by_source"].get("draft", 0) > 0, usage
