@@ -227,23 +227,39 @@ class Controller:
             rows += 1
             expected += 1.0
             while c.n < c.floor:
-                gain, per_token = c.grow(self, costs[1])
-                rows, expected, drafting = rows + 1, expected + gain, drafting + per_token
+                gain = c.run * self.acceptance(c.keys[c.n])
+                rows, expected = rows + 1, expected + gain
+                drafting += c.grow(self, gain, costs[1])
         best, chosen = expected / (costs[rows] + drafting), [c.n for c in chains]
-        while growing := [c for c in chains if c.can_grow()]:
-            c = max(growing, key=lambda c: c.gain(self))
-            gain, per_token = c.grow(self, costs[1])
-            rows, expected, drafting = rows + 1, expected + gain, drafting + per_token
+        while True:
+            likeliest, gain, top = self._likeliest(chains)
+            if likeliest is None:
+                break
+            c = likeliest
+            rows, expected = rows + 1, expected + gain
+            drafting += c.grow(self, gain, costs[1])
             ratio = expected / (costs[rows] + drafting)
             if ratio > best:
                 best, chosen = ratio, [c.n for c in chains]
                 continue
             longer = costs[rows + 1 : rows + 1 + sum(c.cap - c.n for c in chains)]
-            if self._no_longer_draft_pays(longer, expected, max(c.run for c in growing), drafting,
-                                          best):
+            if self._no_longer_draft_pays(longer, expected, top, drafting, best):
                 break
         for c, n in zip(chains, chosen, strict=True):
             c.n = n
+
+    def _likeliest(self, chains: list[_Chain]) -> tuple[_Chain | None, float, float]:
+        """The chain whose next key is likeliest to be accepted with all before it (None where
+        none can grow), that chance, and the largest chance any further key could add (the
+        highest `run` of the chains that can grow: acceptances are at most 1)."""
+        best, gain, top = None, -1.0, 0.0
+        for c in chains:
+            if c.can_grow():
+                g = c.run * self.acceptance(c.keys[c.n])
+                if g > gain:
+                    best, gain = c, g
+                top = max(top, c.run)
+        return best, gain, top
 
     def _probed(self, c: _Chain) -> list[Evidence]:
         """A chain's keys as chosen, unless its first key has been held at no draft for
@@ -312,19 +328,23 @@ class _Chain:
         return self.keys[:n]
 
     def can_grow(self) -> bool:
-        return self.n < self.cap and len(self.draw(self.n + 1)) > self.n
+        """Whether a longer draft is allowed and on offer (its next key drawn)."""
+        if self.n >= self.cap:
+            return False
+        if self.n == len(self.keys):
+            key = next(self.offer, None)
+            if key is None:
+                self.cap = self.n  # the offer ends here
+                return False
+            self.keys.append(key)
+        return True
 
-    def gain(self, ctl: Controller) -> float:
-        """What the next key adds to the expected tokens: the chance that it and all before it are
-        accepted."""
-        return self.run * ctl.acceptance(self.keys[self.n])
-
-    def grow(self, ctl: Controller, one: float) -> tuple[float, float]:
-        """The next key chosen: what it adds to the expected tokens and to drafting's seconds
-        (`one`: a target step's)."""
+    def grow(self, ctl: Controller, gain: float, one: float) -> float:
+        """The next key chosen, `gain` the chance that it and all before it are accepted: its
+        drafting's seconds (`one`: a target step's)."""
         key = self.keys[self.n]
-        self.run = gain = self.gain(ctl)
+        self.run = gain
         if key.cost_key is not self.drafter:
             self.drafter, self.per_token = key.cost_key, ctl.draft_cost(key, one)
         self.n += 1
-        return gain, self.per_token
+        return self.per_token
