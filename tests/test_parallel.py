@@ -189,8 +189,8 @@ def test_a_prompt_joins_the_sequence_that_holds_its_prefix(target, parallel):
 def test_sequences_that_share_a_controller_draft_together_and_teach_it_the_batch_s_costs(target, parallel):
     """The server's shape: every sequence under one controller, which picks their drafts together. Each output
     is still its plain greedy output alone, lookup's drafts are accepted, and the decodes of several sequences
-    price their row counts in the shared cost table (a decode of two sequences that draft nothing: a batch of
-    2, which no one-sequence step here measured)."""
+    price their row counts in the batch's table for that many sequences, not the one-sequence table (two
+    sequences that draft nothing: 2 rows in the table of two)."""
     ids = [target.tokenize(t) for t in PROMPTS[:4]]
     alone = [tokens_of(config(target, n=40), p) for p in ids]
     shared = Controller(k_max=5, timed=False)
@@ -198,7 +198,7 @@ def test_sequences_that_share_a_controller_draft_together_and_teach_it_the_batch
     got, stats = run(Batch(parallel), jobs)
     assert got == alone
     assert sum(s.n_accepted for s in stats) > 0
-    timed = Controller(k_max=5)
+    timed, batch = Controller(k_max=5), Batch(parallel)
     plain = [(0, replace(config(parallel, None, 24), controller=timed), p) for p in ids[:2]]
-    assert run(Batch(parallel), plain)[0] == [out[:24] for out in alone[:2]]
-    assert set(timed.costs.verify) == {2}
+    assert run(batch, plain)[0] == [out[:24] for out in alone[:2]]
+    assert set(batch.shapes) == {2} and set(batch.shapes[2].verify) == {2} and not timed.costs.verify

@@ -192,19 +192,21 @@ class Controller:
         return self.pick_together([(offer, temp, limit)])[0]
 
     def pick_together(self, offers: Sequence[tuple[Iterable[Evidence], float, int | None]],
-                      others: int = 0) -> list[list[Evidence]]:
+                      others: int = 0, costs: Costs | None = None) -> list[list[Evidence]]:
         """`pick` for several sequences whose drafts one decode verifies, beside `others` rows of
         sequences that do not draft (generate/batch.py): each sequence's keys, the lengths chosen
         together for the best expected tokens, summed over the sequences, per second of a decode of
         all their rows. The next row goes to the sequence whose next token is likeliest to be kept,
         so a row of a batch is priced at what it adds to the batch's decode, and where the batch's
-        own rows fill the machine, nothing is drafted."""
+        own rows fill the machine, nothing is drafted. `costs`: the table of decodes of that many
+        sequences (a decode of several costs more than one of the same rows in one sequence), else
+        this controller's."""
         chains = [_Chain.of(self, offer, temp, limit) for offer, temp, limit in offers]
         free = [c for c in chains if not c.decided]
         if free:  # the others' rows, and their tokens (a decided draft's as expected)
             decided = [c for c in chains if c.decided]
             self._best_lengths(free, others + sum(1 + len(c.keys) for c in decided),
-                               others + sum(map(self._expected, decided)))
+                               others + sum(map(self._expected, decided)), costs or self.costs)
         for c in free:
             c.keys = self._probed(c)
         return [c.keys for c in chains]
@@ -217,11 +219,12 @@ class Controller:
             expected += run
         return expected
 
-    def _best_lengths(self, chains: list[_Chain], rows: int, expected: float) -> None:
-        """Each chain's length (`n`), at least its floor: the one with the best E / cost, summed
-        over the chains and beside `rows` rows of other sequences that make `expected` tokens,
-        drawing keys while a longer draft could still pay."""
-        costs = self.costs.verify_costs(rows + sum(1 + c.cap for c in chains))
+    def _best_lengths(self, chains: list[_Chain], rows: int, expected: float,
+                      table: Costs) -> None:
+        """Each chain's length (`n`), at least its floor: the one with the best E / cost (the
+        `table`'s prices), summed over the chains and beside `rows` rows of other sequences that
+        make `expected` tokens, drawing keys while a longer draft could still pay."""
+        costs = table.verify_costs(rows + sum(1 + c.cap for c in chains))
         drafting = 0.0
         for c in chains:
             rows += 1

@@ -8,11 +8,10 @@ with it (llama-server's slot choice, `pick`) and prefills only what follows that
 Each sequence is a Loop (loop.py) of its own, with its drafter, controller, sampling and random
 generator: a seeded sequence draws what it would draw alone, whatever runs beside it. The sequences
 that share a controller (a server's, but for seeded ones) have their drafts priced together: a row
-costs what it adds to the batch's decode, which the cost table prices by its rows (a row costs
-about the same whichever sequence it is in: research/notes/2026-12-03-parallel-bound.md), so the
-next row goes to the likeliest draft token of any sequence, and where the batch's own rows fill the
-machine none is drafted (Controller.pick_together). Not in a batch yet:
-drafters that listen to the target's decodes (MTP heads), sampling inside llama.cpp's graph (a
+costs what it adds to the batch's decode, priced by a table of decodes of that many sequences, by
+rows (`Batch.table`), so the next row goes to the likeliest draft token of any sequence, and where
+the batch's own rows fill the machine none is drafted (Controller.pick_together). Not in a batch
+yet: drafters that listen to the target's decodes (MTP heads), sampling inside llama.cpp's graph (a
 batch reads whole rows). A drafter with a state of its own (lookup's index, a draft model's cache)
 must be each sequence's own (drafters/builder.py's Policy.drafting).
 """
@@ -24,6 +23,7 @@ from typing import Callable, Iterable, Sequence
 
 from spectool.core.stats import Stats
 from spectool.core.controller import Controller
+from spectool.core.costs import Costs
 from spectool.generate.loop import GenerationConfig, Loop, Offered, Plan, Step, never
 from spectool.generate.prompt import freeze_startup_objects
 from spectool.generate.stream import TextStream
@@ -63,6 +63,7 @@ class Batch:
         self.n_left, self.left = 0, [-1] * target.n_seq_max
         # the steps' decodes so far: how many, their rows, and the sequences in them (summed)
         self.n_steps = self.n_rows = self.n_seq_steps = 0
+        self.shapes: dict[int, Costs] = {}  # the costs of decodes of that many sequences (table)
 
     def pick(self, prompt: Sequence[int], among: Sequence[int] | None = None) -> int:
         """The free sequence (of `among`, or of all) a prompt is to join, as llama-server's
@@ -203,7 +204,8 @@ class Batch:
             loops = [self.active[seq] for seq in seqs]
             picks = ctl.pick_together([(offers[seq].keys, loop.temp, offers[seq].limit)
                                        for seq, loop in zip(seqs, loops)],
-                                      others=len(offers) - len(seqs))
+                                      others=len(offers) - len(seqs),
+                                      costs=self.table(len(offers), ctl))
             for seq, loop, keys in zip(seqs, loops, picks):
                 plans[seq] = loop.draft(offers[seq], keys, audited=len(offers) == 1)
         return plans
@@ -222,4 +224,14 @@ class Batch:
         one learns nothing of it)."""
         seconds -= sum(p.logprob_seconds for p in plans.values())
         for ctl, _ in self.by_controller(plans):
-            ctl.observe_verify(n_rows, seconds)
+            self.table(len(plans), ctl).observe_verify(n_rows, seconds)
+
+    def table(self, n_seqs: int, ctl: Controller) -> Costs:
+        """What a decode of `n_seqs` sequences' rows costs, by rows: the controller's own table for
+        one sequence, else the batch's for that many, measured as it goes (on the 2-core EPYC, 4
+        rows cost 29 ms in one sequence and 52 ms over four; the line's fixed part grows with the
+        sequences: research/notes/2026-12-03-parallel-bound.md). An untimed controller's table
+        stays its own."""
+        if n_seqs == 1 or not ctl.timed:
+            return ctl.costs
+        return self.shapes.setdefault(n_seqs, Costs())
