@@ -15,8 +15,8 @@ the lookup server asked for each token's logprob and its N best alternatives (`l
 and without them in turn (which first alternates), so that both see the same load.
 
 `--parallel N` measures the batch instead: N clients at once, each sending its share of the prompts one after
-another, against the one-sequence lookup server (which queues them), `--parallel N` with lookup, and `--parallel N
---spec none`; the three servers are up together and take turns, round after round (`--repeats`), so that each round
+another, against the one-sequence lookup server (which queues them), `--parallel N` with lookup (and with
+`--kv-unified`), and `--parallel N --spec none`; the servers are up together and take turns, round after round (`--repeats`), so that each round
 sees the same machine. Throughput is all completion tokens over the round's wall clock, prompts included: each
 round's prompts start with its number, so that no server finds one cached from an earlier round.
 """
@@ -110,16 +110,18 @@ def batch_rounds(model: Path, texts: list[str], args) -> None:
     """The `--parallel N` comparison (module docstring), printed as a table of each server's mean tokens per second
     over the rounds, its spread, and its ratio to the one-sequence server's."""
     n = args.parallel
-    shapes = {"one sequence, lookup (queued)": ("lookup", "1"), f"--parallel {n}, lookup": ("lookup", str(n)),
-              f"--parallel {n} --spec none": ("none", str(n))}
-    servers = {name: start(model, spec, args.threads, "--parallel", par, "-c", str(2048 * int(par)))
-               for name, (spec, par) in shapes.items()}
+    shapes = {"one sequence, lookup (queued)": ("lookup", "1", ()),
+              f"--parallel {n}, lookup": ("lookup", str(n), ()),
+              f"--parallel {n} --kv-unified, lookup": ("lookup", str(n), ("--kv-unified",)),
+              f"--parallel {n} --spec none": ("none", str(n), ())}
+    servers = {name: start(model, spec, args.threads, "--parallel", par, "-c", str(2048 * int(par)), *extra)
+               for name, (spec, par, extra) in shapes.items()}
     rates: dict[str, list[float]] = {name: [] for name in shapes}
     try:
         for url in (u for _, u in servers.values()):  # warm-up: every sequence's graphs
             together(url, [f"Warm-up {i}: count to ten." for i in range(n)], 8, n)
         for r in range(args.repeats):
-            names = list(shapes)[r % 3 :] + list(shapes)[: r % 3]
+            names = list(shapes)[r % len(shapes) :] + list(shapes)[: r % len(shapes)]
             # no prompt cached by an earlier round: each is prefilled whole on every server
             round_texts = [f"# round {r + 1}\n{text}" for text in texts]
             for name in names:

@@ -237,6 +237,10 @@ class Options:
                         "llama-server's -np: each holds -c / N tokens of context (-c 0: the "
                         "trained context each, memory allowing). Above 1, drafts come from prompt "
                         "lookup only.")
+    kv_unified: bool = opt(False, "--kv-unified", "-kvu", group=SERVE,
+                           help="With --parallel: one KV buffer for every sequence, as "
+                           "llama-server's -kvu: each may hold up to -c tokens, all together -c. "
+                           "Decodes of several sequences cost less on a CPU.")
     queue: int = opt(8, "--queue", group=SERVE, min=0,
                      help="Requests that may wait for their turn; one more gets a "
                      "503.")

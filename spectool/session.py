@@ -223,9 +223,10 @@ def load_models(o: Options, stack: contextlib.ExitStack, refs: Refs, want_draft:
     with hooks.bar(f"loading {Path(path).name}", "") as bar:
         # --parallel: one context for that many sequences (llama/parallel.py)
         kind = engine.Model if o.parallel == 1 else parallel.ParallelModel
+        unified = {"kv_unified": True} if o.kv_unified and o.parallel > 1 else {}
         target = stack.enter_context(kind(path, n_ctx=o.ctx_size, n_threads=o.threads,
                                           n_gpu_layers=o.gpu_layers, load_mtp=load_mtp,
-                                          progress=bar.fraction, n_seq_max=o.parallel))
+                                          progress=bar.fraction, n_seq_max=o.parallel, **unified))
     out = Loaded(target, None, target_ref, draft_ref)
     if draft_ref is None or not want_draft:
         return out

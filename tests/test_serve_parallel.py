@@ -357,3 +357,21 @@ def test_a_resent_conversation_lands_on_the_slot_holding_its_prefix(servers, tin
     assert during[0]["is_processing"] and during[0]["n_prompt_tokens_cache"] >= \
         a1.usage.prompt_tokens
     assert during[1]["n_prompt_tokens"] == b3.usage.prompt_tokens
+
+
+def test_a_unified_kv_cache_lets_a_sequence_hold_the_whole_context(tiny, servers):
+    """--kv-unified (llama-server's -kvu): with -c 1024 --parallel 2 a prompt of about 700 tokens, over a
+    sequence's 512 otherwise, is answered, as the one-sequence server answers it; without it, it is the
+    context's 400."""
+    one, _ = servers
+    prompt = "the dog the fox " * 175
+    kw = dict(model="tiny", prompt=prompt, max_tokens=16, temperature=0)
+    alone = one.client().completions.create(**kw).choices[0].text
+    split = Server(tiny["target"], "-c", "1024", "--parallel", "2")
+    unified = Server(tiny["target"], "-c", "1024", "--parallel", "2", "--kv-unified")
+    try:
+        assert split.request("POST", "/v1/completions", kw)[0] == 400
+        assert unified.client().completions.create(**kw).choices[0].text == alone
+    finally:
+        split.stop()
+        unified.stop()
