@@ -24,7 +24,7 @@ then depends only on the tokens seen.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from itertools import chain, islice, repeat
+from itertools import islice, repeat
 from typing import Iterable, Iterator, Sequence
 
 from spectool.core.costs import Costs
