@@ -220,7 +220,11 @@ class Loop:
         """The step's drafts: the drafter's offer (`offer`), of which the controller picks within
         every bound; None where the context has no room left."""
         o = self.offer(n_ctx, share)
-        return None if o is None else self.draft(o, self.ctl.pick(o.keys, self.temp, o.limit))
+        if o is None:
+            return None
+        # plain decoding has nothing for the controller to pick from
+        return self.draft(o, self.ctl.pick(o.keys, self.temp, o.limit)
+                          if self.drafter is not None else [])
 
     def offer(self, n_ctx: int, share: int | None = None) -> Offered | None:
         """What the drafter offers this step, and the most the step may draft: the room the
