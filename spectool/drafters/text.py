@@ -23,6 +23,7 @@ the controller prices them from their measured cost and acceptance like any draf
 
 from __future__ import annotations
 
+import bisect
 import time
 from typing import Sequence
 
@@ -33,7 +34,7 @@ from spectool.core.evidence import DRAFT, Evidence, Source
 from spectool.core.grammar import Constraint
 from spectool.core.protocol import EMPTY, Draft, Drafter, Estimate, no_grammar
 from spectool.core.verify import Sampling
-from spectool.llama.engine import Model
+from spectool.llama.engine import Model, shared_prefix
 from spectool.llama.outputs import Logits
 from spectool.llama.vocab import Facts
 
@@ -110,8 +111,8 @@ class TextDraft(Drafter):
         tokens it decoded."""
         old = self._text
         self._history_text(history)
-        shared = len(old) if self._text.startswith(old) else _common(old, self._text)
-        keep = max(0, sum(end <= shared for end in self._ends) - MARGIN)
+        shared = len(old) if self._text.startswith(old) else shared_prefix(old, self._text)
+        keep = max(0, bisect.bisect_right(self._ends, shared) - MARGIN)  # (ends ascend)
         start = self._ends[keep - 1] if keep else 0
         rest = whole(self._text[start:])  # (a character not yet whole waits for its bytes)
         anchor = whole(self._text[max(0, start - 16 * ANCHOR) : start]) if keep else ""
@@ -153,11 +154,3 @@ class TextDraft(Drafter):
                 break
         return out[: min(k, len(out) - 1)]
 
-
-def _common(a: bytes, b: bytes) -> int:
-    """How many first bytes `a` and `b` share."""
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
