@@ -148,13 +148,15 @@ def main() -> None:
     ap.add_argument("--logprobs", type=int, default=None, help="also measure lookup with logprobs: N")
     ap.add_argument("--parallel", type=int, default=None, help="measure N clients at once (module docstring)")
     ap.add_argument("--repeats", type=int, default=3, help="rounds of --parallel's comparison")
+    ap.add_argument("--set", default=next(iter(common.SETS)), choices=list(common.SETS),
+                    help="the prompts' set (default: code editing)")
     common.sample_options(ap)
     args = ap.parse_args()
     seed = common.fresh_seed(args.seed)
-    model, texts = models()["F16"], common.chosen(next(iter(common.SETS)), args.prompts, args, seed)
+    model, texts = models()["F16"], common.chosen(args.set, args.prompts, args, seed)
     if args.parallel:
         drawn = "the tuning list" if args.tuning else f"unseen, --seed {seed}"
-        print(f"F16 Gemma 3 270M, code editing (HumanEval), {args.prompts} prompts ({drawn}), {args.tokens} tokens, "
+        print(f"F16 Gemma 3 270M, {args.set}, {args.prompts} prompts ({drawn}), {args.tokens} tokens, "
               "greedy")
         return batch_rounds(model, texts, args)
     rows = {}
@@ -170,7 +172,7 @@ def main() -> None:
             proc.terminate()
             proc.wait(timeout=60)
     drawn = "the tuning list" if args.tuning else f"unseen, --seed {seed}"
-    print(f"\nF16 Gemma 3 270M, code editing (HumanEval), {args.prompts} prompts ({drawn}), {args.tokens} tokens, "
+    print(f"\nF16 Gemma 3 270M, {args.set}, {args.prompts} prompts ({drawn}), {args.tokens} tokens, "
           "greedy, streamed through the OpenAI API\n")
     print("| server | end-to-end tok/s | speedup | server decode tok/s | API cost per token | drafted | "
           "accepted |\n|---|---:|---:|---:|---:|---:|---:|")
