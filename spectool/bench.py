@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from spectool.core.costs import Costs
 from spectool.core.controller import Controller
-from spectool.options import CTX_SIZE, DRAFT_MAX, Mode, UserError, llama_cpp_sampling
+from spectool.options import CTX_SIZE, DRAFT_MAX, Mode, llama_cpp_sampling
 from spectool.models.registry import PAIR_DRAFT_MAX
 from spectool.drafters.builder import drafter_for
 from spectool.generate.loop import GenerationConfig, speculative_generate
@@ -52,11 +52,14 @@ class Contender:
     draft_vocab: int = 0  # > 0: the draft pruned to this many tokens (see prune.py)
 
     def generation(self, target, drafts: dict, max_tokens: int, costs: Costs | None = None,
-                   sampling: Sampling = Sampling(), seed: int | None = None) -> GenerationConfig:
+                   sampling: Sampling = Sampling(), seed: int | None = None,
+                   through_text: bool = False) -> GenerationConfig:
         """`drafts` maps a draft vocabulary size (0: the full draft) to (Model, kept ids or None);
-        `costs` is the table of measured batch costs to start from and add to."""
+        `costs` is the table of measured batch costs to start from and add to; `through_text`:
+        the draft's vocabulary is another, so it drafts through text (drafters/text.py)."""
         model, ids = drafts.get(self.draft_vocab, (None, None))
-        drafter, _ = drafter_for(Mode(self.mode), model, ids=ids, n_target=target.n_vocab)
+        drafter, _ = drafter_for(Mode(self.mode), model, ids=ids, n_target=target.n_vocab,
+                                 text_of=target if through_text and model is not None else None)
         ctl = Controller(k_max=self.k_max, k_min=self.k_max if self.fixed else 0,
                          adaptive=not self.fixed,
                          costs=costs if costs is not None else Costs())
@@ -159,9 +162,11 @@ def timed_generation(g: GenerationConfig, prompt: Sequence[int],
 def run(target, drafts: dict, prompts: Sequence[list[int]], contenders: Sequence[Contender],
         max_tokens: int,
         on_done: Callable[[str, int], None] = lambda name, i: None, sampling: Sampling = Sampling(),
-        baseline: tuple[Result, Iterator] | None = None) -> list[Result]:
+        baseline: tuple[Result, Iterator] | None = None,
+        through_text: bool = False) -> list[Result]:
     """Decode every prompt with every contender (interleaved prompt by prompt, so slow drift of the
-    machine hits all alike), prompt i sampled with seed i. Each contender keeps its table of
+    machine hits all alike), prompt i sampled with seed i; `through_text`: the drafts' vocabulary
+    is not the target's (Contender.generation). Each contender keeps its table of
     measured batch costs from one prompt to the next, as `spectool run` does between runs (see
     controller.Costs). Speedups are over `baseline` when given (see `reference`: it runs its prompt
     i before the contenders run theirs), else over plain decoding."""
@@ -172,7 +177,8 @@ def run(target, drafts: dict, prompts: Sequence[list[int]], contenders: Sequence
             next(baseline[1], None)
         for c in contenders:
             st = Stats(mode=c.mode)
-            g = c.generation(target, drafts, max_tokens, costs[c.name], sampling, seed=i)
+            g = c.generation(target, drafts, max_tokens, costs[c.name], sampling, seed=i,
+                             through_text=through_text)
             results[c.name].add(st, *timed_generation(g, prompt, st))
             on_done(c.name, i)
     out = ([baseline[0]] if baseline is not None else []) + list(results.values())
@@ -389,13 +395,13 @@ def compare(o, texts: Sequence[str], draft_vocab: int, with_sampled: bool, hooks
         m = load_models(o, stack, refs, want_draft=True, hooks=hooks)
         if m.draft_error is not None:
             raise m.draft_error
-        if m.through_text:
-            raise UserError(m.draft_notice + ": `spectool bench` compares drafts on the target's "
-                            "vocabulary only (run and serve draft through text)")
-        target, draft = m.target, m.draft
+        if m.through_text:  # its vocabulary is not the target's: nothing to prune
+            hooks.say(m.draft_notice)
+        target, draft, text = m.target, m.draft, m.through_text
         removed = cost_files.reset(target.path) if reset_costs else 0
         drafts: dict[int, tuple[Model | None, np.ndarray | None]] = {0: (draft, None)}
-        pruned_vocab = draft_vocab if draft is not None and 0 < draft_vocab < draft.n_vocab else 0
+        pruned_vocab = (draft_vocab if draft is not None and not text
+                        and 0 < draft_vocab < draft.n_vocab else 0)
         if pruned_vocab and draft is not None:
             pruned, ids, _ = pruned_draft(stack, draft, pruned_vocab, o, hooks, keep_original=True)
             drafts[pruned_vocab] = (pruned, ids)
@@ -405,7 +411,8 @@ def compare(o, texts: Sequence[str], draft_vocab: int, with_sampled: bool, hooks
         total = len(tokens) * (len(contenders) + len(adaptive))
         progress("benchmarking", 0, total)
         done = lambda name, i: progress(f"{name}, prompt {i + 1}", 1, total)  # noqa: E731
-        results = run(target, drafts, tokens, contenders, o.max_tokens, on_done=done)
+        results = run(target, drafts, tokens, contenders, o.max_tokens, on_done=done,
+                      through_text=text)
         sampled = []
         if adaptive:
             progress("llama-cpp-python, sampled", 0, total)
@@ -413,8 +420,7 @@ def compare(o, texts: Sequence[str], draft_vocab: int, with_sampled: bool, hooks
                              LLAMA_CPP_SAMPLING, o.threads,
                              say=hooks.say)
             sampled = run(target, drafts, tokens, adaptive, o.max_tokens, on_done=done,
-                          sampling=LLAMA_CPP_SAMPLING,
-                          baseline=base)
+                          sampling=LLAMA_CPP_SAMPLING, baseline=base, through_text=text)
         return Comparison(str(m.target_ref), str(m.draft_ref) if m.draft_ref else None,
                           target.path.name, len(texts),
                           o.max_tokens, contenders, results, sampled,

@@ -78,12 +78,19 @@ def test_spectool_bench_smoke(tiny, tmp_path, monkeypatch):
     assert "| llama-cpp-python plain |" in r.stdout and "temperature 0.8" in r.stdout
 
 
-def test_spectool_bench_refuses_a_foreign_draft(tiny):
-    """bench compares drafts on the target's vocabulary only: a draft of another one (which run and serve draft
-    through text) is one line and exit 1."""
-    r = CliRunner().invoke(app, ["bench", "-m", str(tiny["target"]), "-md", str(tiny["foreign"]), "-n", "4"])
-    assert r.exit_code == 1 and "compares drafts on the target's vocabulary only" in r.stderr
-    assert len(r.stderr.strip().splitlines()) == 1
+def test_spectool_bench_drafts_through_text_with_a_foreign_draft(tiny, tmp_path):
+    """bench with a draft of another vocabulary: it says so, and its draft and hybrid contenders draft through
+    text (drafters/text.py) with greedy outputs equal to plain decoding's; --draft-vocab has nothing to prune."""
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("The quick brown fox\n---\ndef add(a, b):\n    return a + b\n")
+    r = CliRunner().invoke(app, ["bench", "-m", str(tiny["target"]), "-md", str(tiny["foreign"]), "--prompts",
+                                 str(prompts), "-n", "16", "--draft-vocab", "400", "--json", "--greedy-only"])
+    assert r.exit_code == 0, r.output
+    assert "drafts through text" in r.stderr
+    results = {x["contender"]: x for x in json.loads(r.stdout)["results"]}
+    assert {"draft", "hybrid", "draft k=2"} <= set(results) and not any("tokens" in n for n in results)
+    assert all(x["identical"] == 2 for x in results.values())
+    assert results["draft k=2"]["drafted"] > 0
 
 
 def test_llama_cpp_tools_reports_and_prompt_files(tmp_path):
