@@ -34,6 +34,40 @@ def test_useless_drafts_give_plain_decoding():
     assert ks.count(0) >= 90  # re-probes aside
 
 
+def probes(ctl, key, accept_p, steps, seed=0, draft_cost=0.006):
+    """`drive`'s steps with a paid drafter (`draft_cost` seconds a drafted token): the steps that drafted."""
+    rng, drafted = random.Random(seed), []
+    for i in range(steps):
+        k = len(ctl.pick([key] * 16))
+        ctl.observe_verify(k + 1, 0.013 * (1 + 0.2 * k))
+        if k:
+            acc = 0
+            while acc < k and rng.random() < accept_p:
+                acc += 1
+            ctl.observe_accept([key] * k, k, acc)
+            ctl.observe_draft([key] * k, draft_cost * k)
+            drafted.append(i)
+    return drafted
+
+
+def test_a_paid_drafter_that_never_pays_is_probed_ever_more_rarely():
+    """A draft model whose tokens are rarely accepted: after its explorations, the controller probes it half as
+    often after each probe that did not pay (a probe pays for the draft's catch-up on all the text since it last
+    ran), down to once in probe_every << probe_backoff steps; without the backoff it would probe every
+    probe_every steps (31 times in 1,000). Lookup's free keys keep probe_every. Once the draft's tokens are
+    accepted, a probe finds it and it drafts again."""
+    ctl = Controller(k_max=8)
+    drafted = probes(ctl, DRAFT, 0.05, 1000)
+    later = [i for i in drafted if i >= 100]
+    assert 2 <= len(later) <= 6, drafted
+    gaps = [b - a for a, b in zip(later, later[1:])]
+    assert gaps == sorted(gaps) and gaps[-1] <= ctl.probe_every << ctl.probe_backoff, drafted
+    free = probes(Controller(k_max=8), Evidence.lookup(1), 0.05, 1000, draft_cost=0.0)
+    assert len([i for i in free if i >= 100]) >= 25
+    good = probes(ctl, DRAFT, 0.95, 1000)
+    assert good[0] <= ctl.probe_every << ctl.probe_backoff and len(good) > 300  # found again, then drafted
+
+
 def test_good_drafts_give_long_drafts():
     ks = drive(Controller(k_max=8), Evidence.lookup(3), accept_p=0.95, slope=0.2)
     assert min(ks) >= 6

@@ -36,6 +36,10 @@ from spectool.core.evidence import Source
 # the long copies.
 DRAFT_MAX = 32
 
+# the drafters that cost time to run (a draft model, an MTP head), beside those that read the text
+# for free (lookup, a grammar's forced tokens, a request's prediction)
+PAID = (Source.draft, Source.mtp)
+
 
 # Prompt lookup's prior acceptance by agreement, for each match length of BUCKETS (see
 # PromptLookup.key): the acceptance of a drafted token, given that the tokens before it were
@@ -75,6 +79,7 @@ class _Acceptance:
     tries: float = 0.0  # decayed counts of the tokens drafted under a key that were verified ...
     hits: float = 0.0  # ... and accepted
     zero_streak: int = 0
+    idle_probes: int = 0  # probes in a row that did not make the controller draft under the key
 
 
 @dataclass
@@ -96,6 +101,11 @@ class Controller:
     explore: dict[Source, int] = field(default_factory=lambda: {Source.draft: 2, Source.mtp: 2})
     explore_k: int = 4
     probe_every: int = 32
+    # a drafter that costs time to run (a draft model, an MTP head) is probed half as often after
+    # each probe that did not make it pay (nor was all accepted), down to once in probe_every <<
+    # this many steps: a probe pays for the draft's catch-up on all the text since it last ran (a
+    # draft through text on the 2-core EPYC: ~2 ms a token, 70 ms after 32 idle steps)
+    probe_backoff: int = 4
     # a draft-model token relative to one target decode, until measured
     draft_cost_prior: float = 0.15
     costs: Costs = field(default_factory=Costs)  # shared with other controllers of the same target
@@ -127,8 +137,10 @@ class Controller:
 
     def observe_accept(self, keys: Sequence[Evidence], drafted: int, accepted: int) -> None:
         """A step drafted `drafted` tokens, under keys[i] each, and the first `accepted` were
-        accepted."""
+        accepted (all of them: a probe under keys[0] that paid: the next comes at probe_every)."""
         self._memo.clear()
+        if drafted and accepted >= drafted:
+            self._stats(keys[0]).idle_probes = 0
         # token i was tried: all before it were accepted
         for i in range(min(drafted, accepted + 1)):
             a = self._acc.get(keys[i]) or self._stats(keys[i])
@@ -266,17 +278,21 @@ class Controller:
 
     def _probed(self, c: _Chain) -> list[Evidence]:
         """A chain's keys as chosen, unless its first key has been held at no draft for
-        `probe_every` steps: then a short draft keeps the estimate honest."""
+        `probe_every` steps (a paid drafter's: more after probes that did not pay, see
+        `probe_backoff`): then a short draft keeps the estimate honest."""
         if not c.keys:
             return []
-        a = self._stats(c.keys[0])
+        key = c.keys[0]
+        a = self._stats(key)
         if c.n:
-            a.zero_streak = 0
+            a.zero_streak = a.idle_probes = 0
             return c.keys[: c.n]
         a.zero_streak += 1
-        if a.zero_streak < self.probe_every:
+        paid = key.source in PAID
+        if a.zero_streak < self.probe_every << (min(a.idle_probes, self.probe_backoff) * paid):
             return []
         a.zero_streak = 0
+        a.idle_probes += 1
         return c.draw(min(c.cap, self.explore_k))
 
     @staticmethod
