@@ -196,9 +196,37 @@ def priced(times: dict[int, list[float]], stat) -> dict[int, float]:
     return {r: float(stat(t)) for r, t in times.items()}
 
 
-def report(data, table: Table, args, stat) -> None:
+def prompt_seconds(target, prompts: list[list[int]], args) -> float:
+    """What processing the prompts takes (each prefilled alone, the median of 3 on --clock): a
+    server pays it per request whether the decodes are batched or not, and on this compute-bound
+    CPU a batch does not make it cheaper."""
+    clock, total = CLOCKS[args.clock], 0.0
+    for p in prompts:
+        times = []
+        for _ in range(3):
+            t0 = clock()
+            target.sync(p[:-1], logits="none")
+            times.append(clock() - t0)
+            target.reset()
+        total += float(np.median(times))
+    return total
+
+
+def with_prompts(data, got: dict[int, dict[str, float]], seconds: float) -> None:
+    """The bound and the estimate over queued lookup with the prompts' processing (`seconds`)
+    counted too, as an end-to-end clock (benchmarks/serve_bench.py's) counts it."""
+    n = sum(len(y) for _, y in data)
+    today = seconds + n / got[1]["queued lookup"]
+    print(f"\nwith prompt processing ({seconds:.2f} s for {len(data)} prompts, "
+          f"{n} tokens generated): bound / queued lookup, controller (est.) / queued lookup")
+    for s, r in got.items():
+        print(f"N={s} | {today / (seconds + n / r['bound']):.2f}x | "
+              f"{today / (seconds + n / r['controller (est.)']):.2f}x")
+
+
+def report(data, table: Table, args, stat, prompt_s: float) -> None:
     """The rates at each N on the faster KV layout there, each shape priced at `stat` of its
-    decodes."""
+    decodes; then with the prompts' processing (`prompt_s` seconds) counted too."""
     cost = {u: {s: priced(table[u][s], stat) for s in SEQS} for u in table}
     faster = {s: min((False, True), key=lambda u: sum(cost[u][s].values())) for s in SEQS}
     batch = {s: cost[faster[s]][s] for s in SEQS}
@@ -215,6 +243,7 @@ def report(data, table: Table, args, stat) -> None:
               f"{r['bound'] / r['queued lookup']:.2f}x | "
               f"{r['batched plain'] / r['queued lookup']:.2f}x | "
               f"{'unified' if faster[s] else 'per-seq'}")
+    with_prompts(data, got, prompt_s)
 
 
 def main() -> None:
@@ -247,9 +276,10 @@ def main() -> None:
             u: {s: {r: [args.line[0] + args.line[1] * r] for r in shapes(s, args.k_max)}
                 for s in SEQS} for u in (False, True)}
         data = [(p, plain_output(target, p, args.tokens)) for p in prompts[: args.prompts]]
-    report(data, table, args, np.median)
+        prompt_s = prompt_seconds(target, [p for p, _ in data], args)
+    report(data, table, args, np.median, prompt_s)
     if not args.line:
-        report(data, table, args, np.min)  # a busy machine only slows a decode: the fastest
+        report(data, table, args, np.min, prompt_s)  # a busy machine only slows a decode
 
 
 if __name__ == "__main__":

@@ -45,3 +45,15 @@ def test_the_bound_beats_batched_plain_and_prices_the_share():
     assert abs(got[1]["bound"] - got[1]["queued oracle"]) < 1e-6 * got[1]["bound"]
     assert got[4]["bound"] / got[4]["batched plain"] < got[1]["bound"] / got[1]["batched plain"]
     assert got[4]["bound"] > n / (n * 0.022)  # four sequences beat one queued
+
+
+def test_prompt_processing_counted_on_both_sides_shrinks_the_ratio(capsys):
+    """The prompts' processing is paid queued and batched alike: 2 s of it beside 4 s of queued decoding
+    against 2 s batched makes 6 / 4 = 1.5x, not the decode's 2x."""
+    data = [([1], [0] * 100), ([2], [0] * 100)]  # 200 tokens
+    got = {1: {"queued lookup": 50.0, "bound": 50.0, "controller (est.)": 50.0},
+           4: {"queued lookup": 50.0, "bound": 100.0, "controller (est.)": 80.0}}
+    B.with_prompts(data, got, 2.0)
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-2] == "N=1 | 1.00x | 1.00x"
+    assert lines[-1] == f"N=4 | 1.50x | {6 / (2 + 200 / 80):.2f}x"
