@@ -160,6 +160,8 @@ class Mtp(Drafter):
     tokens), then on its own outputs, as llama.cpp's draft-mtp does. Its rows go through the
     target's sampler chain, so q is the distribution each draft was drawn from."""
 
+    source, evidence = Source.mtp, MTP  # what its drafts are counted as (Eagle3's: the head's)
+
     def __init__(self, head, p_min: float = 0.0):
         self.head, self.p_min = head, p_min
 
@@ -170,7 +172,7 @@ class Mtp(Drafter):
 
     def peek(self, history: Sequence[int], k_max: int, estimate: Estimate | None = None,
              final: int | None = None) -> list[Evidence]:
-        return [MTP] * max(0, min(k_max, self.head.n_ctx - len(history)))
+        return [self.evidence] * max(0, min(k_max, self.head.n_ctx - len(history)))
 
     def propose(self, history: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator,
                 constraint: Constraint | None = None) -> Draft:
@@ -196,5 +198,5 @@ class Mtp(Drafter):
         recent = list(history[-sampling.window:]) if sampling.window else []
         tokens, qs = draw(head, 0, k, advance, sampling, rng, recent, self.p_min,
                           constraint=constraint)
-        return (Draft(tokens, None if sampling.greedy else qs, Source.mtp, catch_up) if tokens
+        return (Draft(tokens, None if sampling.greedy else qs, self.source, catch_up) if tokens
                 else EMPTY)
