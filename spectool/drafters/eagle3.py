@@ -15,9 +15,8 @@ from spectool.llama import native  # noqa: F401, I001 - llama.cpp before numpy (
 import numpy as np  # noqa: E402
 
 from spectool.core.evidence import EAGLE3, Source
-from spectool.drafters.mtp import Mtp
+from spectool.drafters.mtp import HeadContext, Mtp
 from spectool.llama.engine import DecodeError, Model, ModelLoadError, last_log_error
-from spectool.llama.outputs import ROWS
 from spectool.llama.vocab import check_gguf_file
 
 ARCH = "eagle3"
@@ -98,7 +97,7 @@ def is_head(path: str | Path) -> bool:
         return False
 
 
-class Eagle3Context:
+class Eagle3Context(HeadContext):
     """An EAGLE-3 head in a context of its own beside the target's (ctx_other: the head borrows the
     target's token embeddings and output layer where it has none). Its encoder fuses the target's
     hidden states at the head's layers into g; its decoder at position p takes the token at p + 1
@@ -107,7 +106,7 @@ class Eagle3Context:
     with the target's decodes; `step` drafts one token. Its interface is MtpContext's: `step(token,
     pos, h)` takes the token at `pos` with the state of pos - 1."""
 
-    output = ROWS  # rows are read on the host (verify.token_at / dist_at)
+    name = "EAGLE-3 head"
 
     def __init__(self, target: Model, path: str | Path):
         facts = head_facts(path)
@@ -246,17 +245,6 @@ class Eagle3Context:
         if pos0 <= self.covered:
             self.covered = pos0 + n
 
-    def catch_up(self) -> int:
-        """Mirror what the target's cache holds that this head has not seen (see
-        MtpContext.catch_up). Returns how many tokens the target decoded again."""
-        target = self.target
-        start = min(self.covered, len(target.tokens))
-        missing = target.tokens[start:]
-        if missing:
-            target.rollback(start)
-            target.eval(missing, logits="none")
-        return len(missing)
-
     def step(self, token: int, pos: int, h: np.ndarray) -> np.ndarray:
         """The decoder on `token` (the token at `pos`) with `h` (g at pos - 1, or this head's own
         state for the token before), at position pos - 1: its logits row predicts the token at
@@ -266,17 +254,6 @@ class Eagle3Context:
         self._decode(1)
         return np.ctypeslib.as_array(self._ext.llama_get_embeddings_nextn_ith(self._ctx, 0),
                                      shape=(self.n_embd,)).copy()
-
-    def _decode(self, n: int) -> None:
-        self._batch.n_tokens = n
-        rc = self.lib.llama_decode(self._ctx, self._batch)
-        if rc != 0:
-            raise DecodeError(f"llama_decode failed in the EAGLE-3 head (code {rc}): "
-                              f"{last_log_error()}")
-
-    def logits(self, i: int = -1) -> np.ndarray:
-        ptr = self.lib.llama_get_logits_ith(self._ctx, i)
-        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
 
     def close(self) -> None:
         lib = self.lib

@@ -306,6 +306,18 @@ def draft_eagle3(binary: Path, model: Path, head: Path, prompt: str, tokens: int
 
 def _draft_steps(binary: Path, model: Path, prompt: str, tokens: int, spec: list[str], n_draft: int, threads: int,
                  ctx: int) -> list[MtpStep]:
+    """The steps of a run whose log holds all `tokens`: on a busy machine llama.cpp's log thread can lose the last
+    lines of a run at exit (seen with 2 busy cores: 25 of 36 steps, where the whole log had 36), so a log that
+    ends short is read again from another run (five at most)."""
+    for _ in range(5):
+        steps = _draft_run(binary, model, prompt, tokens, spec, n_draft, threads, ctx)
+        if sum(s.accepted + 1 for s in steps) >= tokens:
+            break
+    return steps
+
+
+def _draft_run(binary: Path, model: Path, prompt: str, tokens: int, spec: list[str], n_draft: int, threads: int,
+               ctx: int) -> list[MtpStep]:
     with tempfile.TemporaryDirectory() as tmp:
         args = [str(binary), *_common(model, _prompt_file(tmp, prompt), tokens, threads, ctx, True), *spec,
                 "--spec-draft-n-max", str(n_draft), "-lv", "5"]
