@@ -216,3 +216,28 @@ def test_serve_drafts_with_the_head(tiny, head_path):
         texts.append(reply["choices"][0]["text"])
     assert texts[0] == texts[1]
     assert reply["usage"]["speculative"]["mode"] == "eagle3" and reply["usage"]["speculative"]["drafted"] > 0
+
+
+def test_a_head_reading_the_targets_last_layer_drafts_what_llama_cpp_does(tiny, head_path, speculative_simple):
+    """Over the two-layer draft model as the target, the head's layer 2 is the target's output (its last hidden
+    state, llama_get_embeddings_nextn, as llama.cpp reads a layer id equal to the layer count): the drafts are
+    still llama.cpp's, step by step."""
+    from spectool_lab import llamacpp
+
+    from spectool.core.controller import Controller
+    from spectool.drafters.eagle3 import Eagle3, Eagle3Context
+    from spectool.generate.loop import GenerationConfig, speculative_generate
+    from spectool.llama.engine import Model
+
+    theirs = llamacpp.draft_eagle3(speculative_simple, tiny["draft"], head_path, LOOP, 40, n_draft=3)
+    with Model(tiny["draft"], n_ctx=512, n_threads=2) as m:
+        head = Eagle3Context(m, head_path)
+        try:
+            drafter, proposed, propose = Eagle3(head), [], Eagle3.propose
+            drafter.propose = lambda *a: proposed.append(propose(drafter, *a)) or proposed[-1]
+            list(speculative_generate(GenerationConfig(m, drafter, max_tokens=60, controller=Controller(
+                k_max=3, k_min=3, adaptive=False)), m.tokenize(LOOP)))
+        finally:
+            head.close()
+    n = min(len(theirs), len(proposed)) - 3  # near the end each tool cuts its drafts to its own budget
+    assert n >= 15 and [t.draft for t in theirs[:n]] == [list(d.tokens) for d in proposed[:n]]
