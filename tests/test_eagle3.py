@@ -161,6 +161,10 @@ def test_spec_eagle3_through_the_command_line(tiny, head_path, tmp_path):
         assert j["mode"] == "eagle3" and j["n_drafted"] > 0 and "[eagle3]" in r.stderr
     r = spectool("run", "-m", tiny["target"], "--spec", "eagle3", "-n", "4", "hi")
     assert r.returncode == 2 and "EAGLE-3 head" in r.stderr and "Traceback" not in r.stderr
+    r = spectool("run", "-m", tiny["target"], "-md", head_path, "--spec", "draft", "-n", "4", "hi")
+    assert r.returncode == 2 and "-md is an EAGLE-3 head, not a draft model" in r.stderr
+    r = spectool("bench", "-m", tiny["target"], "-md", head_path, "--greedy-only")
+    assert r.returncode == 2 and "does not measure heads yet" in r.stderr and "Traceback" not in r.stderr
     r = spectool("serve", "-m", tiny["target"], "-md", head_path, "--spec", "eagle3", "--parallel", "2",
                  timeout=120)
     assert r.returncode == 2 and "--parallel above 1 drafts by prompt lookup only" in r.stderr

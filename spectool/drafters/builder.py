@@ -73,6 +73,8 @@ def loads(w: Wish, draft_model: bool, eagle3: bool = False) -> tuple[bool, bool,
     PolicyError there."""
     if w.n_seq > 1 and w.spec in (Mode.draft, Mode.hybrid, Mode.mtp, Mode.eagle3):
         raise PolicyError(f"--parallel above 1 drafts by prompt lookup only, not --spec {w.spec}")
+    if eagle3 and w.spec is Mode.draft:
+        raise PolicyError("-md is an EAGLE-3 head, not a draft model: --spec eagle3 drafts with it")
     alone = w.n_seq == 1
     mode = resolve(w.spec, draft_model and alone, mtp=alone, eagle3=eagle3 and alone)
     head = mode is Mode.hybrid and not draft_model
