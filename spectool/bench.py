@@ -376,6 +376,16 @@ class Comparison:
                 "cost_tables_removed": self.costs_removed}
 
 
+def _no_head(refs):
+    """`refs`, unless -md names an EAGLE-3 head: bench does not measure heads yet (`spectool run
+    --spec eagle3 --stats-json` does)."""
+    from spectool.session import eagle3_head
+
+    if eagle3_head(refs.draft) is not None:
+        raise UserError(f"{refs.draft}: an EAGLE-3 head; bench does not measure heads yet", code=2)
+    return refs
+
+
 def compare(o, texts: Sequence[str], draft_vocab: int, with_sampled: bool, hooks, progress=None,
             reset_costs: bool = False) -> Comparison:
     """`spectool bench`: the models of options `o` loaded through the session layer (its draft
@@ -390,7 +400,7 @@ def compare(o, texts: Sequence[str], draft_vocab: int, with_sampled: bool, hooks
     from spectool.session import load_models, pruned_draft, resolve_models
 
     progress = progress or (lambda description, advance, total: None)
-    refs = resolve_models(o)
+    refs = _no_head(resolve_models(o))
     with contextlib.ExitStack() as stack:
         m = load_models(o, stack, refs, want_draft=True, hooks=hooks)
         if m.draft_error is not None:

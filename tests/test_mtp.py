@@ -165,37 +165,15 @@ def test_the_mtp_head_drafts_and_accepts_what_llama_cpps_draft_mtp_does(mtp_path
     tokens and accept as many, step by step, and both outputs are plain decoding's. Steps are compared while both
     draft 3 tokens: near the end each tool cuts its last drafts to its own token budget."""
     from spectool_lab import llamacpp
-    from spectool_lab.helpers import tokens_of
+    from spectool_lab.helpers import same_drafts_as_llama_cpp
 
-    from spectool.core.controller import Controller
     from spectool.drafters.mtp import Mtp, MtpContext
     from spectool.llama.engine import Model
-    from spectool.generate.loop import GenerationConfig, speculative_generate
 
     theirs = llamacpp.draft_mtp(speculative_simple, mtp_path, text, 40, n_draft=3)
     with Model(mtp_path, n_ctx=512, n_threads=2, load_mtp=True) as m:
-        prompt = m.tokenize(text)
-        plain = tokens_of(GenerationConfig(m, None, max_tokens=60), prompt)
         head = MtpContext(m)
         try:
-            drafter, proposed = Mtp(head), []
-            propose = drafter.propose
-
-            def recording(*args):
-                d = propose(*args)
-                proposed.append(list(d.tokens))
-                return d
-
-            drafter.propose = recording
-            steps = list(speculative_generate(GenerationConfig(m, drafter, max_tokens=60, controller=Controller(
-                k_max=3, k_min=3, adaptive=False)), prompt))
+            same_drafts_as_llama_cpp(m, Mtp(head), m.tokenize(text), theirs, min_steps=15)
         finally:
             head.close()
-    ours = [(o, s.accepted) for o, s in zip(proposed, [s for s in steps if s.drafted])]
-    n = next((i for i, (t, (o, _)) in enumerate(zip(theirs, ours)) if len(t.draft) < 3 or len(o) < 3),
-             min(len(theirs), len(ours)))
-    assert n >= 15 and sum(t.accepted for t in theirs[:n]) > 0
-    assert [(t.draft, t.accepted) for t in theirs[:n]] == ours[:n]
-    theirs_out = [t for s in theirs for t in s.draft[: s.accepted] + [s.last]]
-    assert len(theirs_out) >= 30 and theirs_out == plain[: len(theirs_out)]
-    assert [t for s in steps for t in s.tokens] == plain

@@ -69,8 +69,8 @@ StatsJson = Annotated[Optional[Path],
 ColorDrafts = Annotated[bool, typer.Option(
     "--color-drafts",
     help="Colour text from accepted drafts (green: lookup, bright green: lookup in the corpus, "
-    "cyan: draft model, yellow: MTP head, magenta: a hybrid step's drafts, blue: tokens a grammar "
-    "forced, bright cyan: the --prediction).")]
+    "cyan: draft model, yellow: MTP head, bright yellow: EAGLE-3 head, magenta: a hybrid step's "
+    "drafts, blue: tokens a grammar forced, bright cyan: the --prediction).")]
 
 
 def _version(value: bool) -> None:
@@ -369,15 +369,21 @@ def check(
     token for token where llama.cpp's vocabulary rule says they share a vocabulary, else through
     text (each draft decoded and encoded again in the target's vocabulary)."""
     with cli_errors(o.debug):
-        from spectool.models.compat import check_files
+        from spectool.drafters.eagle3 import head_facts
+        from spectool.models.compat import check_files, check_head
 
-        facts, problems = check_files(target, draft, o.debug)
+        head = head_facts(draft) if draft else None
+        facts, problems = (check_head(target, head, o.debug) if head is not None
+                           else check_files(target, draft, o.debug))
     for role, path, (v, heads) in zip(("target:", "draft: "), (target, draft or ""), facts):
         print(f"{role} {Path(path).name}: {v.n_tokens} tokens, type {v.type}, BOS {v.bos}, EOS "
               f"{v.eos}; "
               + (f"{heads} MTP head{'s' if heads > 1 else ''} (NextN "
                  "layers)" if heads else "no MTP heads"))
     if draft is None:
+        return
+    if head is not None:  # problems: what the head is, then whether it can draft for the target
+        print(f"draft:  {Path(draft).name}: " + "\n".join(problems))
         return
     if not problems:
         print("compatible: the draft drafts for the target token for token (one vocabulary)")

@@ -28,7 +28,7 @@ from itertools import islice, repeat
 from typing import Iterable, Iterator, Sequence
 
 from spectool.core.costs import Costs
-from spectool.core.evidence import BUCKETS, DRAFT, GRAMMAR, MTP, Agreement, Evidence
+from spectool.core.evidence import BUCKETS, DRAFT, EAGLE3, GRAMMAR, MTP, Agreement, Evidence
 from spectool.core.evidence import Source
 
 # How many tokens a step may draft when a pair does not say (models.toml's draft_max says it per
@@ -68,7 +68,7 @@ def _default_priors() -> dict[Evidence, tuple[float, float]]:
     # a draft model's and an MTP head's: a guess that their first observations replace. A grammar's
     # forced tokens are the text's own unless the model spells them with other tokens than the
     # grammar's canonical ones
-    return {**lookup, DRAFT: (0.6, 2.0), MTP: (0.6, 2.0), GRAMMAR: (0.95, 8.0)}
+    return {**lookup, DRAFT: (0.6, 2.0), MTP: (0.6, 2.0), EAGLE3: (0.6, 2.0), GRAMMAR: (0.95, 8.0)}
 
 
 @dataclass(slots=True)
@@ -98,7 +98,8 @@ class Controller:
     # one: research/notes/2026-12-02-lab.md, "Lookup's priors")
     sampled_prior: tuple[float, float] = (2.0, 4.0)
     # keys whose quality is unknown until tried (a user's draft model): draft this many times first
-    explore: dict[Source, int] = field(default_factory=lambda: {Source.draft: 2, Source.mtp: 2})
+    explore: dict[Source, int] = field(default_factory=lambda: {Source.draft: 2, Source.mtp: 2,
+                                                                 Source.eagle3: 2})
     explore_k: int = 4
     probe_every: int = 32
     # a drafter that costs time to run (a draft model, an MTP head) is probed half as often after
@@ -187,7 +188,8 @@ class Controller:
         (`draft_cost_prior` target steps a draft-model token, nothing for a lookup)."""
         cost = self.costs.draft.get(key.cost_key)
         if cost is None:
-            cost = self.draft_cost_prior * one if key.source in (Source.draft, Source.mtp) else 0.0
+            cost = (self.draft_cost_prior * one
+                    if key.source in (Source.draft, Source.mtp, Source.eagle3) else 0.0)
         return cost
 
     # -- the decision

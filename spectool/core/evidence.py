@@ -16,8 +16,8 @@ from typing import ClassVar
 
 class Source(StrEnum):
     """Where a step's drafts came from: nothing drafted, prompt lookup, prompt lookup in the corpus
-    of earlier requests (drafters/corpus.py), a draft model, the target's own MTP heads, lookup's
-    tokens then the draft model's or the MTP head's, the tokens a grammar forces, or the
+    of earlier requests (drafters/corpus.py), a draft model, the target's own MTP heads, an EAGLE-3
+    head, lookup's tokens then the draft model's or a head's, the tokens a grammar forces, or the
     prediction a request handed over (drafters/prediction.py: OpenAI's Predicted Outputs)."""
 
     none = "none"
@@ -25,6 +25,7 @@ class Source(StrEnum):
     corpus = "corpus"
     draft = "draft"
     mtp = "mtp"
+    eagle3 = "eagle3"
     hybrid = "hybrid"
     grammar = "grammar"
     prediction = "prediction"
@@ -38,6 +39,7 @@ class Mode(StrEnum):
     draft = "draft"
     lookup = "lookup"
     mtp = "mtp"
+    eagle3 = "eagle3"
     hybrid = "hybrid"
     none = "none"
 
@@ -66,7 +68,7 @@ class Evidence:
     `Evidence.of` (or `Evidence.lookup`), which interns keys: one object per distinct key, so keys
     compare and hash by identity, cheaply."""
 
-    source: Source  # Source.lookup, Source.corpus, Source.prediction, Source.draft or Source.mtp
+    source: Source  # lookup, corpus, prediction, draft, mtp or eagle3
     # lookup: the n-gram length bucket (BUCKETS); the prediction: its match's (0: the output's
     # start); 0 otherwise
     match: int = 0
@@ -149,4 +151,5 @@ class Evidence:
 
 DRAFT = Evidence.of(Source.draft)  # every draft-model token
 MTP = Evidence.of(Source.mtp)  # every token of the target's MTP head
+EAGLE3 = Evidence.of(Source.eagle3)  # every token of an EAGLE-3 head (drafters/eagle3.py)
 GRAMMAR = Evidence.of(Source.grammar)  # every token a grammar forces

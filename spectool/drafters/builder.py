@@ -21,6 +21,7 @@ from spectool.core.protocol import Draft, Drafter, Estimate
 from spectool.core.verify import Sampling
 from spectool.drafters.corpus import Corpus
 from spectool.drafters.draft_model import DraftModel
+from spectool.drafters.eagle3 import Eagle3, Eagle3Context
 from spectool.drafters.grammar import GrammarDrafter
 from spectool.drafters.hybrid import Hybrid
 from spectool.drafters.lookup import PromptLookup
@@ -30,7 +31,7 @@ from spectool.drafters.text import TextDraft
 from spectool.llama.engine import EngineError, Model
 from spectool.llama.vocab import Facts
 
-KINDS = (Source.lookup, Source.draft, Source.mtp, Source.hybrid)  # what `build` makes
+KINDS = (Source.lookup, Source.draft, Source.mtp, Source.eagle3, Source.hybrid)  # what build makes
 
 
 class PolicyError(ValueError):
@@ -51,39 +52,50 @@ class Wish:
     n_seq: int = 1
 
 
-def resolve(spec: Mode, draft_model: bool, mtp: bool) -> Mode:
-    """What `spec` drafts by, given whether there is a draft model and an MTP head: auto is hybrid
-    with a draft model, else the MTP head, else prompt lookup; hybrid pairs lookup with the draft
-    model, or without one with the MTP head; a mode whose model or head is missing is prompt lookup
-    (drafter_for says whether that is a fallback or an error)."""
+def resolve(spec: Mode, draft_model: bool, mtp: bool, eagle3: bool = False) -> Mode:
+    """What `spec` drafts by, given whether there is a draft model, an MTP head and an EAGLE-3 head
+    (-md HEAD.gguf): auto is hybrid with a draft model, else the EAGLE-3 head, else the MTP head,
+    else prompt lookup; hybrid pairs lookup with the draft model, or without one with a head; a
+    mode whose model or head is missing is prompt lookup (drafter_for says whether that is a
+    fallback or an error)."""
     if spec is Mode.auto:
-        return Mode.hybrid if draft_model else Mode.mtp if mtp else Mode.lookup
-    missing = {Mode.draft: not draft_model, Mode.mtp: not mtp,
-               Mode.hybrid: not (draft_model or mtp)}
+        return (Mode.hybrid if draft_model else Mode.eagle3 if eagle3 else Mode.mtp if mtp
+                else Mode.lookup)
+    missing = {Mode.draft: not draft_model, Mode.mtp: not mtp, Mode.eagle3: not eagle3,
+               Mode.hybrid: not (draft_model or mtp or eagle3)}
     return Mode.lookup if missing.get(spec, False) else spec
 
 
-def loads(w: Wish, draft_model: bool) -> tuple[bool, bool]:
+def loads(w: Wish, draft_model: bool, eagle3: bool = False) -> tuple[bool, bool, bool]:
     """Before anything loads: whether the mode drafts with the draft model (`draft_model`: one is
-    named) and with the target's MTP heads, if it has them. Sequences decoded together draft by
-    prompt lookup only: another mode is a PolicyError there."""
-    if w.n_seq > 1 and w.spec in (Mode.draft, Mode.hybrid, Mode.mtp):
+    named), with the target's MTP heads, if it has them, and with the EAGLE-3 head (`eagle3`: -md
+    names one). Sequences decoded together draft by prompt lookup only: another mode is a
+    PolicyError there."""
+    if w.n_seq > 1 and w.spec in (Mode.draft, Mode.hybrid, Mode.mtp, Mode.eagle3):
         raise PolicyError(f"--parallel above 1 drafts by prompt lookup only, not --spec {w.spec}")
+    if eagle3 and w.spec is Mode.draft:
+        raise PolicyError("-md is an EAGLE-3 head, not a draft model: --spec eagle3 drafts with it")
     alone = w.n_seq == 1
-    mode = resolve(w.spec, draft_model and alone, mtp=alone)
-    by_mtp = mode is Mode.mtp or (mode is Mode.hybrid and not draft_model)
-    return mode in (Mode.draft, Mode.hybrid), by_mtp
+    mode = resolve(w.spec, draft_model and alone, mtp=alone, eagle3=eagle3 and alone)
+    head = mode is Mode.hybrid and not draft_model
+    by_eagle3 = mode is Mode.eagle3 or (head and eagle3)
+    return mode in (Mode.draft, Mode.hybrid), mode is Mode.mtp or (head and not eagle3), by_eagle3
 
 
 def drafter_for(spec: Mode, draft_model: Model | None, p_min: float = 0.0,
                 notices: list[str] | None = None, ids: np.ndarray | None = None,
                 n_target: int = 0, mtp: MtpContext | None = None,
-                text_of: Facts | None = None) -> tuple[Drafter | None, Mode]:
+                text_of: Facts | None = None,
+                eagle3: Eagle3Context | None = None) -> tuple[Drafter | None, Mode]:
     """(drafter, the Mode it drafts by, see resolve) for a mode (run, chat, serve, bench, the
-    tests). `mtp` is the target's MTP head when it has one; `text_of` the target where the draft
+    tests). `mtp` is the target's MTP head when it has one, `eagle3` the EAGLE-3 head; `text_of` the
+    target where the draft
     model's vocabulary is another (it drafts through text). A mode that cannot have what it needs is
     a PolicyError when the user demanded it (draft, mtp), else prompt lookup with a notice."""
-    mode = resolve(spec, draft_model is not None, mtp is not None)
+    mode = resolve(spec, draft_model is not None, mtp is not None, eagle3 is not None)
+    if mode is Mode.lookup and spec is Mode.eagle3:
+        raise PolicyError("--spec eagle3 needs -md HEAD.gguf, an EAGLE-3 head for the target "
+                          "(`spectool check TARGET HEAD` says)")
     if mode is Mode.lookup and spec is Mode.mtp:
         raise PolicyError("--spec mtp needs a target with MTP heads (NextN layers; `spectool check "
                           "MODEL` says)")
@@ -93,7 +105,8 @@ def drafter_for(spec: Mode, draft_model: Model | None, p_min: float = 0.0,
         notices.append("no draft model: using prompt lookup")
     if mode is Mode.none:
         return None, mode
-    return build(Source(mode.value), draft_model, mtp, p_min, ids, n_target, text_of), mode
+    return build(Source(mode.value), draft_model, mtp, p_min, ids, n_target, text_of,
+                 eagle3), mode
 
 
 @dataclass
@@ -129,19 +142,21 @@ class Policy:
 def choose(w: Wish, target: Model, draft_model: Model | None = None,
            ids: np.ndarray | None = None, mtp: MtpContext | None = None,
            costs: Costs | None = None, corpus: Corpus | None = None,
-           notices: list[str] | None = None, through_text: bool = False) -> Policy:
+           notices: list[str] | None = None, through_text: bool = False,
+           eagle3: Eagle3Context | None = None) -> Policy:
     """The session's drafting for what the user asks (`w`) and the loaded models: the drafter
     (drafter_for; plain decoding where the target cannot drop rejected drafts), a controller over
     the measured `costs` between w's limits (adaptive unless they are one length), and the corpus
     where the drafter drafts by prompt lookup; `through_text`: the draft model's vocabulary is not
-    the target's. One-line notices for the user go to `notices`."""
+    the target's; `eagle3`: the EAGLE-3 head (-md HEAD.gguf). One-line notices for the user go to
+    `notices`."""
     notices = notices if notices is not None else []
     if w.spec is Mode.mtp and target.n_nextn and not target.can_rollback:
         raise PolicyError(f"{target.architecture} keeps a recurrent state that cannot drop "
                           "rejected drafts: spectool cannot draft from its MTP heads (llama.cpp "
                           "restores checkpoints instead)")
     drafter, mode = drafter_for(w.spec, draft_model, w.p_min, notices, ids, target.n_vocab, mtp,
-                                target if through_text else None)
+                                target if through_text else None, eagle3)
     if not target.can_rollback and drafter is not None:
         notices.append(f"{target.architecture} cannot roll back its cache: plain decoding")
         drafter, mode = None, Mode.none
@@ -153,19 +168,22 @@ def choose(w: Wish, target: Model, draft_model: Model | None = None,
 
 def build(kind: Source, draft_model: Model | None = None, mtp: MtpContext | None = None,
           p_min: float = 0.0, ids: np.ndarray | None = None, n_target: int = 0,
-          text_of: Facts | None = None) -> Drafter:
+          text_of: Facts | None = None, eagle3: Eagle3Context | None = None) -> Drafter:
     """The session's drafter of `kind` (one of KINDS): prompt lookup, the draft model (`ids`: a
     pruned draft's kept target ids, see prune.py; `text_of`: the target, where the draft's
     vocabulary is another and it drafts through text, text.py), the target's MTP head, or a hybrid
-    of prompt lookup and the draft model, or, without one, of prompt lookup and the MTP head. Its
-    parts are shared by the session's generations."""
+    of prompt lookup and the draft model, or, without one, of prompt lookup and a head (the
+    EAGLE-3 head `eagle3`, else the MTP head). Its parts are shared by the session's generations."""
     if kind is Source.lookup:
         return PromptLookup()
-    if kind is Source.mtp or (kind is Source.hybrid and draft_model is None):
-        if mtp is None:
-            raise ValueError(f"a {kind} drafter needs the target's MTP head or a draft model")
-        head = Mtp(mtp, p_min=p_min)
-        return head if kind is Source.mtp else Hybrid(PromptLookup(), head)
+    if kind in (Source.mtp, Source.eagle3) or (kind is Source.hybrid and draft_model is None):
+        if kind is not Source.mtp and eagle3 is not None:
+            head: Mtp = Eagle3(eagle3, p_min=p_min)
+        elif kind is not Source.eagle3 and mtp is not None:
+            head = Mtp(mtp, p_min=p_min)
+        else:
+            raise ValueError(f"a {kind} drafter needs its head or a draft model")
+        return head if kind is not Source.hybrid else Hybrid(PromptLookup(), head)
     if kind not in (Source.draft, Source.hybrid) or draft_model is None:
         raise ValueError(f"no drafter of kind {kind} with a draft model {draft_model}")
     dm = (TextDraft(draft_model, text_of) if text_of is not None else

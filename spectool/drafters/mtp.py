@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import time
-from typing import Sequence
+from typing import Any, Sequence
 
 from spectool.llama import native  # noqa: F401, I001 - llama.cpp before numpy (native.py)
 import numpy as np  # noqa: E402
@@ -21,15 +21,51 @@ from spectool.core.protocol import EMPTY, Draft, Drafter, Estimate, no_grammar
 from spectool.drafters.draw import draw
 
 
-class MtpContext:
+class HeadContext:
+    """What a head's context beside its target (MtpContext, eagle3.Eagle3Context) shares: it hears
+    the target's decodes from `covered` on (its `mirror`, a decode listener), decodes its own batch
+    and hands out its rows."""
+
+    name = "MTP context"  # in error messages
+    output = ROWS  # rows are read on the host (verify.token_at / dist_at)
+    target: Model
+    covered: int
+    lib: Any
+    _ctx: Any
+    _batch: Any
+    n_vocab: int
+
+    def catch_up(self) -> int:
+        """Mirror what the target's cache holds that this head has not seen (a target that decoded
+        before the head was there): those tokens are decoded again by the target, whose hidden
+        states are only there right after a decode. Returns how many."""
+        target = self.target
+        start = min(self.covered, len(target.tokens))
+        missing = target.tokens[start:]
+        if missing:
+            target.rollback(start)
+            target.eval(missing, logits="none")
+        return len(missing)
+
+    def _decode(self, n: int) -> None:
+        self._batch.n_tokens = n
+        rc = self.lib.llama_decode(self._ctx, self._batch)
+        if rc != 0:
+            raise DecodeError(f"llama_decode failed in the {self.name} (code {rc}): "
+                              f"{last_log_error()}")
+
+    def logits(self, i: int = -1) -> np.ndarray:
+        ptr = self.lib.llama_get_logits_ith(self._ctx, i)
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+
+
+class MtpContext(HeadContext):
     """The MTP (NextN) head of a target loaded with `load_mtp`, in a context of its own (llama.cpp's
     LLAMA_CONTEXT_TYPE_MTP, as common/speculative.cpp's draft-mtp makes it). Its input at position p
     is the token there with the target's hidden state at p - 1 (llama_get_embeddings_nextn); its
     output predicts the token at p + 1, and its own hidden state feeds its next position while it
     drafts. `mirror`, a decode listener of the target, keeps its cache in step with the target's
     decodes; `step` drafts one token."""
-
-    output = ROWS  # rows are read on the host (verify.token_at / dist_at)
 
     def __init__(self, target: Model):
         if not target.n_nextn:
@@ -102,18 +138,6 @@ class MtpContext:
         if pos0 <= self.covered:
             self.covered = pos0 + n
 
-    def catch_up(self) -> int:
-        """Mirror what the target's cache holds that this head has not seen (a target that decoded
-        before the head was there): those tokens are decoded again by the target, whose hidden
-        states are only there right after a decode. Returns how many."""
-        target = self.target
-        start = min(self.covered, len(target.tokens))
-        missing = target.tokens[start:]
-        if missing:
-            target.rollback(start)
-            target.eval(missing, logits="none")
-        return len(missing)
-
     def step(self, token: int, pos: int, h: np.ndarray) -> np.ndarray:
         """The head on `token` at `pos` with hidden state `h` (the target's at pos - 1, or this
         head's own output for the token before): its logits row predicts the token at pos + 1;
@@ -123,17 +147,6 @@ class MtpContext:
         self._decode(1)
         return np.ctypeslib.as_array(self._ext.llama_get_embeddings_nextn_ith(self._ctx, 0),
                                      shape=(self.n_embd,)).copy()
-
-    def _decode(self, n: int) -> None:
-        self._batch.n_tokens = n
-        rc = self.lib.llama_decode(self._ctx, self._batch)
-        if rc != 0:
-            raise DecodeError(f"llama_decode failed in the MTP context (code {rc}): "
-                              f"{last_log_error()}")
-
-    def logits(self, i: int = -1) -> np.ndarray:
-        ptr = self.lib.llama_get_logits_ith(self._ctx, i)
-        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
 
     def close(self) -> None:
         if self._batch is not None:
@@ -160,6 +173,8 @@ class Mtp(Drafter):
     tokens), then on its own outputs, as llama.cpp's draft-mtp does. Its rows go through the
     target's sampler chain, so q is the distribution each draft was drawn from."""
 
+    source, evidence = Source.mtp, MTP  # what its drafts are counted as (Eagle3's: the head's)
+
     def __init__(self, head, p_min: float = 0.0):
         self.head, self.p_min = head, p_min
 
@@ -170,7 +185,7 @@ class Mtp(Drafter):
 
     def peek(self, history: Sequence[int], k_max: int, estimate: Estimate | None = None,
              final: int | None = None) -> list[Evidence]:
-        return [MTP] * max(0, min(k_max, self.head.n_ctx - len(history)))
+        return [self.evidence] * max(0, min(k_max, self.head.n_ctx - len(history)))
 
     def propose(self, history: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator,
                 constraint: Constraint | None = None) -> Draft:
@@ -196,5 +211,5 @@ class Mtp(Drafter):
         recent = list(history[-sampling.window:]) if sampling.window else []
         tokens, qs = draw(head, 0, k, advance, sampling, rng, recent, self.p_min,
                           constraint=constraint)
-        return (Draft(tokens, None if sampling.greedy else qs, Source.mtp, catch_up) if tokens
+        return (Draft(tokens, None if sampling.greedy else qs, self.source, catch_up) if tokens
                 else EMPTY)

@@ -112,6 +112,26 @@ def bind(name: str, restype, argtypes):
     return fn
 
 
+# llama-ext.h's calls that llama_cpp_ext does not bind, for drafters/eagle3.py: llama.cpp exports
+# them without extern "C", so by their C++ (Itanium) names on Linux and macOS
+EXT_SYMBOLS = {
+    "llama_model_target_layer_ids": "_Z28llama_model_target_layer_idsPK11llama_model",
+    "llama_model_target_layer_ids_n": "_Z30llama_model_target_layer_ids_nPK11llama_model",
+    "llama_set_embeddings_layer_inp": "_Z30llama_set_embeddings_layer_inpP13llama_contextjb",
+    "llama_get_embeddings_layer_inp": "_Z30llama_get_embeddings_layer_inpP13llama_contextj",
+}
+
+
+def bind_ext(name: str, restype, argtypes):
+    """`bind` for one of EXT_SYMBOLS, under its C name or its C++ one, whichever the library has."""
+    for symbol in (name, EXT_SYMBOLS[name]):
+        try:
+            return bind(symbol, restype, argtypes)
+        except AttributeError:
+            continue
+    raise AttributeError(f"this llama.cpp build has no {name}")
+
+
 def clear_log() -> None:
     """Forget the recent log, so that recent_log() says what the next call logs."""
     _RECENT_LOG.clear()

@@ -47,3 +47,19 @@ def check_files(target, draft=None, debug: bool = False):
         with engine.Model(path, n_ctx=64) as m:
             facts.append((m.vocab_info(), m.n_nextn))
     return facts, (vocab_differences(facts[0][0], facts[1][0]) if draft else [])
+
+
+def check_head(target, head, debug: bool = False):
+    """`spectool check TARGET HEAD` for an EAGLE-3 head (`head`: its HeadFacts): ([the target's
+    VocabInfo and MTP head count], [what the head reads, whether it can draft for the target])."""
+    from spectool.llama import engine
+
+    engine.set_verbose(debug)
+    with engine.Model(target, n_ctx=64) as m:
+        n_layer = int(m.lib.llama_model_n_layer(m.llama_model))
+        facts, problem = (m.vocab_info(), m.n_nextn), head.problem(n_layer, m.n_embd)
+    layers = ", ".join(map(str, head.layers))
+    verdict = (f"cannot draft for the target: {problem}" if problem else
+               "compatible: the head drafts for the target with --spec eagle3 (auto picks it)")
+    return [facts], [f"an EAGLE-3 head; it reads the target's hidden states at layers {layers} "
+                     f"(width {head.target_hidden})", verdict]

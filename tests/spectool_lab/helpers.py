@@ -202,3 +202,32 @@ def first_divergence_is_a_near_tie(model, prompt, plain, spec, max_gap):
     print(f"diverged at {j}: plain {plain[j]} logit {logits[plain[j]]:.5f}, spec {spec[j]} {logits[spec[j]]:.5f}")
     assert gap < max_gap, f"not a near-tie: logit gap {gap:.4f} at position {j}"
     return False
+
+
+def same_drafts_as_llama_cpp(target, drafter, prompt, theirs, min_steps: int) -> None:
+    """The oracle tests' check (test_mtp.py, test_eagle3.py): `drafter` (greedy, 3-token drafts) proposes and has
+    accepted what llama-speculative-simple did (`theirs`, llamacpp.draft_mtp's steps), step by step while both
+    draft 3 tokens (near the end each tool cuts its last drafts to its own token budget), for at least `min_steps`
+    steps with some accepted; both outputs are plain decoding's."""
+    from spectool.core.controller import Controller
+    from spectool.generate.loop import GenerationConfig, speculative_generate
+
+    plain = tokens_of(GenerationConfig(target, None, max_tokens=60), prompt)
+    proposed, propose = [], drafter.propose
+
+    def recording(*args):
+        d = propose(*args)
+        proposed.append(list(d.tokens))
+        return d
+
+    drafter.propose = recording
+    steps = list(speculative_generate(GenerationConfig(target, drafter, max_tokens=60, controller=Controller(
+        k_max=3, k_min=3, adaptive=False)), prompt))
+    ours = [(o, s.accepted) for o, s in zip(proposed, [s for s in steps if s.drafted])]
+    n = next((i for i, (t, (o, _)) in enumerate(zip(theirs, ours)) if len(t.draft) < 3 or len(o) < 3),
+             min(len(theirs), len(ours)))
+    assert n >= min_steps and sum(t.accepted for t in theirs[:n]) > 0, (n, len(theirs), len(ours))
+    assert [(t.draft, t.accepted) for t in theirs[:n]] == ours[:n]
+    theirs_out = [t for s in theirs for t in s.draft[: s.accepted] + [s.last]]
+    assert len(theirs_out) >= 30 and theirs_out == plain[: len(theirs_out)]
+    assert [t for s in steps for t in s.tokens] == plain

@@ -294,12 +294,36 @@ def draft_mtp(binary: Path, model: Path, prompt: str, tokens: int, n_draft: int 
     """`llama-speculative-simple --spec-type draft-mtp` (common/speculative.cpp), greedy, step by step: each
     draft's tokens (its debug log's "draft candidate 0" at each draft position, the head's top token) and how many
     were accepted ("accepted A/B draft tokens")."""
+    return _draft_steps(binary, model, prompt, tokens, ["--spec-type", "draft-mtp"], n_draft, threads, ctx)
+
+
+def draft_eagle3(binary: Path, model: Path, head: Path, prompt: str, tokens: int, n_draft: int = 3,
+                 threads: int = 2, ctx: int = 512) -> list[MtpStep]:
+    """`llama-speculative-simple -md HEAD --spec-type draft-eagle3`, greedy, step by step, as draft_mtp reads it."""
+    return _draft_steps(binary, model, prompt, tokens, ["-md", str(head), "--spec-type", "draft-eagle3"], n_draft,
+                        threads, ctx)
+
+
+def _draft_steps(binary: Path, model: Path, prompt: str, tokens: int, spec: list[str], n_draft: int, threads: int,
+                 ctx: int) -> list[MtpStep]:
+    """The steps of a run whose log holds all `tokens`: on a busy machine llama.cpp's log thread can lose the last
+    lines of a run at exit (seen with 2 busy cores: 25 of 36 steps, where the whole log had 36), so a log that
+    ends short is read again from another run (five at most)."""
+    for _ in range(5):
+        steps = _draft_run(binary, model, prompt, tokens, spec, n_draft, threads, ctx)
+        if sum(s.accepted + 1 for s in steps) >= tokens:
+            break
+    return steps
+
+
+def _draft_run(binary: Path, model: Path, prompt: str, tokens: int, spec: list[str], n_draft: int, threads: int,
+               ctx: int) -> list[MtpStep]:
     with tempfile.TemporaryDirectory() as tmp:
-        args = [str(binary), *_common(model, _prompt_file(tmp, prompt), tokens, threads, ctx, True),
-                "--spec-type", "draft-mtp", "--spec-draft-n-max", str(n_draft), "-lv", "5"]
+        args = [str(binary), *_common(model, _prompt_file(tmp, prompt), tokens, threads, ctx, True), *spec,
+                "--spec-draft-n-max", str(n_draft), "-lv", "5"]
         p = subprocess.run(args, capture_output=True)
     if p.returncode != 0:
-        raise RuntimeError(f"llama-speculative-simple --spec-type draft-mtp failed ({p.returncode}): "
+        raise RuntimeError(f"llama-speculative-simple {' '.join(spec)} failed ({p.returncode}): "
                            f"{p.stderr[-500:].decode(errors='replace')}")
     steps, draft = [], []
     for line in p.stderr.decode("utf-8", errors="replace").splitlines():

@@ -320,6 +320,77 @@ def write_mtp_model(folder: Path) -> Path:
     return path
 
 
+def _eagle3_weights(rng: np.random.Generator, embd: np.ndarray) -> dict[str, np.ndarray]:
+    """One EAGLE-3 decoder block over the tiny target (llama.cpp's eagle3: fc over the target's features, then
+    attention over [token embedding, g]), borrowing the target's token embeddings (`embd`) as the Llama 3.1 8B head
+    does, with an output layer of its own. It is an induction head: g at p is mostly the target's first layer input
+    (the embedding of the token at p), so the query (the embedding of the token at p + 1) finds the cells whose token
+    before it was that token, and copies the embedding of the token after, which its output layer (the normalised
+    embeddings) reads back as that token. So it drafts well where the text repeats (the target's greedy loops) and
+    poorly elsewhere; the noise on the other layers' features and the FFN make its drafts depend on all of g."""
+    d, n_tgt = N_EMBD, embd.shape[1]
+
+    def normal(shape, std):
+        return rng.normal(0.0, std, shape).astype(np.float32)
+
+    def pair(token: float, g: float) -> np.ndarray:  # token * I over the embedding half, g * I over g's, noise
+        m = normal((d, 2 * d), 0.1 / np.sqrt(2 * d))
+        m[:, :d] += token * np.eye(d, dtype=np.float32)
+        m[:, d:] += g * np.eye(d, dtype=np.float32)
+        return m
+
+    fc = normal((d, 3 * n_tgt), 0.2 / np.sqrt(3 * n_tgt))
+    fc[:, :n_tgt] += np.eye(d, n_tgt, dtype=np.float32)
+    unit = embd / np.sqrt((embd**2).mean(axis=1, keepdims=True))
+    # the copied embedding is written rotated (and read back so), so that a drafted position's state, its g, does
+    # not match the query of the token drafted from it
+    turn = np.linalg.qr(rng.normal(size=(d, d)))[0].astype(np.float32)
+    v = pair(0.0, 0.0)
+    v[:, :d] += 3.0 * turn
+    return {"fc.weight": fc, "output_norm.weight": np.ones(d, np.float32), "output.weight": unit @ turn.T,
+            "blk.0.attn_norm.weight": np.ones(d, np.float32),
+            "blk.0.attn_norm_2.weight": np.ones(d, np.float32),
+            "blk.0.attn_q.weight": pair(2.0, 0.0), "blk.0.attn_k.weight": pair(0.0, 2.0),
+            "blk.0.attn_v.weight": v,
+            "blk.0.attn_output.weight": np.eye(d, dtype=np.float32) + normal((d, d), 0.1 / np.sqrt(d)),
+            "blk.0.ffn_norm.weight": np.ones(d, np.float32),
+            "blk.0.ffn_gate.weight": normal((N_FF, d), 1 / np.sqrt(d)),
+            "blk.0.ffn_up.weight": normal((N_FF, d), 1 / np.sqrt(d)),
+            "blk.0.ffn_down.weight": normal((d, N_FF), 0.3 / np.sqrt(N_FF))}
+
+
+EAGLE3_LAYERS = (0, 1, 2)  # the tiny target's layers (all three) whose inputs the head reads
+
+
+def write_eagle3_head(folder: Path, layers: tuple[int, int, int] = EAGLE3_LAYERS) -> Path:
+    """eagle3.gguf: a tiny EAGLE-3 head for write_models' target (3 layers, width N_EMBD), as llama.cpp's
+    convert_hf_to_gguf.py writes one: architecture eagle3, one decoder block, `eagle3.target_layers` (the target
+    layers whose inputs it fuses) and `eagle3.target_hidden_size`, the target's vocabulary."""
+    import gguf
+
+    path = Path(folder) / "eagle3.gguf"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    w = gguf.GGUFWriter(str(path), "eagle3")
+    w.add_name("tiny-eagle3")
+    w.add_context_length(N_CTX)
+    w.add_embedding_length(N_EMBD)
+    w.add_block_count(1)
+    w.add_feed_forward_length(N_FF)
+    w.add_head_count(N_HEAD)
+    w.add_head_count_kv(N_HEAD)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_dimension_count(2)  # RoPE on one pair of each head's 16 dimensions: the induction's match is the rest's
+    # the residual takes normalised g (RedHat's speculators' heads set this): a drafted token's state, fed back
+    # as the next position's g, does not outweigh what the next position's attention copies
+    w.add_bool("eagle3.norm_before_residual", True)
+    w.add_array("eagle3.target_layers", list(layers))
+    w.add_uint32("eagle3.target_hidden_size", N_EMBD)
+    vocab = vocabulary()
+    embd = _weights(np.random.default_rng(1234), len(vocab[0]), 3)["token_embd.weight"]  # write_models' target's
+    _finish(w, vocab, _eagle3_weights(np.random.default_rng(3003), embd))
+    return path
+
+
 # -- tool calls (h1): models with Qwen2.5's (Hermes <tool_call>) and Llama 3.1's chat templates, their text as the
 # models' own tokenizer_config.json has it (data), and each template's special tokens as control tokens
 QWEN25_TEMPLATE = '{%- if tools %}\n    {{- \'<|im_start|>system\\n\' }}\n    {%- if messages[0][\'role\'] == \'system\' %}\n        {{- messages[0][\'content\'] }}\n    {%- else %}\n        {{- \'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.\' }}\n    {%- endif %}\n    {{- "\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<tools>" }}\n    {%- for tool in tools %}\n        {{- "\\n" }}\n        {{- tool | tojson }}\n    {%- endfor %}\n    {{- "\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\"name\\": <function-name>, \\"arguments\\": <args-json-object>}\\n</tool_call><|im_end|>\\n" }}\n{%- else %}\n    {%- if messages[0][\'role\'] == \'system\' %}\n        {{- \'<|im_start|>system\\n\' + messages[0][\'content\'] + \'<|im_end|>\\n\' }}\n    {%- else %}\n        {{- \'<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n\' }}\n    {%- endif %}\n{%- endif %}\n{%- for message in messages %}\n    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant" and not message.tool_calls) %}\n        {{- \'<|im_start|>\' + message.role + \'\\n\' + message.content + \'<|im_end|>\' + \'\\n\' }}\n    {%- elif message.role == "assistant" %}\n        {{- \'<|im_start|>\' + message.role }}\n        {%- if message.content %}\n            {{- \'\\n\' + message.content }}\n        {%- endif %}\n        {%- for tool_call in message.tool_calls %}\n            {%- if tool_call.function is defined %}\n                {%- set tool_call = tool_call.function %}\n            {%- endif %}\n            {{- \'\\n<tool_call>\\n{"name": "\' }}\n            {{- tool_call.name }}\n            {{- \'", "arguments": \' }}\n            {{- tool_call.arguments | tojson }}\n            {{- \'}\\n</tool_call>\' }}\n        {%- endfor %}\n        {{- \'<|im_end|>\\n\' }}\n    {%- elif message.role == "tool" %}\n        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}\n            {{- \'<|im_start|>user\' }}\n        {%- endif %}\n        {{- \'\\n<tool_response>\\n\' }}\n        {{- message.content }}\n        {{- \'\\n</tool_response>\' }}\n        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}\n            {{- \'<|im_end|>\\n\' }}\n        {%- endif %}\n    {%- endif %}\n{%- endfor %}\n{%- if add_generation_prompt %}\n    {{- \'<|im_start|>assistant\\n\' }}\n{%- endif %}\n'
