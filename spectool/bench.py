@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from spectool.core.costs import Costs
 from spectool.core.controller import Controller
-from spectool.options import CTX_SIZE, DRAFT_MAX, Mode, llama_cpp_sampling
+from spectool.options import CTX_SIZE, DRAFT_MAX, Mode, UserError, llama_cpp_sampling
 from spectool.models.registry import PAIR_DRAFT_MAX
 from spectool.drafters.builder import drafter_for
 from spectool.generate.loop import GenerationConfig, speculative_generate

@@ -36,9 +36,9 @@ from spectool.core.evidence import Source
 # the long copies.
 DRAFT_MAX = 32
 
-# the drafters that cost time to run (a draft model, an MTP head), beside those that read the text
-# for free (lookup, a grammar's forced tokens, a request's prediction)
-PAID = (Source.draft, Source.mtp)
+# the drafters that cost time to run (a draft model, an MTP or EAGLE-3 head), beside those that read
+# the text for free (lookup, a grammar's forced tokens, a request's prediction)
+PAID = (Source.draft, Source.mtp, Source.eagle3)
 
 
 # Prompt lookup's prior acceptance by agreement, for each match length of BUCKETS (see
@@ -102,7 +102,7 @@ class Controller:
                                                                  Source.eagle3: 2})
     explore_k: int = 4
     probe_every: int = 32
-    # a drafter that costs time to run (a draft model, an MTP head) is probed half as often after
+    # a drafter that costs time to run (PAID: a draft model, a head) is probed half as often after
     # each probe that did not make it pay (nor was all accepted), down to once in probe_every <<
     # this many steps: a probe pays for the draft's catch-up on all the text since it last ran (a
     # draft through text on the 2-core EPYC: ~2 ms a token, 70 ms after 32 idle steps)
@@ -188,8 +188,7 @@ class Controller:
         (`draft_cost_prior` target steps a draft-model token, nothing for a lookup)."""
         cost = self.costs.draft.get(key.cost_key)
         if cost is None:
-            cost = (self.draft_cost_prior * one
-                    if key.source in (Source.draft, Source.mtp, Source.eagle3) else 0.0)
+            cost = self.draft_cost_prior * one if key.source in PAID else 0.0
         return cost
 
     # -- the decision
