@@ -15,7 +15,7 @@ from spectool.llama import native  # noqa: F401, I001 - llama.cpp before numpy (
 import numpy as np  # noqa: E402
 
 from spectool.core.evidence import EAGLE3, Source
-from spectool.drafters.mtp import HeadContext, Mtp
+from spectool.drafters.mtp import HeadContext, Mtp, one_sequence
 from spectool.llama.engine import DecodeError, Model, ModelLoadError, last_log_error
 from spectool.llama.vocab import check_gguf_file
 
@@ -169,22 +169,13 @@ class Eagle3Context(HeadContext):
         features, one row of every layer's hidden state a position)."""
         lib, n = self.lib, self.target.n_batch
         self.n_batch = n
-        self._batch = b = lib.llama_batch_init(n, self.n_embd, 1)
-        self._tokens = (lib.llama_token * n)()
-        b.token = self._tokens
-        self._b_token = np.ctypeslib.as_array(self._tokens, shape=(n,))
-        self._b_pos = np.ctypeslib.as_array(b.pos, shape=(n,))
-        self._b_out = np.ctypeslib.as_array(b.logits, shape=(n,))
-        self._b_h = np.ctypeslib.as_array(b.embd, shape=(n, self.n_embd))
+        self._side_by_side(n, self.n_embd)
         width = len(self.facts.layers) * self.target.n_embd
         self._enc = e = lib.llama_batch_init(n, width, 1)
         self._e_pos = np.ctypeslib.as_array(e.pos, shape=(n,))
         self._e_x = np.ctypeslib.as_array(e.embd, shape=(n, width))
         np.ctypeslib.as_array(e.logits, shape=(n,))[:] = 1
-        for batch in (b, e):
-            np.ctypeslib.as_array(batch.n_seq_id, shape=(n,))[:] = 1
-            for i in range(n):
-                batch.seq_id[i][0] = 0
+        one_sequence(e, n)
 
     def _extract(self, on: bool) -> None:
         """Have the target keep (or stop keeping) its hidden states at the head's layers."""

@@ -47,6 +47,20 @@ class HeadContext:
             target.eval(missing, logits="none")
         return len(missing)
 
+    def _side_by_side(self, n: int, n_embd: int) -> Any:
+        """The head's decoder batch of `n` rows, token ids and `n_embd`-wide hidden states side by
+        side (`_b_token`, `_b_pos`, `_b_out`, `_b_h` over it), each row of sequence 0."""
+        lib = self.lib
+        self._batch = b = lib.llama_batch_init(n, n_embd, 1)
+        self._tokens = (lib.llama_token * n)()
+        b.token = self._tokens
+        self._b_token = np.ctypeslib.as_array(self._tokens, shape=(n,))
+        self._b_pos = np.ctypeslib.as_array(b.pos, shape=(n,))
+        self._b_out = np.ctypeslib.as_array(b.logits, shape=(n,))
+        self._b_h = np.ctypeslib.as_array(b.embd, shape=(n, n_embd))
+        one_sequence(b, n)
+        return b
+
     def _decode(self, n: int) -> None:
         self._batch.n_tokens = n
         rc = self.lib.llama_decode(self._ctx, self._batch)
@@ -100,17 +114,7 @@ class MtpContext(HeadContext):
         llama_cpp_ext.llama_set_embeddings_nextn(target.llama_context, True, False)
         llama_cpp_ext.llama_set_embeddings_nextn(self._ctx, True, True)  # the output rows' only
         n = self.n_batch = target.n_batch
-        # token ids and hidden states side by side
-        self._batch = b = lib.llama_batch_init(n, self.n_embd, 1)
-        self._tokens = (lib.llama_token * n)()
-        b.token = self._tokens
-        self._b_token = np.ctypeslib.as_array(self._tokens, shape=(n,))
-        self._b_pos = np.ctypeslib.as_array(b.pos, shape=(n,))
-        self._b_out = np.ctypeslib.as_array(b.logits, shape=(n,))
-        self._b_h = np.ctypeslib.as_array(b.embd, shape=(n, self.n_embd))
-        np.ctypeslib.as_array(b.n_seq_id, shape=(n,))[:] = 1
-        for i in range(n):
-            b.seq_id[i][0] = 0
+        self._side_by_side(n, self.n_embd)
         # position -> the target's hidden state there (its latest decode)
         self.h: dict[int, np.ndarray] = {}
         self._last_h = np.zeros(self.n_embd, np.float32)
@@ -160,6 +164,13 @@ class MtpContext(HeadContext):
                 self._ext.llama_set_embeddings_nextn(self.target.llama_context, False, False)
             self.lib.llama_free(self._ctx)
             self._ctx = None
+
+
+def one_sequence(batch: Any, n: int) -> None:
+    """Every one of a llama_batch's `n` rows in sequence 0 alone."""
+    np.ctypeslib.as_array(batch.n_seq_id, shape=(n,))[:] = 1
+    for i in range(n):
+        batch.seq_id[i][0] = 0
 
 
 def _address(pointer) -> int | None:
