@@ -9,6 +9,7 @@ import pytest
 from spectool_lab.helpers import AlwaysWrong, tokens_of
 
 from spectool.core.controller import Controller
+from spectool.core.costs import Costs
 from spectool.core.grammar import Grammar
 from spectool.core.stats import Stats
 from spectool.core.verify import Sampling
@@ -167,6 +168,26 @@ def test_joining_refuses_what_a_batch_cannot_serve(tiny, target, parallel):
     with pytest.raises(EngineError, match=f"a sequence holds only {n}"):
         batch.join(config(parallel), [1] * (n + 1))
 
+
+
+def test_a_batch_s_first_decodes_are_priced_from_the_controller_s_table(target, parallel):
+    """A decode costs by its rows, not by the sequences that share them, so the batch's table for
+    several sequences starts from the controller's (Costs.seed): where the controller has measured
+    that every row costs as much as a one-token step, two sequences' first step drafts nothing,
+    though lookup has drafts to offer; with the controller's table empty, the same step drafts
+    (rows not yet measured are priced to be tried)."""
+    prompt = target.tokenize(PROMPTS[1] * 3)  # echoes itself: lookup offers drafts at once
+
+    def first_drafts(costs):
+        ctl, batch = Controller(k_max=5, costs=costs), Batch(parallel)
+        for _ in range(2):
+            batch.join(replace(config(parallel, PromptLookup, 8), controller=ctl), prompt)
+        plans = batch.plan({})
+        batch.close()
+        return [len(p.draft.tokens) for p in plans.values()]
+
+    assert sum(first_drafts(Costs())) > 0
+    assert first_drafts(Costs(verify={b: 0.01 * b for b in range(1, 33)})) == [0, 0]
 
 def test_a_prompt_joins_the_sequence_that_holds_its_prefix(target, parallel):
     """A sequence keeps its cache when it leaves: a prompt that continues one of four (its prompt

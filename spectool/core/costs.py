@@ -178,6 +178,12 @@ class Costs:
         costs.rejected = bad
         return costs
 
+    def seed(self) -> Costs:
+        """A table for decodes of another shape (several sequences' rows: generate/batch.py) that
+        starts from this one's believed prices, as if an earlier run had saved them: each is doubted
+        against what the new shape's own decodes measure, and replaced as they do."""
+        return Costs(verify=self.believed(), timed=self.timed)
+
     # -- what the loop tells us
     # ----------------------------------------------------------------------------
     def observe_verify(self, batch_size: int, seconds: float) -> None:

@@ -228,10 +228,14 @@ class Batch:
 
     def table(self, n_seqs: int, ctl: Controller) -> Costs:
         """What a decode of `n_seqs` sequences' rows costs, by rows: the controller's own table for
-        one sequence, else the batch's for that many, measured as it goes (on the 2-core EPYC, 4
-        rows cost 29 ms in one sequence and 52 ms over four; the line's fixed part grows with the
-        sequences: research/notes/2026-12-03-parallel-bound.md). An untimed controller's table
+        one sequence, else the batch's for that many, measured as it goes. It starts from the
+        controller's prices (Costs.seed), since a decode costs by its rows, not by the sequences
+        that share them (2-core EPYC, 400 tokens a sequence: 4 rows 24.7 ms in one sequence and
+        25.3 ms as 1+1+1+1, 16 rows 49.4 and 50.2 ms: research/notes/2026-12-04-parallel-prompts.md),
+        so a new server's first requests are not drafted blind. An untimed controller's table
         stays its own."""
         if n_seqs == 1 or not ctl.timed:
             return ctl.costs
-        return self.shapes.setdefault(n_seqs, Costs())
+        if n_seqs not in self.shapes:
+            self.shapes[n_seqs] = ctl.costs.seed()
+        return self.shapes[n_seqs]
