@@ -409,7 +409,7 @@ def save_stage(o: Options, s: Session, m: Models, costs_file: Path | None, vocab
             and (warning := s.corpus.save(o.lookup_cache, vocab)):
         say(warning)
     costs = s.policy.controller.costs
-    if costs_file is not None and costs.verify:
+    if costs_file is not None and (costs.verify or costs.shapes):
         draft = str(Path(m.draft.path).resolve()) if m.draft is not None else None
         cost_files.save(costs_file, costs, {
             "target": str(Path(m.target.path).resolve()), "threads": o.threads, "ctx": o.ctx_size,

@@ -136,6 +136,33 @@ def test_a_saved_table_ages_by_runs_and_by_time():
     assert Costs.from_json({"verify": {"2": 0.02}}).verify == {}  # an older table's bare prices are stale
 
 
+
+def test_the_tables_of_several_sequences_start_from_one_s_and_are_saved_beside_it():
+    """A decode costs by its rows, not by the sequences that share them (Costs.shape): the table of
+    decodes of 4 sequences starts from the one-sequence prices (as an earlier run's: replaced as it
+    measures its own), is saved with the one-sequence table and read back; a damaged shape entry
+    is dropped and counted, the rest of the file kept."""
+    now = time.time()  # (the seeded prices are stamped with the time they are seeded)
+    one = Costs()
+    for b in (1, 1, 1, 4, 4, 4, 8, 8, 8):
+        one.observe_verify(b, 0.01 + 0.002 * b)
+    four = one.shape(4)
+    assert four is one.shape(4) and one.shape(1) is one
+    assert four.verify_costs(8)[4:9] == one.verify_costs(8)[4:9]  # from one's prices at first
+    for _ in range(3):
+        four.observe_verify(8, 0.05)  # ... then its own: dearer, confirmed
+    assert four.verify_cost(8) == 0.05 and one.verify_cost(8) == pytest.approx(0.026)
+    read = Costs.from_json(json.loads(json.dumps(one.to_json(now))), now=now + 60)
+    assert set(read.shapes) == {4} and read.shapes[4].verify[8] == 0.05 and read.rejected == 0
+    assert read.describe(now).endswith("; 3 sizes of 4 sequences at once")  # (spectool info)
+    assert read.verify == pytest.approx(one.verify)
+    damaged = one.to_json(now)
+    damaged["shapes"].update({"1": damaged["shapes"]["4"], "x": {}, "9": "no"})
+    damaged["shapes"]["4"]["verify"]["8"] = {"seconds": ["nan"], "run": 1, "time": now}
+    read = Costs.from_json(damaged, now=now + 60)
+    assert set(read.shapes) == {4} and 8 not in read.shapes[4].verify and read.rejected == 4
+    assert read.verify == pytest.approx(one.verify)
+
 def test_the_table_says_how_old_it_is():
     now = 1.8e9
     saved = {"runs": 3, "verify": {"1": {"seconds": [0.01], "run": 3, "time": now - 120},

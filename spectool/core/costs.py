@@ -109,6 +109,8 @@ class Costs:
     verify: dict[int, float] = field(default_factory=dict)
     # Evidence.cost_key -> seconds per drafted token
     draft: dict[Evidence, float] = field(default_factory=dict)
+    # the tables of decodes of several sequences' rows, by how many (`shape`)
+    shapes: dict[int, Costs] = field(default_factory=dict)
     runs: int = 0  # the runs of spectool that saved this table before (this one is number runs + 1)
     rejected: int = 0  # entries of a saved table dropped as invalid when it was read
     _sizes: dict[int, _Size] = field(default_factory=dict)
@@ -138,7 +140,9 @@ class Costs:
                            for b, s in sorted(self._sizes.items()) if s.fresh
                            or not self.forgotten(s.run)},
                 "draft": [{"source": k.source.value, "temp": k.temp, "seconds": c}
-                          for k, c in self.draft.items()]}
+                          for k, c in self.draft.items()],
+                "shapes": {str(n): t.to_json(now) for n, t in sorted(self.shapes.items())
+                           if t._sizes}}
 
     @classmethod
     def from_json(cls, obj, max_batch: int = 1 << 20, now: float | None = None) -> Costs:
@@ -174,15 +178,30 @@ class Costs:
                 bad += 1
                 continue
             costs.draft[key] = float(seconds)
+        shapes = obj.get("shapes", {})
+        for n, table in (shapes.items() if isinstance(shapes, dict) else ()):
+            if not (str(n).isdigit() and 2 <= int(n) <= max_batch and isinstance(table, dict)):
+                bad += 1
+                continue
+            shape = costs.shapes[int(n)] = cls.from_json({**table, "shapes": {}}, max_batch, now)
+            bad, shape.rejected = bad + shape.rejected, 0
         bad += (not isinstance(verify, dict)) + (not isinstance(draft, list))
+        bad += not isinstance(shapes, dict)
         costs.rejected = bad
         return costs
 
-    def seed(self) -> Costs:
-        """A table for decodes of another shape (several sequences' rows: generate/batch.py) that
-        starts from this one's believed prices, as if an earlier run had saved them: each is doubted
-        against what the new shape's own decodes measure, and replaced as they do."""
-        return Costs(verify=self.believed(), timed=self.timed)
+    def shape(self, n_seqs: int) -> Costs:
+        """The table of decodes of `n_seqs` sequences' rows (generate/batch.py; this one for one),
+        kept and saved beside this one. A new one starts from this one's believed prices, as if an
+        earlier run had saved them (doubted against what its own decodes measure, and replaced as
+        they do): a decode costs by its rows, not by the sequences that share them (2-core EPYC, 400
+        tokens a sequence: 4 rows 24.7 ms in one sequence, 25.3 ms as 1+1+1+1; 16 rows 49.4 and
+        50.2 ms: research/notes/2026-12-04-parallel-prompts.md)."""
+        if n_seqs == 1:
+            return self
+        if n_seqs not in self.shapes:
+            self.shapes[n_seqs] = Costs(verify=self.believed(), timed=self.timed)
+        return self.shapes[n_seqs]
 
     # -- what the loop tells us
     # ----------------------------------------------------------------------------
@@ -353,8 +372,11 @@ class Costs:
         ages = [0.0 if s.fresh else max(0.0, now - s.time) for s in self._sizes.values()]
         newest, oldest = _age(min(ages)), _age(max(ages))
         runs = f"{self.runs} run{'s' if self.runs != 1 else ''}"
+        shapes = "".join(f"; {len(t._sizes)} sizes of {n} sequences at once"
+                         for n, t in sorted(self.shapes.items()))
         return (f"{len(self._sizes)} batch sizes ({_ranges(sorted(self._sizes))}), saved by "
-                f"{runs}, measured {newest if newest == oldest else f'{newest} to {oldest}'} ago")
+                f"{runs}, measured {newest if newest == oldest else f'{newest} to {oldest}'} ago"
+                f"{shapes}")
 
 
 def _lower_median(xs: Sequence[float]) -> float:

@@ -63,7 +63,6 @@ class Batch:
         self.n_left, self.left = 0, [-1] * target.n_seq_max
         # the steps' decodes so far: how many, their rows, and the sequences in them (summed)
         self.n_steps = self.n_rows = self.n_seq_steps = 0
-        self.shapes: dict[int, Costs] = {}  # the costs of decodes of that many sequences (table)
 
     def pick(self, prompt: Sequence[int], among: Sequence[int] | None = None) -> int:
         """The free sequence (of `among`, or of all) a prompt is to join, as llama-server's
@@ -227,15 +226,7 @@ class Batch:
             self.table(len(plans), ctl).observe_verify(n_rows, seconds)
 
     def table(self, n_seqs: int, ctl: Controller) -> Costs:
-        """What a decode of `n_seqs` sequences' rows costs, by rows: the controller's own table for
-        one sequence, else the batch's for that many, measured as it goes. It starts from the
-        controller's prices (Costs.seed), since a decode costs by its rows, not by the sequences
-        that share them (2-core EPYC, 400 tokens a sequence: 4 rows 24.7 ms in one sequence and
-        25.3 ms as 1+1+1+1, 16 rows 49.4 and 50.2 ms: research/notes/2026-12-04-parallel-prompts.md),
-        so a new server's first requests are not drafted blind. An untimed controller's table
-        stays its own."""
-        if n_seqs == 1 or not ctl.timed:
-            return ctl.costs
-        if n_seqs not in self.shapes:
-            self.shapes[n_seqs] = ctl.costs.seed()
-        return self.shapes[n_seqs]
+        """What a decode of `n_seqs` sequences' rows costs, by rows: the controller's table of
+        decodes of that many (Costs.shape: its own for one), measured as the batch goes and saved
+        with it. An untimed controller's table stays its own."""
+        return ctl.costs.shape(n_seqs) if ctl.timed else ctl.costs
