@@ -211,9 +211,10 @@ class Model(Facts):
 
     def _make_batch(self) -> None:
         """The batch every decode reuses, with ctypes arrays over its fields for slice stores
-        (_write_batch). Every token belongs to sequence 0, written once here."""
+        (_write_batch). Every token belongs to sequence 0, written once here (room for a token in
+        every sequence: a draft tree's, parallel.py)."""
         n = self.n_batch
-        self._batch = b = self.lib.llama_batch_init(n, 0, 1)
+        self._batch = b = self.lib.llama_batch_init(n, 0, self.lib.llama_n_seq_max(self._ctx))
         self._b_token = _array(b.token, ctypes.c_int32, n)
         self._b_pos = _array(b.pos, ctypes.c_int32, n)
         self._b_out = _array(b.logits, ctypes.c_int8, n)
