@@ -269,6 +269,25 @@ def accept_greedy(target_argmax, draft: Sequence[int]) -> tuple[int, int]:
     raise ValueError("need len(draft) + 1 target rows")
 
 
+def accept_tree(target_token: Callable[[int], int], tokens: Sequence[int],
+                parents: Sequence[int]) -> tuple[list[int], int]:
+    """Acceptance on a tree of deterministic branches (node i holds tokens[i] after node
+    parents[i]; node 0 the root): from the root, the target's own token at each node
+    (`target_token(node)`: its argmax, or a draw from the node's row) is followed into the child
+    that holds it, and the first one no child holds ends the step. The nodes taken, the root
+    first, and that token. Every token is the target's own, drawn after the path kept, so this is
+    exactly the target's distribution (for a chain: accept_sampled with one-hot q)."""
+    node, path = 0, [0]
+    while True:
+        t = int(target_token(node))
+        child = next((c for c in range(node + 1, len(tokens))
+                      if parents[c] == node and tokens[c] == t), None)
+        if child is None:
+            return path, t
+        node = child
+        path.append(node)
+
+
 def residual(p: Dist, q: Dist) -> Dist:
     """max(0, p - q) renormalised, over the union of the two supports."""
     ids = np.union1d(p.ids, q.ids)
