@@ -375,3 +375,24 @@ def test_a_unified_kv_cache_lets_a_sequence_hold_the_whole_context(tiny, servers
     finally:
         split.stop()
         unified.stop()
+
+
+def test_the_batch_s_cost_table_is_kept_for_the_next_server(tiny, tmp_path):
+    """What a `--parallel 2` server measured of decodes of two sequences is saved with its cost
+    table when it stops, and read back as the next run reads it (`spectool info` names it)."""
+    import os
+
+    env = {**os.environ, "SPECTOOL_CACHE": str(tmp_path)}
+    server = Server(tiny["target"], "-c", "2048", "--parallel", "2", env=env)
+    out: list = [None] * 2
+    threads = [threading.Thread(target=complete, args=(server, i, out),
+                                kwargs=dict(max_tokens=200, temperature=0)) for i in (1, 3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    server.stop()
+    saved = json.loads(next((tmp_path / "costs").glob("*.json")).read_text())
+    assert set(saved["shapes"]) == {"2"} and saved["shapes"]["2"]["verify"]
+    info = spectool("info", env=env)
+    assert "sizes of 2 sequences at once" in info.stdout, info.stdout
