@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU measurement of the GPU path in one command (issue 21), for a machine set up as ../shared/gpu/README.md
 # says: from the project root, `source .gpu/scripts/env.sh && bash benchmarks/gpu.sh`. At most 9.5 minutes (each part has its own time limit).
-# Writes at most 7 files under $OUT (the device tool's folder) or benchmarks/results/gpu.
+# Writes at most 9 files under $OUT (the device tool's folder) or benchmarks/results/gpu.
 set -u
 out=${OUT:-benchmarks/results/gpu}
 mkdir -p "$out"
@@ -34,5 +34,7 @@ PY
 timeout 180 $py benchmarks/vs_llamacpp.py --models gemma-f16 --families qa,code,raw --prompts 2 --repeats 1 \
   --out "$out" >> "$log" 2>&1
 # drafts as trees against chains at the GPU's own batch costs (issue 59's bound; on a CPU a row costs a sixth of a step)
-timeout 90 $py research/tree_bound.py --prompts 4 --tokens 96 --samples 1 --shorter > "$out/tree_bound.md" 2>> "$log"
+timeout 60 $py research/tree_bound.py --prompts 4 --tokens 96 --samples 1 --shorter > "$out/tree_bound.md" 2>> "$log"
+# what a tree of R rows costs against a chain of R rows, verified for real in one decode (eval_tree)
+timeout 30 $py research/tree_cost.py --clock wall --reps 7 > "$out/tree_cost.md" 2>> "$log"
 ls -la "$out"
