@@ -391,6 +391,66 @@ def write_eagle3_head(folder: Path, layers: tuple[int, int, int] = EAGLE3_LAYERS
     return path
 
 
+DFLASH_LAYERS = (0, 1, 2)  # the tiny target's layers whose inputs the DFlash head reads
+DFLASH_BLOCK, DFLASH_MASK = 6, 3  # its block (the last token and 5 masks) and mask token (<|user|>)
+
+
+def _dflash_weights(rng: np.random.Generator, n_layers: int, n_block: int) -> dict[str, np.ndarray]:
+    """`n_block` DFlash decoder blocks over the tiny target (llama.cpp's dflash: fc and a norm over the target's
+    features, whose K and V each block injects into the cache; the noise block attends to them and to itself), with no
+    token embeddings or output layer of its own: it borrows the target's, as z-lab's DFlash heads do."""
+    d, hd = N_EMBD, N_EMBD // N_HEAD
+    kv = hd * N_HEAD_KV
+
+    def normal(shape, std):
+        return rng.normal(0.0, std, shape).astype(np.float32)
+
+    fc = normal((d, n_layers * d), 0.3 / np.sqrt(n_layers * d))
+    w = {"fc.weight": fc, "enc.output_norm.weight": np.ones(d, np.float32),
+         "output_norm.weight": np.ones(d, np.float32)}
+    for i in range(n_block):
+        w |= {f"blk.{i}.attn_norm.weight": np.ones(d, np.float32),
+              f"blk.{i}.attn_q.weight": normal((d, d), 1 / np.sqrt(d)),
+              f"blk.{i}.attn_k.weight": normal((kv, d), 1 / np.sqrt(d)),
+              f"blk.{i}.attn_v.weight": normal((kv, d), 1 / np.sqrt(d)),
+              f"blk.{i}.attn_output.weight": normal((d, d), 1 / np.sqrt(d)),
+              f"blk.{i}.attn_q_norm.weight": np.ones(hd, np.float32),
+              f"blk.{i}.attn_k_norm.weight": np.ones(hd, np.float32),
+              f"blk.{i}.ffn_norm.weight": np.ones(d, np.float32),
+              f"blk.{i}.ffn_gate.weight": normal((N_FF, d), 1 / np.sqrt(d)),
+              f"blk.{i}.ffn_up.weight": normal((N_FF, d), 1 / np.sqrt(d)),
+              f"blk.{i}.ffn_down.weight": normal((d, N_FF), 0.3 / np.sqrt(N_FF))}
+    return w
+
+
+def write_dflash_head(folder: Path, layers: tuple[int, ...] = DFLASH_LAYERS, block_size: int = DFLASH_BLOCK,
+                      mask: int | None = DFLASH_MASK, name: str = "dflash.gguf") -> Path:
+    """dflash.gguf: a tiny DFlash head for write_models' target (3 layers, width N_EMBD), as llama.cpp's
+    conversion/qwen.py writes one: architecture dflash, `dflash.target_layers` (the target layers whose inputs it
+    fuses), `dflash.block_size`, the target's vocabulary with its mask token (`tokenizer.ggml.mask_token_id`, None:
+    none), non-causal attention over the block."""
+    import gguf
+
+    path = Path(folder) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    w = gguf.GGUFWriter(str(path), "dflash")
+    w.add_name("tiny-dflash")
+    w.add_context_length(N_CTX)
+    w.add_embedding_length(N_EMBD)
+    w.add_block_count(1)
+    w.add_feed_forward_length(N_FF)
+    w.add_head_count(N_HEAD)
+    w.add_head_count_kv(N_HEAD_KV)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_dimension_count(N_EMBD // N_HEAD)
+    w.add_uint32("dflash.block_size", block_size)
+    w.add_array("dflash.target_layers", list(layers))
+    if mask is not None:
+        w.add_uint32("tokenizer.ggml.mask_token_id", mask)
+    _finish(w, vocabulary(), _dflash_weights(np.random.default_rng(5005), len(layers), 1))
+    return path
+
+
 # -- tool calls (h1): models with Qwen2.5's (Hermes <tool_call>) and Llama 3.1's chat templates, their text as the
 # models' own tokenizer_config.json has it (data), and each template's special tokens as control tokens
 QWEN25_TEMPLATE = '{%- if tools %}\n    {{- \'<|im_start|>system\\n\' }}\n    {%- if messages[0][\'role\'] == \'system\' %}\n        {{- messages[0][\'content\'] }}\n    {%- else %}\n        {{- \'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.\' }}\n    {%- endif %}\n    {{- "\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<tools>" }}\n    {%- for tool in tools %}\n        {{- "\\n" }}\n        {{- tool | tojson }}\n    {%- endfor %}\n    {{- "\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\"name\\": <function-name>, \\"arguments\\": <args-json-object>}\\n</tool_call><|im_end|>\\n" }}\n{%- else %}\n    {%- if messages[0][\'role\'] == \'system\' %}\n        {{- \'<|im_start|>system\\n\' + messages[0][\'content\'] + \'<|im_end|>\\n\' }}\n    {%- else %}\n        {{- \'<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n\' }}\n    {%- endif %}\n{%- endif %}\n{%- for message in messages %}\n    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant" and not message.tool_calls) %}\n        {{- \'<|im_start|>\' + message.role + \'\\n\' + message.content + \'<|im_end|>\' + \'\\n\' }}\n    {%- elif message.role == "assistant" %}\n        {{- \'<|im_start|>\' + message.role }}\n        {%- if message.content %}\n            {{- \'\\n\' + message.content }}\n        {%- endif %}\n        {%- for tool_call in message.tool_calls %}\n            {%- if tool_call.function is defined %}\n                {%- set tool_call = tool_call.function %}\n            {%- endif %}\n            {{- \'\\n<tool_call>\\n{"name": "\' }}\n            {{- tool_call.name }}\n            {{- \'", "arguments": \' }}\n            {{- tool_call.arguments | tojson }}\n            {{- \'}\\n</tool_call>\' }}\n        {%- endfor %}\n        {{- \'<|im_end|>\\n\' }}\n    {%- elif message.role == "tool" %}\n        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}\n            {{- \'<|im_start|>user\' }}\n        {%- endif %}\n        {{- \'\\n<tool_response>\\n\' }}\n        {{- message.content }}\n        {{- \'\\n</tool_response>\' }}\n        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}\n            {{- \'<|im_end|>\\n\' }}\n        {%- endif %}\n    {%- endif %}\n{%- endfor %}\n{%- if add_generation_prompt %}\n    {{- \'<|im_start|>assistant\\n\' }}\n{%- endif %}\n'
