@@ -393,33 +393,70 @@ def write_eagle3_head(folder: Path, layers: tuple[int, int, int] = EAGLE3_LAYERS
 
 DFLASH_LAYERS = (0, 1, 2)  # the tiny target's layers whose inputs the DFlash head reads
 DFLASH_BLOCK, DFLASH_MASK = 6, 3  # its block (the last token and 5 masks) and mask token (<|user|>)
+DFLASH_BLOCKS = 3  # its decoder blocks: the block fills two positions a block (_dflash_weights)
 
 
-def _dflash_weights(rng: np.random.Generator, n_layers: int, n_block: int) -> dict[str, np.ndarray]:
+DFLASH_CONTENT, DFLASH_FLAG = 56, 56  # the head's residual: a token's code in dims 0-55, one flag dim (56) for positions
+
+
+def _dflash_rope(n_pair: int = 8, period: int = 15) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(query, key, rope_freqs) of one attention head of the tiny DFlash head, whose score peaks two positions back
+    and is low everywhere else within `period`: RoPE pairs 0-6 turn at 2 pi j / period (rope_freqs sets the
+    frequencies), their sum a Dirichlet kernel (7 there, -1/2 elsewhere), pair 7 nearly still, a constant that
+    centres it (NEOX pairs dims i and i + 8)."""
+    hd = 2 * n_pair
+    theta = 2 * np.pi * np.arange(1, n_pair) / period
+    q, k = np.zeros(hd, np.float32), np.zeros(hd, np.float32)
+    q[:n_pair] = 1.0
+    k[: n_pair - 1], k[n_pair: 2 * n_pair - 1] = np.cos(2 * theta), np.sin(2 * theta)
+    k[n_pair - 1] = -3.25
+    base = 10000.0 ** (-np.arange(n_pair) / n_pair)  # llama.cpp's frequencies before rope_freqs divides them
+    freqs = np.concatenate([base[:-1] / theta, [base[-1] * 1e12]]).astype(np.float32)
+    return q, k, freqs
+
+
+def _dflash_weights(rng: np.random.Generator, embd: np.ndarray, n_layers: int, n_block: int,
+                    mask: int) -> dict[str, np.ndarray]:
     """`n_block` DFlash decoder blocks over the tiny target (llama.cpp's dflash: fc and a norm over the target's
-    features, whose K and V each block injects into the cache; the noise block attends to them and to itself), with no
-    token embeddings or output layer of its own: it borrows the target's, as z-lab's DFlash heads do."""
+    features, whose K and V each block injects into the cache; the noise block attends to them and to itself) that
+    draft a text's two-token loop. A token's code is fc over the target's first layer input (its embedding), what g
+    carries and what the head's own token embeddings and output layer hold; the mask token has no code. Every
+    attention head's query and key read the flag dim alone, which the block's tokens have and g has not: g's keys are
+    zero (score 0), and a block position's score (RoPE, _dflash_rope) is high for the position two back and low for
+    all else. With a sliding window of 3, the block's first mask sees one injected position (the one before the
+    last token) beside the block's low ones and copies its code; each other mask copies the block position two back,
+    which the block fills one layer after another: the block drafts t[n-1], t[n], t[n-1], ... after t[n]."""
     d, hd = N_EMBD, N_EMBD // N_HEAD
-    kv = hd * N_HEAD_KV
-
-    def normal(shape, std):
-        return rng.normal(0.0, std, shape).astype(np.float32)
-
-    fc = normal((d, n_layers * d), 0.3 / np.sqrt(n_layers * d))
-    w = {"fc.weight": fc, "enc.output_norm.weight": np.ones(d, np.float32),
-         "output_norm.weight": np.ones(d, np.float32)}
+    code_of = np.linalg.qr(rng.normal(size=(d, d)))[0][:DFLASH_CONTENT].astype(np.float32)
+    fc = np.zeros((d, n_layers * d), np.float32)
+    fc[:DFLASH_CONTENT, :d] = code_of
+    fc[:DFLASH_CONTENT, d:] = rng.normal(0.0, 0.1 / np.sqrt(d), (DFLASH_CONTENT, (n_layers - 1) * d))
+    codes = embd @ code_of.T
+    codes /= np.linalg.norm(codes, axis=1, keepdims=True)
+    tok = np.zeros((len(embd), d), np.float32)
+    tok[:, :DFLASH_CONTENT] = 4.0 * codes
+    tok[:, DFLASH_FLAG] = 4.0
+    tok[mask, :DFLASH_CONTENT] = 0.0
+    out = np.zeros((len(embd), d), np.float32)
+    out[:, :DFLASH_CONTENT] = 10.0 * codes
+    q, k, freqs = _dflash_rope()
+    flag = np.zeros(d, np.float32)
+    flag[DFLASH_FLAG] = 1.0
+    copy = np.eye(d, dtype=np.float32)
+    copy[DFLASH_CONTENT:] = 0.0  # V and the output carry codes only: the flag stays as it is
+    w = {"fc.weight": fc, "enc.output_norm.weight": np.ones(d, np.float32), "token_embd.weight": tok,
+         "output.weight": out, "output_norm.weight": np.ones(d, np.float32), "rope_freqs.weight": freqs}
     for i in range(n_block):
         w |= {f"blk.{i}.attn_norm.weight": np.ones(d, np.float32),
-              f"blk.{i}.attn_q.weight": normal((d, d), 1 / np.sqrt(d)),
-              f"blk.{i}.attn_k.weight": normal((kv, d), 1 / np.sqrt(d)),
-              f"blk.{i}.attn_v.weight": normal((kv, d), 1 / np.sqrt(d)),
-              f"blk.{i}.attn_output.weight": normal((d, d), 1 / np.sqrt(d)),
+              f"blk.{i}.attn_q.weight": np.tile(np.outer(q, flag), (N_HEAD, 1)),
+              f"blk.{i}.attn_k.weight": np.tile(np.outer(k, flag), (N_HEAD, 1)),
+              f"blk.{i}.attn_v.weight": copy, f"blk.{i}.attn_output.weight": copy,
               f"blk.{i}.attn_q_norm.weight": np.ones(hd, np.float32),
-              f"blk.{i}.attn_k_norm.weight": np.ones(hd, np.float32),
+              f"blk.{i}.attn_k_norm.weight": np.full(hd, 4.0, np.float32),
               f"blk.{i}.ffn_norm.weight": np.ones(d, np.float32),
-              f"blk.{i}.ffn_gate.weight": normal((N_FF, d), 1 / np.sqrt(d)),
-              f"blk.{i}.ffn_up.weight": normal((N_FF, d), 1 / np.sqrt(d)),
-              f"blk.{i}.ffn_down.weight": normal((d, N_FF), 0.3 / np.sqrt(N_FF))}
+              f"blk.{i}.ffn_gate.weight": np.zeros((N_FF, d), np.float32),
+              f"blk.{i}.ffn_up.weight": np.zeros((N_FF, d), np.float32),
+              f"blk.{i}.ffn_down.weight": np.zeros((d, N_FF), np.float32)}
     return w
 
 
@@ -437,17 +474,22 @@ def write_dflash_head(folder: Path, layers: tuple[int, ...] = DFLASH_LAYERS, blo
     w.add_name("tiny-dflash")
     w.add_context_length(N_CTX)
     w.add_embedding_length(N_EMBD)
-    w.add_block_count(1)
+    w.add_block_count(DFLASH_BLOCKS)
     w.add_feed_forward_length(N_FF)
     w.add_head_count(N_HEAD)
-    w.add_head_count_kv(N_HEAD_KV)
+    w.add_head_count_kv(N_HEAD)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_dimension_count(N_EMBD // N_HEAD)
+    w.add_sliding_window(3)
+    w.add_sliding_window_pattern([True] * DFLASH_BLOCKS)
     w.add_uint32("dflash.block_size", block_size)
     w.add_array("dflash.target_layers", list(layers))
     if mask is not None:
         w.add_uint32("tokenizer.ggml.mask_token_id", mask)
-    _finish(w, vocabulary(), _dflash_weights(np.random.default_rng(5005), len(layers), 1))
+    vocab = vocabulary()
+    embd = _weights(np.random.default_rng(1234), len(vocab[0]), 3)["token_embd.weight"]  # write_models' target's
+    _finish(w, vocab, _dflash_weights(np.random.default_rng(5005), embd, len(layers), DFLASH_BLOCKS,
+                                      DFLASH_MASK if mask is None else mask))
     return path
 
 
