@@ -167,3 +167,72 @@ def test_the_head_drafts_and_accepts_what_llama_cpps_draft_dflash_does(tiny, hea
             same_drafts_as_llama_cpp(m, Dflash(head, n_max=3), m.tokenize(text), theirs, min_steps=10)
         finally:
             head.close()
+
+
+def test_the_session_factory_makes_the_dflash_drafter(dflash_target):
+    """drafter_for: --spec dflash (and auto with only the head) drafts with the head, its block's masks --draft-max
+    clamped to the head's block; --spec dflash without a head is a PolicyError; hybrid does not pair lookup with it."""
+    from spectool.drafters.builder import PolicyError, drafter_for
+    from spectool.drafters.dflash import Dflash
+    from spectool.options import Mode
+
+    _, head = dflash_target
+    for spec in (Mode.dflash, Mode.auto):
+        d, mode = drafter_for(spec, None, dflash=head, k_max=3)
+        assert mode is Mode.dflash and isinstance(d, Dflash) and d.n_max == 3
+    assert drafter_for(Mode.dflash, None, dflash=head, k_max=32)[0].n_max == 5
+    with pytest.raises(PolicyError, match="needs -md HEAD.gguf, a DFlash head"):
+        drafter_for(Mode.dflash, None)
+    assert drafter_for(Mode.hybrid, None, dflash=head, notices=[])[1] is Mode.lookup
+
+
+def test_check_names_the_head_and_what_it_needs(tiny, head_path, tmp_path):
+    """`spectool check TARGET HEAD` says the file is a DFlash head, which target layers it reads and its block size,
+    and whether it can draft for the target; a head that reads a layer the target lacks cannot."""
+    from spectool_lab.tinymodels import write_dflash_head
+
+    r = spectool("check", tiny["target"], head_path)
+    assert r.returncode == 0, r.stderr
+    assert "a DFlash head" in r.stdout and "layers 0, 1, 2 (width 64)" in r.stdout and "block size 6" in r.stdout
+    assert "compatible: the head drafts for the target with --spec dflash" in r.stdout
+    r = spectool("check", tiny["target"], write_dflash_head(tmp_path, layers=(0, 3)))
+    assert r.returncode == 0 and "cannot draft for the target: the head reads layer 3; the target has 3" in r.stdout
+
+
+def test_spec_dflash_through_the_command_line(tiny, head_path, tmp_path):
+    """--spec dflash drafts from the head -md names and says so (--stats-json, the summary); auto picks the head
+    when -md is one; --spec dflash without a head, --spec eagle3 or draft with it, bench with it and --parallel
+    above 1 are clear one-line errors."""
+    import json
+
+    stats = tmp_path / "s.json"
+    # -ngl 0 on a GPU host too: there batched and single-token kernels may flip near-ties (docs/exactness.md)
+    base = ["run", "-m", tiny["target"], "-n", "40", "-t", "2", "-c", "512", "-ngl", "0", "--stats-json", stats,
+            LOOP]
+    plain = spectool(*base, "--spec", "none", "-q")
+    assert plain.returncode == 0, plain.stderr
+    for spec in ("dflash", "auto"):
+        r = spectool(*base, "-md", head_path, "--spec", spec)
+        j = json.loads(stats.read_text())
+        assert r.returncode == 0 and r.stdout == plain.stdout, r.stderr
+        assert j["mode"] == "dflash" and j["n_drafted"] > 0 and j["n_accepted"] > 0 and "[dflash]" in r.stderr
+    r = spectool("run", "-m", tiny["target"], "--spec", "dflash", "-n", "4", "hi")
+    assert r.returncode == 2 and "a DFlash head" in r.stderr and "Traceback" not in r.stderr
+    for spec, says in (("draft", "-md is a DFlash head, not a draft model"),
+                       ("eagle3", "-md is a DFlash head: --spec dflash drafts with it, not --spec eagle3")):
+        r = spectool("run", "-m", tiny["target"], "-md", head_path, "--spec", spec, "-n", "4", "hi")
+        assert r.returncode == 2 and says in r.stderr, r.stderr
+    r = spectool("bench", "-m", tiny["target"], "-md", head_path, "--greedy-only")
+    assert r.returncode == 2 and "a DFlash head; bench does not measure heads yet" in r.stderr
+    r = spectool("serve", "-m", tiny["target"], "-md", head_path, "--spec", "dflash", "--parallel", "2",
+                 timeout=120)
+    assert r.returncode == 2 and "--parallel above 1 drafts by prompt lookup only" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+def test_serve_drafts_with_the_head(tiny, head_path):
+    """`spectool serve -md HEAD --spec dflash` answers a greedy completion with plain decoding's text, its usage
+    saying the head drafted."""
+    from spectool_lab.helpers import serve_drafts_with_head
+
+    serve_drafts_with_head(tiny["target"], head_path, "dflash", LOOP)

@@ -39,6 +39,13 @@ class HeadFacts:
     block_size: int
     causal: bool = False
     selector: bool = False
+    mode = "dflash"  # the --spec that drafts with it
+
+    def describe(self) -> str:
+        """What the head is and reads (spectool check)."""
+        return (f"a DFlash head; it reads the target's inputs at layers "
+                f"{', '.join(map(str, self.layers))} (width {self.width}) and drafts up to "
+                f"{self.block_size - 1} tokens a block (block size {self.block_size})")
 
     def problem(self, n_layer: int, n_embd: int) -> str | None:
         """Why the head cannot draft for a target of `n_layer` layers and width `n_embd`."""

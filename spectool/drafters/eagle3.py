@@ -29,6 +29,12 @@ class HeadFacts:
 
     layers: tuple[int, ...]
     target_hidden: int
+    mode = "eagle3"  # the --spec that drafts with it
+
+    def describe(self) -> str:
+        """What the head is and reads (spectool check)."""
+        return (f"an EAGLE-3 head; it reads the target's hidden states at layers "
+                f"{', '.join(map(str, self.layers))} (width {self.target_hidden})")
 
     def problem(self, n_layer: int, n_embd: int) -> str | None:
         """Why the head cannot draft for a target of `n_layer` layers and width `n_embd`."""
