@@ -17,8 +17,9 @@ from typing import ClassVar
 class Source(StrEnum):
     """Where a step's drafts came from: nothing drafted, prompt lookup, prompt lookup in the corpus
     of earlier requests (drafters/corpus.py), a draft model, the target's own MTP heads, an EAGLE-3
-    head, a DFlash head, lookup's tokens then the draft model's or a head's, the tokens a grammar forces, or the
-    prediction a request handed over (drafters/prediction.py: OpenAI's Predicted Outputs)."""
+    head, a DFlash head, lookup's tokens then the draft model's or a head's, the tokens a grammar
+    forces, or the prediction a request handed over (drafters/prediction.py: OpenAI's Predicted
+    Outputs)."""
 
     none = "none"
     lookup = "lookup"

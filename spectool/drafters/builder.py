@@ -69,7 +69,8 @@ def resolve(spec: Mode, draft_model: bool, mtp: bool, eagle3: bool = False,
     return Mode.lookup if missing.get(spec, False) else spec
 
 
-HEADS = {Mode.eagle3: "an EAGLE-3 head", Mode.dflash: "a DFlash head"}  # what -md can be but a model
+# what -md can be beside a model
+HEADS = {Mode.eagle3: "an EAGLE-3 head", Mode.dflash: "a DFlash head"}
 
 
 def loads(w: Wish, draft_model: bool, head: Mode | None = None) -> tuple[bool, bool, bool]:
@@ -81,8 +82,8 @@ def loads(w: Wish, draft_model: bool, head: Mode | None = None) -> tuple[bool, b
         raise PolicyError(f"--parallel above 1 drafts by prompt lookup only, not --spec {w.spec}")
     if head is not None and w.spec in (Mode.draft, *HEADS.keys() - {head}):
         raise PolicyError(f"-md is {HEADS[head]}, not a draft model: --spec {head} drafts with it"
-                          if w.spec is Mode.draft else
-                          f"-md is {HEADS[head]}: --spec {head} drafts with it, not --spec {w.spec}")
+                          if w.spec is Mode.draft else f"-md is {HEADS[head]}: --spec {head} "
+                          f"drafts with it, not --spec {w.spec}")
     alone = w.n_seq == 1
     mode = resolve(w.spec, draft_model and alone, mtp=alone, eagle3=head is Mode.eagle3 and alone,
                    dflash=head is Mode.dflash and alone)

@@ -30,9 +30,10 @@ TOP_K = 10  # draft-dflash reads each block position through a top-k 10 sampler
 
 @dataclass(frozen=True)
 class HeadFacts:
-    """What a DFlash head reads of its target: the layers whose inputs it fuses, the width it was made for, the block it
-    denoises (`block_size`: the last token and block_size - 1 masks) and whether it is DFlash2
-    (a selector, which spectool does not run)."""
+    """What a DFlash head reads of its target: the layers whose inputs it fuses, the width it was
+    made for, the block it denoises (`block_size`: the last token and block_size - 1 masks), whether
+    its block attends causally, and whether it is DFlash2 (a selector, which spectool does not
+    run)."""
 
     layers: tuple[int, ...]
     width: int
