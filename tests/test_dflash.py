@@ -44,7 +44,8 @@ def in_the_loop(target):
 
 def test_head_facts_and_refusals(tiny, head_path, tmp_path):
     """A head's facts come from its metadata; a head that reads a layer the target lacks, a file that is not a DFlash
-    head and a head without a mask token are refused with a reason."""
+    head, a head without a mask token and a DSpark head (a Markov head: llama.cpp's draft-dspark) are refused with a
+    reason."""
     from spectool_lab.tinymodels import write_dflash_head
 
     from spectool.drafters.dflash import DflashContext, head_facts, is_head
@@ -60,6 +61,8 @@ def test_head_facts_and_refusals(tiny, head_path, tmp_path):
             DflashContext(m, tiny["draft"])
         with pytest.raises(ModelLoadError, match="names no mask token"):
             DflashContext(m, write_dflash_head(tmp_path, mask=None, name="nomask.gguf"))
+        with pytest.raises(ModelLoadError, match="a DSpark head"):
+            DflashContext(m, write_dflash_head(tmp_path, name="dspark.gguf", markov=True))
 
 
 def test_the_head_drafts_the_loop_in_one_block(dflash_target):

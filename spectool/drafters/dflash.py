@@ -32,14 +32,15 @@ TOP_K = 10  # draft-dflash reads each block position through a top-k 10 sampler
 class HeadFacts:
     """What a DFlash head reads of its target: the layers whose inputs it fuses, the width it was
     made for, the block it denoises (`block_size`: the last token and block_size - 1 masks), whether
-    its block attends causally, and whether it is DFlash2 (a selector, which spectool does not
-    run)."""
+    its block attends causally, and whether it is DFlash2 (a selector) or DSpark (a Markov head),
+    which spectool does not run."""
 
     layers: tuple[int, ...]
     width: int
     block_size: int
     causal: bool = False
     selector: bool = False
+    markov: bool = False
     mode = "dflash"  # the --spec that drafts with it
 
     def describe(self) -> str:
@@ -52,6 +53,8 @@ class HeadFacts:
         """Why the head cannot draft for a target of `n_layer` layers and width `n_embd`."""
         if self.selector:
             return "the head is a DFlash2 head (a selector): not supported yet"
+        if self.markov:
+            return "the head is a DSpark head (a Markov head): not supported yet"
         if n_embd != self.width:
             return f"the head reads a target of width {self.width}, not {n_embd}"
         if not self.layers:
@@ -70,7 +73,7 @@ def head_facts(path: str | Path) -> HeadFacts | None:
              "selector_top_k")
     keys = {"general.architecture"} | {f"{ARCH}.{k}" for k in names}
     try:
-        meta = gguf_metadata(p, keys, ARCH)
+        meta = gguf_metadata(p, keys, ARCH, tensors=True)
     except (OSError, struct.error, KeyError) as e:
         raise ModelLoadError(f"cannot read {p.name}'s metadata: {e}") from e
     if meta.get("general.architecture") != ARCH:
@@ -79,7 +82,8 @@ def head_facts(path: str | Path) -> HeadFacts | None:
                      int(meta.get(f"{ARCH}.embedding_length", 0)),
                      int(meta.get(f"{ARCH}.block_size", 16)),  # llama.cpp's default
                      bool(meta.get(f"{ARCH}.attention.causal", False)),
-                     int(meta.get(f"{ARCH}.selector_top_k", 0)) > 0)
+                     int(meta.get(f"{ARCH}.selector_top_k", 0)) > 0,
+                     "markov_w1.weight" in meta.get("tensors", ()))  # as llama.cpp tells DSpark
 
 
 def is_head(path: str | Path) -> bool:

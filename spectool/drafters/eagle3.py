@@ -63,23 +63,38 @@ def _value(f, kind: int):
     return struct.unpack(fmt, f.read(struct.calcsize(fmt)))[0]
 
 
-def gguf_metadata(path: Path, keys: set[str], arch: str = ARCH) -> dict:
+def gguf_metadata(path: Path, keys: set[str], arch: str = ARCH, tensors: bool = False) -> dict:
     """The values of `keys` in a GGUF file's metadata, read until all are found or the architecture
     is not `arch` (llama.cpp's meta_val_str gives no arrays, and a vocab-only load no
-    architecture's own keys)."""
+    architecture's own keys); with `tensors`, the whole metadata is read and "tensors" holds the
+    names of the file's tensors (for `arch`'s files only)."""
     found: dict = {}
     with open(path, "rb") as f:
-        _magic, _version, _n_tensors, n_kv = struct.unpack("<4sIQQ", f.read(24))
+        _magic, _version, n_tensors, n_kv = struct.unpack("<4sIQQ", f.read(24))
         for _ in range(n_kv):
             (n,) = struct.unpack("<Q", f.read(8))
             key = f.read(n).decode("utf-8", errors="replace")
             (kind,) = struct.unpack("<I", f.read(4))
             value = _value(f, kind)
+            if key == "general.architecture" and value != arch:
+                found[key] = value
+                return found
             if key in keys:
                 found[key] = value
-                if len(found) == len(keys) or (key == "general.architecture" and value != arch):
-                    break
+                if len(found) == len(keys) and not tensors:
+                    return found
+        if tensors:
+            found["tensors"] = {_tensor_name(f) for _ in range(n_tensors)}
     return found
+
+
+def _tensor_name(f) -> str:
+    """One tensor's name from its info in a GGUF file, the rest of the info skipped."""
+    (n,) = struct.unpack("<Q", f.read(8))
+    name = f.read(n).decode("utf-8", errors="replace")
+    (n_dims,) = struct.unpack("<I", f.read(4))
+    f.seek(8 * n_dims + 4 + 8, 1)  # its dims, type and offset
+    return name
 
 
 def head_facts(path: str | Path) -> HeadFacts | None:

@@ -461,11 +461,11 @@ def _dflash_weights(rng: np.random.Generator, embd: np.ndarray, n_layers: int, n
 
 
 def write_dflash_head(folder: Path, layers: tuple[int, ...] = DFLASH_LAYERS, block_size: int = DFLASH_BLOCK,
-                      mask: int | None = DFLASH_MASK, name: str = "dflash.gguf") -> Path:
+                      mask: int | None = DFLASH_MASK, name: str = "dflash.gguf", markov: bool = False) -> Path:
     """dflash.gguf: a tiny DFlash head for write_models' target (3 layers, width N_EMBD), as llama.cpp's
     conversion/qwen.py writes one: architecture dflash, `dflash.target_layers` (the target layers whose inputs it
     fuses), `dflash.block_size`, the target's vocabulary with its mask token (`tokenizer.ggml.mask_token_id`, None:
-    none), non-causal attention over the block."""
+    none), non-causal attention over the block; `markov`: a DSpark head's Markov tensor too (markov_w1)."""
     import gguf
 
     path = Path(folder) / name
@@ -488,8 +488,11 @@ def write_dflash_head(folder: Path, layers: tuple[int, ...] = DFLASH_LAYERS, blo
         w.add_uint32("tokenizer.ggml.mask_token_id", mask)
     vocab = vocabulary()
     embd = _weights(np.random.default_rng(1234), len(vocab[0]), 3)["token_embd.weight"]  # write_models' target's
-    _finish(w, vocab, _dflash_weights(np.random.default_rng(5005), embd, len(layers), DFLASH_BLOCKS,
-                                      DFLASH_MASK if mask is None else mask))
+    weights = _dflash_weights(np.random.default_rng(5005), embd, len(layers), DFLASH_BLOCKS,
+                              DFLASH_MASK if mask is None else mask)
+    if markov:
+        weights["markov_w1.weight"] = np.zeros((len(embd), 4), np.float32)
+    _finish(w, vocab, weights)
     return path
 
 
