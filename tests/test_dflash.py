@@ -1,5 +1,5 @@
-"""DFlash heads (`--spec dflash -md HEAD.gguf`): a generated tiny dflash head for the tiny target, in the real llama.cpp,
-against llama.cpp's own draft-dflash."""
+"""DFlash heads (`--spec dflash -md HEAD.gguf`): a generated tiny dflash head for the tiny target, in the real
+llama.cpp, against llama.cpp's own draft-dflash."""
 
 import pytest
 

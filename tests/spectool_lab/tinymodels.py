@@ -396,7 +396,7 @@ DFLASH_BLOCK, DFLASH_MASK = 6, 3  # its block (the last token and 5 masks) and m
 DFLASH_BLOCKS = 3  # its decoder blocks: the block fills two positions a block (_dflash_weights)
 
 
-DFLASH_CONTENT, DFLASH_FLAG = 56, 56  # the head's residual: a token's code in dims 0-55, one flag dim (56) for positions
+DFLASH_CONTENT, DFLASH_FLAG = 56, 56  # the head's residual: a token's code in dims 0-55, a flag dim (56) for positions
 
 
 def _dflash_rope(n_pair: int = 8, period: int = 15) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
