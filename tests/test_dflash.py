@@ -239,3 +239,41 @@ def test_serve_drafts_with_the_head(tiny, head_path):
     from spectool_lab.helpers import serve_drafts_with_head
 
     serve_drafts_with_head(tiny["target"], head_path, "dflash", LOOP)
+
+
+def test_p_min_cuts_the_block_where_llama_cpps_draft_dflash_does(tiny, speculative_simple, tmp_path):
+    """With --draft-p-min (llama.cpp's --spec-draft-p-min) a draft ends before the first block position whose top
+    token's probability among its ten best is below it: over a less sure head, every step's draft (some cut short)
+    and acceptance equal llama-speculative-simple's."""
+    from spectool_lab import llamacpp
+    from spectool_lab.helpers import tokens_of
+    from spectool_lab.tinymodels import write_dflash_head
+
+    from spectool.core.controller import Controller
+    from spectool.drafters.dflash import Dflash, DflashContext
+    from spectool.generate.loop import GenerationConfig, speculative_generate
+    from spectool.llama.engine import Model
+
+    unsure = write_dflash_head(tmp_path, sure=0.6, name="unsure.gguf")
+    theirs = llamacpp.draft_dflash(speculative_simple, tiny["target"], unsure, LOOP, 40, n_draft=3, p_min=0.6)
+    with Model(tiny["target"], n_ctx=512, n_threads=2) as m:
+        head = DflashContext(m, unsure)
+        try:
+            drafter, proposed, propose = Dflash(head, p_min=0.6, n_max=3), [], Dflash.propose
+            drafter.propose = lambda *a: proposed.append(propose(drafter, *a)) or proposed[-1]
+            g = GenerationConfig(m, drafter, max_tokens=40, controller=Controller(k_max=3, k_min=3, adaptive=False))
+            steps = list(speculative_generate(g, m.tokenize(LOOP)))
+            plain = tokens_of(GenerationConfig(m, None, max_tokens=40), m.tokenize(LOOP))
+        finally:
+            head.close()
+    ours = [list(d.tokens) for d in proposed]
+    n = min(len(theirs), len(ours)) - 3  # near the end each tool cuts its drafts to its own budget
+    assert n >= 10 and [t.draft for t in theirs[:n]] == ours[:n]
+    assert {len(d) for d in ours[:n]} >= {1, 3}  # p_min cut some drafts, not others
+    assert [t for s in steps for t in s.tokens] == plain
+    theirs_out = [t for s in theirs for t in s.draft[: s.accepted] + [s.last]]
+    assert len(theirs_out) >= 30 and theirs_out == plain[: len(theirs_out)]
+    accepted = [s.accepted for s in steps if s.drafted]
+    theirs_accepted = [t.accepted for t in theirs if t.draft]
+    m = min(len(accepted), len(theirs_accepted)) - 3
+    assert m >= 10 and accepted[:m] == theirs_accepted[:m]

@@ -416,7 +416,7 @@ def _dflash_rope(n_pair: int = 8, period: int = 15) -> tuple[np.ndarray, np.ndar
 
 
 def _dflash_weights(rng: np.random.Generator, embd: np.ndarray, n_layers: int, n_block: int,
-                    mask: int) -> dict[str, np.ndarray]:
+                    mask: int, sure: float = 10.0) -> dict[str, np.ndarray]:
     """`n_block` DFlash decoder blocks over the tiny target (llama.cpp's dflash: fc and a norm over the target's
     features, whose K and V each block injects into the cache; the noise block attends to them and to itself) that
     draft a text's two-token loop. A token's code is fc over the target's first layer input (its embedding), what g
@@ -425,7 +425,8 @@ def _dflash_weights(rng: np.random.Generator, embd: np.ndarray, n_layers: int, n
     zero (score 0), and a block position's score (RoPE, _dflash_rope) is high for the position two back and low for
     all else. With a sliding window of 3, the block's first mask sees one injected position (the one before the
     last token) beside the block's low ones and copies its code; each other mask copies the block position two back,
-    which the block fills one layer after another: the block drafts t[n-1], t[n], t[n-1], ... after t[n]."""
+    which the block fills one layer after another: the block drafts t[n-1], t[n], t[n-1], ... after t[n]. `sure`
+    scales the output layer: how sure of its tokens the head is."""
     d, hd = N_EMBD, N_EMBD // N_HEAD
     code_of = np.linalg.qr(rng.normal(size=(d, d)))[0][:DFLASH_CONTENT].astype(np.float32)
     fc = np.zeros((d, n_layers * d), np.float32)
@@ -438,7 +439,7 @@ def _dflash_weights(rng: np.random.Generator, embd: np.ndarray, n_layers: int, n
     tok[:, DFLASH_FLAG] = 4.0
     tok[mask, :DFLASH_CONTENT] = 0.0
     out = np.zeros((len(embd), d), np.float32)
-    out[:, :DFLASH_CONTENT] = 10.0 * codes
+    out[:, :DFLASH_CONTENT] = sure * codes
     q, k, freqs = _dflash_rope()
     flag = np.zeros(d, np.float32)
     flag[DFLASH_FLAG] = 1.0
@@ -461,11 +462,13 @@ def _dflash_weights(rng: np.random.Generator, embd: np.ndarray, n_layers: int, n
 
 
 def write_dflash_head(folder: Path, layers: tuple[int, ...] = DFLASH_LAYERS, block_size: int = DFLASH_BLOCK,
-                      mask: int | None = DFLASH_MASK, name: str = "dflash.gguf", markov: bool = False) -> Path:
+                      mask: int | None = DFLASH_MASK, name: str = "dflash.gguf", markov: bool = False,
+                      sure: float = 10.0) -> Path:
     """dflash.gguf: a tiny DFlash head for write_models' target (3 layers, width N_EMBD), as llama.cpp's
     conversion/qwen.py writes one: architecture dflash, `dflash.target_layers` (the target layers whose inputs it
     fuses), `dflash.block_size`, the target's vocabulary with its mask token (`tokenizer.ggml.mask_token_id`, None:
-    none), non-causal attention over the block; `markov`: a DSpark head's Markov tensor too (markov_w1)."""
+    none), non-causal attention over the block; `markov`: a DSpark head's Markov tensor too (markov_w1); `sure`: how
+    sure of its tokens the head is (_dflash_weights)."""
     import gguf
 
     path = Path(folder) / name
@@ -489,7 +492,7 @@ def write_dflash_head(folder: Path, layers: tuple[int, ...] = DFLASH_LAYERS, blo
     vocab = vocabulary()
     embd = _weights(np.random.default_rng(1234), len(vocab[0]), 3)["token_embd.weight"]  # write_models' target's
     weights = _dflash_weights(np.random.default_rng(5005), embd, len(layers), DFLASH_BLOCKS,
-                              DFLASH_MASK if mask is None else mask)
+                              DFLASH_MASK if mask is None else mask, sure)
     if markov:
         weights["markov_w1.weight"] = np.zeros((len(embd), 4), np.float32)
     _finish(w, vocab, weights)
