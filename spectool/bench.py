@@ -377,12 +377,15 @@ class Comparison:
 
 
 def _no_head(refs):
-    """`refs`, unless -md names an EAGLE-3 head: bench does not measure heads yet (`spectool run
-    --spec eagle3 --stats-json` does)."""
-    from spectool.session import eagle3_head
+    """`refs`, unless -md names a head (EAGLE-3, DFlash): bench does not measure heads yet
+    (`spectool run --spec eagle3 --stats-json` does)."""
+    from spectool.drafters.builder import HEADS
+    from spectool.session import head_file
 
-    if eagle3_head(refs.draft) is not None:
-        raise UserError(f"{refs.draft}: an EAGLE-3 head; bench does not measure heads yet", code=2)
+    found = head_file(refs.draft)
+    if found is not None:
+        raise UserError(f"{refs.draft}: {HEADS[found[0]]}; bench does not measure heads yet",
+                        code=2)
     return refs
 
 

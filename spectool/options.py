@@ -123,10 +123,10 @@ class Options:
                                      help="Draft model: a .gguf path or hf:... reference.")
     # -- drafting
     spec: Mode = opt(Mode.auto, "--spec", group=DRAFTING,
-                     help="How to draft. auto: hybrid with a draft model; an EAGLE-3 head when "
-                     "-md is one; without -md, the target's MTP heads when it has them, else "
-                     "prompt lookup. mtp: the target's own MTP (NextN) heads. eagle3: the EAGLE-3 "
-                     "head -md names.")
+                     help="How to draft. auto: hybrid with a draft model; an EAGLE-3 or DFlash "
+                     "head when -md is one; without -md, the target's MTP heads when it has them, "
+                     "else prompt lookup. mtp: the target's own MTP (NextN) heads. eagle3: the "
+                     "EAGLE-3 head -md names. dflash: the DFlash head -md names (a block a draft).")
     draft_max: Optional[int] = opt(None, "--draft-max", "--spec-draft-n-max", group=DRAFTING, min=0,
                                    max=64,
                                    help="Most draft tokens per step (default: the pair's, else "

@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # importing them would load llama.cpp before it is needed
     from spectool.generate.loop import GenerationConfig, Step
     from spectool.drafters.builder import Policy, Wish
     from spectool.drafters.corpus import Corpus
+    from spectool.drafters.dflash import DflashContext
     from spectool.drafters.eagle3 import Eagle3Context
     from spectool.drafters.mtp import MtpContext
     from spectool.llama.engine import Model
@@ -330,28 +331,31 @@ class Models:
     draft_name: str | None
     through_text: bool = False  # the draft's vocabulary is not the target's
     eagle3: Eagle3Context | None = None  # the EAGLE-3 head -md named, where it drafts
+    dflash: DflashContext | None = None  # the DFlash head -md named, where it drafts
 
 
-def eagle3_head(ref: ModelRef | None) -> Path | None:
-    """The file -md names where it is an EAGLE-3 head on this machine (one on the Hub is loaded as a
-    draft model, which llama.cpp refuses)."""
-    from spectool.drafters.eagle3 import is_head
+def head_file(ref: ModelRef | None) -> tuple[Mode, Path] | None:
+    """(its kind: Mode.eagle3 or Mode.dflash, its path) where -md names a head file on this machine
+    (one on the Hub is loaded as a draft model, which llama.cpp refuses)."""
+    from spectool.drafters import dflash, eagle3
 
     path = ref.path if ref is not None else None
-    return path if path is not None and path.is_file() and is_head(path) else None
+    if path is None or not path.is_file():
+        return None
+    return ((Mode.eagle3, path) if eagle3.is_head(path) else
+            (Mode.dflash, path) if dflash.is_head(path) else None)
 
 
 def load_stage(o: Options, stack: contextlib.ExitStack, refs: Refs, w: Wish, hooks: Hooks,
                notices: list[str]) -> Models:
     """The models the mode drafts with (builder.loads), loaded: the MTP heads only where they are to
     draft, a draft model that cannot be used a notice (an error when --spec draft demands it), the
-    draft pruned where --draft-vocab asks; an EAGLE-3 head (-md) beside the target where it
-    drafts."""
+    draft pruned where --draft-vocab asks; an EAGLE-3 or DFlash head (-md) beside the target
+    where it drafts."""
     from spectool.drafters.builder import loads
 
-    head = eagle3_head(refs.draft)
-    want_draft, use_mtp, use_eagle3 = loads(w, refs.draft is not None and head is None,
-                                            head is not None)
+    kind, head = head_file(refs.draft) or (None, None)
+    want_draft, use_mtp, use_head = loads(w, refs.draft is not None and head is None, kind)
     m = load_models(o, stack, refs if head is None else refs._replace(draft=None),
                     want_draft=want_draft, hooks=hooks, load_mtp=use_mtp)
     if m.draft_error is not None:
@@ -369,15 +373,16 @@ def load_stage(o: Options, stack: contextlib.ExitStack, refs: Refs, w: Wish, hoo
         from spectool.drafters.mtp import MtpContext
 
         mtp = stack.enter_context(contextlib.closing(MtpContext(target)))
-    eagle3 = None
-    if head is not None and use_eagle3 and target.can_rollback:
+    heads: dict = {}
+    if head is not None and use_head and target.can_rollback:
+        from spectool.drafters.dflash import DflashContext
         from spectool.drafters.eagle3 import Eagle3Context
 
-        eagle3 = stack.enter_context(contextlib.closing(Eagle3Context(target, head)))
-    draft_name = (str(m.draft_ref) if draft is not None else
-                  str(head) if eagle3 is not None else None)
+        context = Eagle3Context if kind is Mode.eagle3 else DflashContext
+        heads[str(kind)] = stack.enter_context(contextlib.closing(context(target, head)))
+    draft_name = (str(m.draft_ref) if draft is not None else str(head) if heads else None)
     return Models(target, draft, ids, mtp, str(m.target_ref), draft_name, m.through_text,
-                  eagle3)
+                  heads.get("eagle3"), heads.get("dflash"))
 
 
 def costs_stage(o: Options, m: Models, grammar: bool,
@@ -429,7 +434,7 @@ def open_session(o: Options, hooks: Hooks = Hooks()) -> Iterator[Session]:
         costs_file, costs = costs_stage(o, m, p.grammar is not None, notices)
         corpus, vocab = open_corpus(o, m.target, notices)
         policy = choose(p.wish, m.target, m.draft, m.ids, m.mtp, costs, corpus, notices,
-                        m.through_text, m.eagle3)
+                        m.through_text, m.eagle3, m.dflash)
         if o.lookup_cache is not None and policy.corpus is None:
             notices.append(f"--lookup-cache {o.lookup_cache}: this mode does not draft by prompt "
                            "lookup; not used")

@@ -203,23 +203,9 @@ def test_the_head_drafts_and_accepts_what_llama_cpps_draft_eagle3_does(tiny, hea
 def test_serve_drafts_with_the_head(tiny, head_path):
     """`spectool serve -md HEAD --spec eagle3` answers a greedy completion with plain decoding's text, its usage
     saying the head drafted."""
-    import json
+    from spectool_lab.helpers import serve_drafts_with_head
 
-    from spectool_lab.helpers import Server
-
-    body = {"model": "any", "prompt": LOOP, "max_tokens": 40, "temperature": 0}
-    texts = []
-    for args in (("--spec", "none"), ("-md", head_path, "--spec", "eagle3")):
-        s = Server(tiny["target"], "-ngl", "0", *args)
-        try:
-            status, text = s.request("POST", "/v1/completions", body)
-        finally:
-            s.stop()
-        assert status == 200, text
-        reply = json.loads(text)
-        texts.append(reply["choices"][0]["text"])
-    assert texts[0] == texts[1]
-    assert reply["usage"]["speculative"]["mode"] == "eagle3" and reply["usage"]["speculative"]["drafted"] > 0
+    serve_drafts_with_head(tiny["target"], head_path, "eagle3", LOOP)
 
 
 def test_a_head_reading_the_targets_last_layer_drafts_what_llama_cpp_does(tiny, head_path, speculative_simple):

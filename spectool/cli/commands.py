@@ -69,8 +69,9 @@ StatsJson = Annotated[Optional[Path],
 ColorDrafts = Annotated[bool, typer.Option(
     "--color-drafts",
     help="Colour text from accepted drafts (green: lookup, bright green: lookup in the corpus, "
-    "cyan: draft model, yellow: MTP head, bright yellow: EAGLE-3 head, magenta: a hybrid step's "
-    "drafts, blue: tokens a grammar forced, bright cyan: the --prediction).")]
+    "cyan: draft model, yellow: MTP head, bright yellow: EAGLE-3 head, bright blue: DFlash head, "
+    "magenta: a hybrid step's drafts, blue: tokens a grammar forced, bright cyan: the "
+    "--prediction).")]
 
 
 def _version(value: bool) -> None:
@@ -367,12 +368,13 @@ def check(
 ) -> None:
     """What TARGET (and DRAFT) are: vocabulary and MTP heads; with DRAFT, how it drafts for TARGET:
     token for token where llama.cpp's vocabulary rule says they share a vocabulary, else through
-    text (each draft decoded and encoded again in the target's vocabulary)."""
+    text (each draft decoded and encoded again in the target's vocabulary); a DRAFT that is an
+    EAGLE-3 or DFlash head: what it reads and whether the target has it."""
     with cli_errors(o.debug):
-        from spectool.drafters.eagle3 import head_facts
+        from spectool.drafters import dflash, eagle3
         from spectool.models.compat import check_files, check_head
 
-        head = head_facts(draft) if draft else None
+        head = (eagle3.head_facts(draft) or dflash.head_facts(draft)) if draft else None
         facts, problems = (check_head(target, head, o.debug) if head is not None
                            else check_files(target, draft, o.debug))
     for role, path, (v, heads) in zip(("target:", "draft: "), (target, draft or ""), facts):

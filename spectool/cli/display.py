@@ -35,11 +35,11 @@ from spectool.options import CTX_SIZE
 
 # ANSI colours of accepted-draft text, one for every source a step's drafts can come from: green
 # (lookup), bright green (lookup in the corpus of earlier requests), cyan (draft model), yellow (MTP
-# head), bright yellow (EAGLE-3 head), magenta for a hybrid step's drafts (lookup's tokens, then
-# the others'), blue for the tokens a grammar forced and bright cyan for a prediction's
-# (--prediction)
+# head), bright yellow (EAGLE-3 head), bright blue (DFlash head), magenta for a hybrid step's
+# drafts (lookup's tokens, then the others'), blue for the tokens a grammar forced and bright cyan
+# for a prediction's (--prediction)
 SOURCE_STYLE = {Source.lookup: 32, Source.corpus: 92, Source.draft: 36, Source.mtp: 33,
-                Source.eagle3: 93, Source.hybrid: 35,
+                Source.eagle3: 93, Source.dflash: 94, Source.hybrid: 35,
                 Source.grammar: 34, Source.prediction: 96}
 
 

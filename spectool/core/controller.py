@@ -28,7 +28,8 @@ from itertools import islice, repeat
 from typing import Iterable, Iterator, Sequence
 
 from spectool.core.costs import Costs
-from spectool.core.evidence import BUCKETS, DRAFT, EAGLE3, GRAMMAR, MTP, Agreement, Evidence
+from spectool.core.evidence import (BUCKETS, DFLASH, DRAFT, EAGLE3, GRAMMAR, MTP, Agreement,
+                                    Evidence)
 from spectool.core.evidence import Source
 
 # How many tokens a step may draft when a pair does not say (models.toml's draft_max says it per
@@ -36,9 +37,9 @@ from spectool.core.evidence import Source
 # the long copies.
 DRAFT_MAX = 32
 
-# the drafters that cost time to run (a draft model, an MTP or EAGLE-3 head), beside those that read
-# the text for free (lookup, a grammar's forced tokens, a request's prediction)
-PAID = (Source.draft, Source.mtp, Source.eagle3)
+# the drafters that cost time to run (a draft model, an MTP, EAGLE-3 or DFlash head), beside those
+# that read the text for free (lookup, a grammar's forced tokens, a request's prediction)
+PAID = (Source.draft, Source.mtp, Source.eagle3, Source.dflash)
 
 
 # Prompt lookup's prior acceptance by agreement, for each match length of BUCKETS (see
@@ -68,7 +69,8 @@ def _default_priors() -> dict[Evidence, tuple[float, float]]:
     # a draft model's and an MTP head's: a guess that their first observations replace. A grammar's
     # forced tokens are the text's own unless the model spells them with other tokens than the
     # grammar's canonical ones
-    return {**lookup, DRAFT: (0.6, 2.0), MTP: (0.6, 2.0), EAGLE3: (0.6, 2.0), GRAMMAR: (0.95, 8.0)}
+    return {**lookup, DRAFT: (0.6, 2.0), MTP: (0.6, 2.0), EAGLE3: (0.6, 2.0), DFLASH: (0.6, 2.0),
+            GRAMMAR: (0.95, 8.0)}
 
 
 @dataclass(slots=True)
@@ -99,7 +101,8 @@ class Controller:
     sampled_prior: tuple[float, float] = (2.0, 4.0)
     # keys whose quality is unknown until tried (a user's draft model): draft this many times first
     explore: dict[Source, int] = field(default_factory=lambda: {Source.draft: 2, Source.mtp: 2,
-                                                                 Source.eagle3: 2})
+                                                                 Source.eagle3: 2,
+                                                                 Source.dflash: 2})
     explore_k: int = 4
     probe_every: int = 32
     # a drafter that costs time to run (PAID: a draft model, a head) is probed half as often after

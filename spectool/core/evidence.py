@@ -17,8 +17,9 @@ from typing import ClassVar
 class Source(StrEnum):
     """Where a step's drafts came from: nothing drafted, prompt lookup, prompt lookup in the corpus
     of earlier requests (drafters/corpus.py), a draft model, the target's own MTP heads, an EAGLE-3
-    head, lookup's tokens then the draft model's or a head's, the tokens a grammar forces, or the
-    prediction a request handed over (drafters/prediction.py: OpenAI's Predicted Outputs)."""
+    head, a DFlash head, lookup's tokens then the draft model's or a head's, the tokens a grammar
+    forces, or the prediction a request handed over (drafters/prediction.py: OpenAI's Predicted
+    Outputs)."""
 
     none = "none"
     lookup = "lookup"
@@ -26,6 +27,7 @@ class Source(StrEnum):
     draft = "draft"
     mtp = "mtp"
     eagle3 = "eagle3"
+    dflash = "dflash"
     hybrid = "hybrid"
     grammar = "grammar"
     prediction = "prediction"
@@ -40,6 +42,7 @@ class Mode(StrEnum):
     lookup = "lookup"
     mtp = "mtp"
     eagle3 = "eagle3"
+    dflash = "dflash"
     hybrid = "hybrid"
     none = "none"
 
@@ -68,7 +71,7 @@ class Evidence:
     `Evidence.of` (or `Evidence.lookup`), which interns keys: one object per distinct key, so keys
     compare and hash by identity, cheaply."""
 
-    source: Source  # lookup, corpus, prediction, draft, mtp or eagle3
+    source: Source  # lookup, corpus, prediction, draft, mtp, eagle3 or dflash
     # lookup: the n-gram length bucket (BUCKETS); the prediction: its match's (0: the output's
     # start); 0 otherwise
     match: int = 0
@@ -152,4 +155,5 @@ class Evidence:
 DRAFT = Evidence.of(Source.draft)  # every draft-model token
 MTP = Evidence.of(Source.mtp)  # every token of the target's MTP head
 EAGLE3 = Evidence.of(Source.eagle3)  # every token of an EAGLE-3 head (drafters/eagle3.py)
+DFLASH = Evidence.of(Source.dflash)  # every token of a DFlash head (drafters/dflash.py)
 GRAMMAR = Evidence.of(Source.grammar)  # every token a grammar forces

@@ -20,6 +20,7 @@ from spectool.core.grammar import Constraint
 from spectool.core.protocol import Draft, Drafter, Estimate
 from spectool.core.verify import Sampling
 from spectool.drafters.corpus import Corpus
+from spectool.drafters.dflash import Dflash, DflashContext
 from spectool.drafters.draft_model import DraftModel
 from spectool.drafters.eagle3 import Eagle3, Eagle3Context
 from spectool.drafters.grammar import GrammarDrafter
@@ -52,49 +53,62 @@ class Wish:
     n_seq: int = 1
 
 
-def resolve(spec: Mode, draft_model: bool, mtp: bool, eagle3: bool = False) -> Mode:
-    """What `spec` drafts by, given whether there is a draft model, an MTP head and an EAGLE-3 head
-    (-md HEAD.gguf): auto is hybrid with a draft model, else the EAGLE-3 head, else the MTP head,
-    else prompt lookup; hybrid pairs lookup with the draft model, or without one with a head; a
-    mode whose model or head is missing is prompt lookup (drafter_for says whether that is a
-    fallback or an error)."""
+def resolve(spec: Mode, draft_model: bool, mtp: bool, eagle3: bool = False,
+            dflash: bool = False) -> Mode:
+    """What `spec` drafts by, given whether there is a draft model, an MTP head, an EAGLE-3 head
+    and a DFlash head (-md HEAD.gguf): auto is hybrid with a draft model, else the head -md names,
+    else the MTP head, else prompt lookup; hybrid pairs lookup with the draft model, or without one
+    with an MTP or EAGLE-3 head (a DFlash head drafts a block after the target's last position
+    only); a mode whose model or head is missing is prompt lookup (drafter_for says whether that
+    is a fallback or an error)."""
     if spec is Mode.auto:
-        return (Mode.hybrid if draft_model else Mode.eagle3 if eagle3 else Mode.mtp if mtp
-                else Mode.lookup)
+        return (Mode.hybrid if draft_model else Mode.eagle3 if eagle3 else
+                Mode.dflash if dflash else Mode.mtp if mtp else Mode.lookup)
     missing = {Mode.draft: not draft_model, Mode.mtp: not mtp, Mode.eagle3: not eagle3,
-               Mode.hybrid: not (draft_model or mtp or eagle3)}
+               Mode.dflash: not dflash, Mode.hybrid: not (draft_model or mtp or eagle3)}
     return Mode.lookup if missing.get(spec, False) else spec
 
 
-def loads(w: Wish, draft_model: bool, eagle3: bool = False) -> tuple[bool, bool, bool]:
+# what -md can be beside a model
+HEADS = {Mode.eagle3: "an EAGLE-3 head", Mode.dflash: "a DFlash head"}
+
+
+def loads(w: Wish, draft_model: bool, head: Mode | None = None) -> tuple[bool, bool, bool]:
     """Before anything loads: whether the mode drafts with the draft model (`draft_model`: one is
-    named), with the target's MTP heads, if it has them, and with the EAGLE-3 head (`eagle3`: -md
-    names one). Sequences decoded together draft by prompt lookup only: another mode is a
-    PolicyError there."""
-    if w.n_seq > 1 and w.spec in (Mode.draft, Mode.hybrid, Mode.mtp, Mode.eagle3):
+    named), with the target's MTP heads, if it has them, and with the head -md names (`head`: its
+    kind, Mode.eagle3 or Mode.dflash, None: none). Sequences decoded together draft by prompt
+    lookup only: another mode is a PolicyError there."""
+    if w.n_seq > 1 and w.spec in (Mode.draft, Mode.hybrid, Mode.mtp, Mode.eagle3, Mode.dflash):
         raise PolicyError(f"--parallel above 1 drafts by prompt lookup only, not --spec {w.spec}")
-    if eagle3 and w.spec is Mode.draft:
-        raise PolicyError("-md is an EAGLE-3 head, not a draft model: --spec eagle3 drafts with it")
+    if head is not None and w.spec in (Mode.draft, *HEADS.keys() - {head}):
+        raise PolicyError(f"-md is {HEADS[head]}, not a draft model: --spec {head} drafts with it"
+                          if w.spec is Mode.draft else f"-md is {HEADS[head]}: --spec {head} "
+                          f"drafts with it, not --spec {w.spec}")
     alone = w.n_seq == 1
-    mode = resolve(w.spec, draft_model and alone, mtp=alone, eagle3=eagle3 and alone)
-    head = mode is Mode.hybrid and not draft_model
-    by_eagle3 = mode is Mode.eagle3 or (head and eagle3)
-    return mode in (Mode.draft, Mode.hybrid), mode is Mode.mtp or (head and not eagle3), by_eagle3
+    mode = resolve(w.spec, draft_model and alone, mtp=alone, eagle3=head is Mode.eagle3 and alone,
+                   dflash=head is Mode.dflash and alone)
+    paired = mode is Mode.hybrid and not draft_model
+    by_head = mode is head or (paired and head is Mode.eagle3)
+    return (mode in (Mode.draft, Mode.hybrid), mode is Mode.mtp or (paired and not by_head),
+            by_head)
 
 
 def drafter_for(spec: Mode, draft_model: Model | None, p_min: float = 0.0,
                 notices: list[str] | None = None, ids: np.ndarray | None = None,
                 n_target: int = 0, mtp: MtpContext | None = None,
                 text_of: Facts | None = None,
-                eagle3: Eagle3Context | None = None) -> tuple[Drafter | None, Mode]:
+                eagle3: Eagle3Context | None = None, dflash: DflashContext | None = None,
+                k_max: int = 0) -> tuple[Drafter | None, Mode]:
     """(drafter, the Mode it drafts by, see resolve) for a mode (run, chat, serve, bench, the
-    tests). `mtp` is the target's MTP head when it has one, `eagle3` the EAGLE-3 head; `text_of` the
+    tests). `mtp` is the target's MTP head when it has one, `eagle3` the EAGLE-3 head, `dflash`
+    the DFlash head (its block's masks: `k_max`, --draft-max, at most its own); `text_of` the
     target where the draft
     model's vocabulary is another (it drafts through text). A mode that cannot have what it needs is
     a PolicyError when the user demanded it (draft, mtp), else prompt lookup with a notice."""
-    mode = resolve(spec, draft_model is not None, mtp is not None, eagle3 is not None)
-    if mode is Mode.lookup and spec is Mode.eagle3:
-        raise PolicyError("--spec eagle3 needs -md HEAD.gguf, an EAGLE-3 head for the target "
+    mode = resolve(spec, draft_model is not None, mtp is not None, eagle3 is not None,
+                   dflash is not None)
+    if mode is Mode.lookup and spec in HEADS:
+        raise PolicyError(f"--spec {spec} needs -md HEAD.gguf, {HEADS[spec]} for the target "
                           "(`spectool check TARGET HEAD` says)")
     if mode is Mode.lookup and spec is Mode.mtp:
         raise PolicyError("--spec mtp needs a target with MTP heads (NextN layers; `spectool check "
@@ -105,6 +119,8 @@ def drafter_for(spec: Mode, draft_model: Model | None, p_min: float = 0.0,
         notices.append("no draft model: using prompt lookup")
     if mode is Mode.none:
         return None, mode
+    if mode is Mode.dflash and dflash is not None:
+        return Dflash(dflash, p_min=p_min, n_max=k_max), mode
     return build(Source(mode.value), draft_model, mtp, p_min, ids, n_target, text_of,
                  eagle3), mode
 
@@ -143,20 +159,20 @@ def choose(w: Wish, target: Model, draft_model: Model | None = None,
            ids: np.ndarray | None = None, mtp: MtpContext | None = None,
            costs: Costs | None = None, corpus: Corpus | None = None,
            notices: list[str] | None = None, through_text: bool = False,
-           eagle3: Eagle3Context | None = None) -> Policy:
+           eagle3: Eagle3Context | None = None, dflash: DflashContext | None = None) -> Policy:
     """The session's drafting for what the user asks (`w`) and the loaded models: the drafter
     (drafter_for; plain decoding where the target cannot drop rejected drafts), a controller over
     the measured `costs` between w's limits (adaptive unless they are one length), and the corpus
     where the drafter drafts by prompt lookup; `through_text`: the draft model's vocabulary is not
-    the target's; `eagle3`: the EAGLE-3 head (-md HEAD.gguf). One-line notices for the user go to
-    `notices`."""
+    the target's; `eagle3`, `dflash`: the head -md HEAD.gguf names. One-line notices for the user
+    go to `notices`."""
     notices = notices if notices is not None else []
     if w.spec is Mode.mtp and target.n_nextn and not target.can_rollback:
         raise PolicyError(f"{target.architecture} keeps a recurrent state that cannot drop "
                           "rejected drafts: spectool cannot draft from its MTP heads (llama.cpp "
                           "restores checkpoints instead)")
     drafter, mode = drafter_for(w.spec, draft_model, w.p_min, notices, ids, target.n_vocab, mtp,
-                                target if through_text else None, eagle3)
+                                target if through_text else None, eagle3, dflash, w.k_max)
     if not target.can_rollback and drafter is not None:
         notices.append(f"{target.architecture} cannot roll back its cache: plain decoding")
         drafter, mode = None, Mode.none

@@ -29,6 +29,12 @@ class HeadFacts:
 
     layers: tuple[int, ...]
     target_hidden: int
+    mode = "eagle3"  # the --spec that drafts with it
+
+    def describe(self) -> str:
+        """What the head is and reads (spectool check)."""
+        return (f"an EAGLE-3 head; it reads the target's hidden states at layers "
+                f"{', '.join(map(str, self.layers))} (width {self.target_hidden})")
 
     def problem(self, n_layer: int, n_embd: int) -> str | None:
         """Why the head cannot draft for a target of `n_layer` layers and width `n_embd`."""
@@ -57,22 +63,38 @@ def _value(f, kind: int):
     return struct.unpack(fmt, f.read(struct.calcsize(fmt)))[0]
 
 
-def gguf_metadata(path: Path, keys: set[str]) -> dict:
-    """The values of `keys` in a GGUF file's metadata, read until all are found (llama.cpp's
-    meta_val_str gives no arrays, and a vocab-only load no architecture's own keys)."""
+def gguf_metadata(path: Path, keys: set[str], arch: str = ARCH, tensors: bool = False) -> dict:
+    """The values of `keys` in a GGUF file's metadata, read until all are found or the architecture
+    is not `arch` (llama.cpp's meta_val_str gives no arrays, and a vocab-only load no
+    architecture's own keys); with `tensors`, the whole metadata is read and "tensors" holds the
+    names of the file's tensors (for `arch`'s files only)."""
     found: dict = {}
     with open(path, "rb") as f:
-        _magic, _version, _n_tensors, n_kv = struct.unpack("<4sIQQ", f.read(24))
+        _magic, _version, n_tensors, n_kv = struct.unpack("<4sIQQ", f.read(24))
         for _ in range(n_kv):
             (n,) = struct.unpack("<Q", f.read(8))
             key = f.read(n).decode("utf-8", errors="replace")
             (kind,) = struct.unpack("<I", f.read(4))
             value = _value(f, kind)
+            if key == "general.architecture" and value != arch:
+                found[key] = value
+                return found
             if key in keys:
                 found[key] = value
-                if len(found) == len(keys) or (key == "general.architecture" and value != ARCH):
-                    break
+                if len(found) == len(keys) and not tensors:
+                    return found
+        if tensors:
+            found["tensors"] = {_tensor_name(f) for _ in range(n_tensors)}
     return found
+
+
+def _tensor_name(f) -> str:
+    """One tensor's name from its info in a GGUF file, the rest of the info skipped."""
+    (n,) = struct.unpack("<Q", f.read(8))
+    name = f.read(n).decode("utf-8", errors="replace")
+    (n_dims,) = struct.unpack("<I", f.read(4))
+    f.seek(8 * n_dims + 4 + 8, 1)  # its dims, type and offset
+    return name
 
 
 def head_facts(path: str | Path) -> HeadFacts | None:
@@ -109,29 +131,13 @@ class Eagle3Context(HeadContext):
     name = "EAGLE-3 head"
 
     def __init__(self, target: Model, path: str | Path):
-        facts = head_facts(path)
-        if facts is None:
-            raise ModelLoadError(f"{Path(path).name} is not an EAGLE-3 head")
-        lib = self.lib = native.lib()
-        self.n_layer = int(lib.llama_model_n_layer(target.llama_model))
-        problem = facts.problem(self.n_layer, target.n_embd)
-        if problem:
-            raise ModelLoadError(f"{Path(path).name} cannot draft for {target.path.name}: "
-                                 f"{problem}")
-        from llama_cpp import llama_cpp_ext
-
-        self._ext, self.target, self.facts = llama_cpp_ext, target, facts
-        self.n_vocab, self.n_ctx = target.n_vocab, target.n_ctx
+        self._beside(target, Path(path), head_facts(path), "an EAGLE-3 head")
+        lib = self.lib
         self._model: Any = None
-        self._ctx: Any = None
-        self._batch: Any = None
         self._enc: Any = None
         self._load(Path(path))
         self._mem = lib.llama_get_memory(self._ctx)
         self._make_batches()
-        self._layer_inp = native.bind_ext("llama_get_embeddings_layer_inp",
-                                      ctypes.POINTER(ctypes.c_float),
-                                      [ctypes.c_void_p, ctypes.c_uint32])
         self._extract(True)
         # position -> g there (the encoder's output for the target's latest decode)
         self.h: dict[int, np.ndarray] = {}
@@ -140,28 +146,7 @@ class Eagle3Context(HeadContext):
         self.covered = 0  # the target's first positions mirrored here without a gap
 
     def _load(self, path: Path) -> None:
-        lib, target = self.lib, self.target
-        mparams = lib.llama_model_default_params()
-        mparams.n_gpu_layers = 999 if target.n_offloaded else 0
-        mparams.use_extra_bufts = not native.avoid_amx()
-        self._model = lib.llama_model_load_from_file(str(path).encode(), mparams)
-        if not self._model:
-            raise ModelLoadError(f"cannot load {path.name}: {last_log_error()}")
-        if int(lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(self._model))) != self.n_vocab:
-            self.close()
-            raise ModelLoadError(f"{path.name} has another vocabulary than {target.path.name}")
-        self.n_embd = int(lib.llama_model_n_embd(self._model))
-        cparams = lib.llama_context_default_params()
-        cparams.n_ctx = target.n_ctx
-        cparams.n_batch = cparams.n_ubatch = target.n_batch
-        cparams.n_threads = cparams.n_threads_batch = target.n_threads
-        cparams.no_perf = True
-        cparams.ctx_other = target.llama_context
-        self._ctx = lib.llama_init_from_model(self._model, cparams)
-        if not self._ctx:
-            self.close()
-            raise ModelLoadError(f"llama.cpp could not make a context for {path.name}: "
-                                 f"{last_log_error() or 'out of memory?'}")
+        self._load_beside(path, "an EAGLE-3 head")
         self._ext.llama_set_embeddings_nextn(self._ctx, True, True)  # output rows' only
 
     def _make_batches(self) -> None:
@@ -170,34 +155,7 @@ class Eagle3Context(HeadContext):
         lib, n = self.lib, self.target.n_batch
         self.n_batch = n
         self._side_by_side(n, self.n_embd)
-        width = len(self.facts.layers) * self.target.n_embd
-        self._enc = e = lib.llama_batch_init(n, width, 1)
-        self._e_pos = np.ctypeslib.as_array(e.pos, shape=(n,))
-        self._e_x = np.ctypeslib.as_array(e.embd, shape=(n, width))
-        np.ctypeslib.as_array(e.logits, shape=(n,))[:] = 1
-        one_sequence(e, n)
-
-    def _extract(self, on: bool) -> None:
-        """Have the target keep (or stop keeping) its hidden states at the head's layers."""
-        ctx = self.target.llama_context
-        if not ctx:
-            return
-        set_inp = native.bind_ext("llama_set_embeddings_layer_inp", None,
-                              [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_bool])
-        for lid in self.facts.layers:
-            if lid < self.n_layer:
-                set_inp(ctx, lid, on)
-            else:
-                self._ext.llama_set_embeddings_nextn(ctx, on, False)
-
-    def _features(self, n: int) -> None:
-        """The target's last decode's hidden states at the head's layers, side by side, into the
-        encoder's batch."""
-        d, ctx = self.target.n_embd, self.target.llama_context
-        for k, lid in enumerate(self.facts.layers):
-            ptr = (self._layer_inp(ctx, lid) if lid < self.n_layer
-                   else self._ext.llama_get_embeddings_nextn(ctx))
-            self._e_x[:n, k * d:(k + 1) * d] = np.ctypeslib.as_array(ptr, shape=(n, d))
+        self._enc = self._feature_batch(n, True)
 
     def encode(self, n: int) -> np.ndarray:
         """g of the target's last decode of `n` tokens: the encoder on their fused features."""
@@ -255,14 +213,7 @@ class Eagle3Context(HeadContext):
         if self._enc is not None:
             lib.llama_batch_free(self._enc)
             self._enc = None
-        if self._ctx:
-            self.target.remove_decode_listener(self.mirror)
-            self._extract(False)
-            lib.llama_free(self._ctx)
-            self._ctx = None
-        if self._model:
-            lib.llama_model_free(self._model)
-            self._model = None
+        self._free_beside()
 
 
 class Eagle3(Mtp):

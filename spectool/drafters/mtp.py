@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import time
+from pathlib import Path
 from typing import Any, Sequence
 
 from spectool.llama import native  # noqa: F401, I001 - llama.cpp before numpy (native.py)
@@ -32,7 +33,14 @@ class HeadContext:
     covered: int
     lib: Any
     _ctx: Any
+    _model: Any = None
+    _ext: Any
+    facts: Any  # a head file's facts: its layers (eagle3.py, dflash.py)
+    n_layer: int  # the target's
+    _e_x: np.ndarray
+    _e_pos: np.ndarray
     _batch: Any
+    n_embd: int
     n_vocab: int
 
     def catch_up(self) -> int:
@@ -60,6 +68,109 @@ class HeadContext:
         self._b_h = np.ctypeslib.as_array(b.embd, shape=(n, n_embd))
         one_sequence(b, n)
         return b
+
+    def _beside(self, target: Model, path: Path, facts: Any, kind: str) -> None:
+        """Check a head file's `facts` (None: the file is not `kind`, "an EAGLE-3 head") against
+        `target`, and take the target's handles and sizes; a ModelLoadError says why not."""
+        if facts is None:
+            raise ModelLoadError(f"{path.name} is not {kind}")
+        self.lib = native.lib()
+        self.n_layer = int(self.lib.llama_model_n_layer(target.llama_model))
+        problem = facts.problem(self.n_layer, target.n_embd)
+        if problem:
+            raise ModelLoadError(f"{path.name} cannot draft for {target.path.name}: {problem}")
+        from llama_cpp import llama_cpp_ext
+
+        self._ext, self.target, self.facts = llama_cpp_ext, target, facts
+        self.n_vocab, self.n_ctx = target.n_vocab, target.n_ctx
+        self._ctx = self._batch = None
+
+    def _load_beside(self, path: Path, kind: str) -> None:
+        """Load the head file `path` (a `kind`, for messages) into `_model`, with its own context
+        `_ctx` beside the target's (ctx_other: the head borrows what it lacks of the target's)."""
+        lib, target = self.lib, self.target
+        mparams = lib.llama_model_default_params()
+        mparams.n_gpu_layers = 999 if target.n_offloaded else 0
+        mparams.use_extra_bufts = not native.avoid_amx()
+        self._model = lib.llama_model_load_from_file(str(path).encode(), mparams)
+        if not self._model:
+            raise ModelLoadError(f"cannot load {path.name}: {last_log_error()}")
+        if int(lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(self._model))) != self.n_vocab:
+            self.close()
+            raise ModelLoadError(f"{path.name} has another vocabulary than {target.path.name}")
+        self.n_embd = int(lib.llama_model_n_embd(self._model))
+        self._ctx = lib.llama_init_from_model(self._model, self._cparams())
+        if not self._ctx:
+            self.close()
+            raise ModelLoadError(f"llama.cpp could not make a context for {path.name} ({kind}): "
+                                 f"{last_log_error() or 'out of memory?'}")
+
+    def _cparams(self) -> Any:
+        """The head's context parameters: the target's context, batch and threads, beside the
+        target's context (ctx_other)."""
+        target = self.target
+        cparams = self.lib.llama_context_default_params()
+        cparams.n_ctx = target.n_ctx
+        cparams.n_batch = cparams.n_ubatch = target.n_batch
+        cparams.n_threads = cparams.n_threads_batch = target.n_threads
+        cparams.no_perf = True
+        cparams.ctx_other = target.llama_context
+        return cparams
+
+    def _feature_batch(self, n: int, output: bool) -> Any:
+        """A batch of `n` rows of the target's features (`_e_pos`, `_e_x` over it): each its
+        hidden states at the head's layers side by side, of sequence 0, an output row or not."""
+        width = len(self.facts.layers) * self.target.n_embd
+        e = self.lib.llama_batch_init(n, width, 1)
+        self._e_pos = np.ctypeslib.as_array(e.pos, shape=(n,))
+        self._e_x = np.ctypeslib.as_array(e.embd, shape=(n, width))
+        np.ctypeslib.as_array(e.logits, shape=(n,))[:] = int(output)
+        one_sequence(e, n)
+        return e
+
+    def _extract(self, on: bool) -> None:
+        """Have the target keep (or stop keeping) its hidden states at the head's layers (a layer
+        id equal to its layer count: its last hidden state)."""
+        ctx = self.target.llama_context
+        if not ctx:
+            return
+        set_inp = native.bind_ext("llama_set_embeddings_layer_inp", None,
+                                  [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_bool])
+        for lid in self.facts.layers:
+            if lid < self.n_layer:
+                set_inp(ctx, lid, on)
+            else:
+                self._ext.llama_set_embeddings_nextn(ctx, on, False)
+
+    def _features(self, n: int) -> None:
+        """The target's last decode's hidden states at the head's layers, side by side, into the
+        feature batch's first `n` rows."""
+        d, ctx = self.target.n_embd, self.target.llama_context
+        layer_inp = native.bind_ext("llama_get_embeddings_layer_inp",
+                                    ctypes.POINTER(ctypes.c_float),
+                                    [ctypes.c_void_p, ctypes.c_uint32])
+        for k, lid in enumerate(self.facts.layers):
+            ptr = (layer_inp(ctx, lid) if lid < self.n_layer
+                   else self._ext.llama_get_embeddings_nextn(ctx))
+            self._e_x[:n, k * d:(k + 1) * d] = np.ctypeslib.as_array(ptr, shape=(n, d))
+
+    def _free_beside(self) -> None:
+        """Free the context and model _load_beside made, the target no longer heard or asked to
+        keep the head's layers."""
+        if self._ctx:
+            self.target.remove_decode_listener(self.mirror)
+            self._extract(False)
+            self.lib.llama_free(self._ctx)
+            self._ctx = None
+        if self._model:
+            self.lib.llama_model_free(self._model)
+            self._model = None
+
+    def mirror(self, tokens: Sequence[int], pos0: int) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
 
     def _decode(self, n: int) -> None:
         self._batch.n_tokens = n
@@ -92,13 +203,8 @@ class MtpContext(HeadContext):
         self.n_vocab = target.n_vocab
         self.n_ctx = target.n_ctx
         self.n_embd = target.n_embd
-        cparams = lib.llama_context_default_params()
-        cparams.n_ctx = target.n_ctx
-        cparams.n_batch = cparams.n_ubatch = target.n_batch
-        cparams.n_threads = cparams.n_threads_batch = target.n_threads
-        cparams.no_perf = True
+        cparams = self._cparams()
         cparams.ctx_type = lib.LLAMA_CONTEXT_TYPE_MTP
-        cparams.ctx_other = target.llama_context
         self._ctx = lib.llama_init_from_model(target.llama_model, cparams)
         if not self._ctx:
             raise ModelLoadError(f"llama.cpp could not make an MTP context for {target.path.name}: "

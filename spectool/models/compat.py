@@ -50,16 +50,16 @@ def check_files(target, draft=None, debug: bool = False):
 
 
 def check_head(target, head, debug: bool = False):
-    """`spectool check TARGET HEAD` for an EAGLE-3 head (`head`: its HeadFacts): ([the target's
-    VocabInfo and MTP head count], [what the head reads, whether it can draft for the target])."""
+    """`spectool check TARGET HEAD` for a head (`head`: an EAGLE-3 or DFlash head's HeadFacts):
+    ([the target's VocabInfo and MTP head count], [what the head is and reads, whether it can
+    draft for the target])."""
     from spectool.llama import engine
 
     engine.set_verbose(debug)
     with engine.Model(target, n_ctx=64) as m:
         n_layer = int(m.lib.llama_model_n_layer(m.llama_model))
         facts, problem = (m.vocab_info(), m.n_nextn), head.problem(n_layer, m.n_embd)
-    layers = ", ".join(map(str, head.layers))
     verdict = (f"cannot draft for the target: {problem}" if problem else
-               "compatible: the head drafts for the target with --spec eagle3 (auto picks it)")
-    return [facts], [f"an EAGLE-3 head; it reads the target's hidden states at layers {layers} "
-                     f"(width {head.target_hidden})", verdict]
+               f"compatible: the head drafts for the target with --spec {head.mode} (auto picks "
+               "it)")
+    return [facts], [head.describe(), verdict]

@@ -231,3 +231,21 @@ def same_drafts_as_llama_cpp(target, drafter, prompt, theirs, min_steps: int) ->
     theirs_out = [t for s in theirs for t in s.draft[: s.accepted] + [s.last]]
     assert len(theirs_out) >= 30 and theirs_out == plain[: len(theirs_out)]
     assert [t for s in steps for t in s.tokens] == plain
+
+
+def serve_drafts_with_head(target, head, mode: str, prompt: str) -> None:
+    """The heads' serve tests (test_eagle3.py, test_dflash.py): `spectool serve -md HEAD --spec MODE` answers a
+    greedy completion of `prompt` with --spec none's text, its usage saying the head drafted."""
+    body = {"model": "any", "prompt": prompt, "max_tokens": 40, "temperature": 0}
+    texts = []
+    for args in (("--spec", "none"), ("-md", head, "--spec", mode)):
+        s = Server(target, "-ngl", "0", *args)
+        try:
+            status, text = s.request("POST", "/v1/completions", body)
+        finally:
+            s.stop()
+        assert status == 200, text
+        reply = json.loads(text)
+        texts.append(reply["choices"][0]["text"])
+    assert texts[0] == texts[1]
+    assert reply["usage"]["speculative"]["mode"] == mode and reply["usage"]["speculative"]["drafted"] > 0

@@ -304,6 +304,15 @@ def draft_eagle3(binary: Path, model: Path, head: Path, prompt: str, tokens: int
                         threads, ctx)
 
 
+def draft_dflash(binary: Path, model: Path, head: Path, prompt: str, tokens: int, n_draft: int = 3,
+                 threads: int = 2, ctx: int = 512, p_min: float = 0.0) -> list[MtpStep]:
+    """`llama-speculative-simple -md HEAD --spec-type draft-dflash`, greedy, step by step, as draft_mtp reads it (its
+    log names each block position's top token, "draft candidate 0", before the `p_min` stop; a step's draft is cut
+    to what it drafted, "accepted A/B")."""
+    return _draft_steps(binary, model, prompt, tokens, ["-md", str(head), "--spec-type", "draft-dflash",
+                                                        "--spec-draft-p-min", f"{p_min:g}"], n_draft, threads, ctx)
+
+
 def _draft_steps(binary: Path, model: Path, prompt: str, tokens: int, spec: list[str], n_draft: int, threads: int,
                  ctx: int) -> list[MtpStep]:
     """The steps of a run whose log holds all `tokens`: on a busy machine llama.cpp's log thread can lose the last

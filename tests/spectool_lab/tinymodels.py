@@ -391,6 +391,114 @@ def write_eagle3_head(folder: Path, layers: tuple[int, int, int] = EAGLE3_LAYERS
     return path
 
 
+DFLASH_LAYERS = (0, 1, 2)  # the tiny target's layers whose inputs the DFlash head reads
+DFLASH_BLOCK, DFLASH_MASK = 6, 3  # its block (the last token and 5 masks) and mask token (<|user|>)
+DFLASH_BLOCKS = 3  # its decoder blocks: the block fills two positions a block (_dflash_weights)
+
+
+DFLASH_CONTENT, DFLASH_FLAG = 56, 56  # the head's residual: a token's code in dims 0-55, a flag dim (56) for positions
+
+
+def _dflash_rope(n_pair: int = 8, period: int = 15) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(query, key, rope_freqs) of one attention head of the tiny DFlash head, whose score peaks two positions back
+    and is low everywhere else within `period`: RoPE pairs 0-6 turn at 2 pi j / period (rope_freqs sets the
+    frequencies), their sum a Dirichlet kernel (7 there, -1/2 elsewhere), pair 7 nearly still, a constant that
+    centres it (NEOX pairs dims i and i + 8)."""
+    hd = 2 * n_pair
+    theta = 2 * np.pi * np.arange(1, n_pair) / period
+    q, k = np.zeros(hd, np.float32), np.zeros(hd, np.float32)
+    q[:n_pair] = 1.0
+    k[: n_pair - 1], k[n_pair: 2 * n_pair - 1] = np.cos(2 * theta), np.sin(2 * theta)
+    k[n_pair - 1] = -3.25
+    base = 10000.0 ** (-np.arange(n_pair) / n_pair)  # llama.cpp's frequencies before rope_freqs divides them
+    freqs = np.concatenate([base[:-1] / theta, [base[-1] * 1e12]]).astype(np.float32)
+    return q, k, freqs
+
+
+def _dflash_weights(rng: np.random.Generator, embd: np.ndarray, n_layers: int, n_block: int,
+                    mask: int, sure: float = 10.0) -> dict[str, np.ndarray]:
+    """`n_block` DFlash decoder blocks over the tiny target (llama.cpp's dflash: fc and a norm over the target's
+    features, whose K and V each block injects into the cache; the noise block attends to them and to itself) that
+    draft a text's two-token loop. A token's code is fc over the target's first layer input (its embedding), what g
+    carries and what the head's own token embeddings and output layer hold; the mask token has no code. Every
+    attention head's query and key read the flag dim alone, which the block's tokens have and g has not: g's keys are
+    zero (score 0), and a block position's score (RoPE, _dflash_rope) is high for the position two back and low for
+    all else. With a sliding window of 3, the block's first mask sees one injected position (the one before the
+    last token) beside the block's low ones and copies its code; each other mask copies the block position two back,
+    which the block fills one layer after another: the block drafts t[n-1], t[n], t[n-1], ... after t[n]. `sure`
+    scales the output layer: how sure of its tokens the head is."""
+    d, hd = N_EMBD, N_EMBD // N_HEAD
+    code_of = np.linalg.qr(rng.normal(size=(d, d)))[0][:DFLASH_CONTENT].astype(np.float32)
+    fc = np.zeros((d, n_layers * d), np.float32)
+    fc[:DFLASH_CONTENT, :d] = code_of
+    fc[:DFLASH_CONTENT, d:] = rng.normal(0.0, 0.1 / np.sqrt(d), (DFLASH_CONTENT, (n_layers - 1) * d))
+    codes = embd @ code_of.T
+    codes /= np.linalg.norm(codes, axis=1, keepdims=True)
+    tok = np.zeros((len(embd), d), np.float32)
+    tok[:, :DFLASH_CONTENT] = 4.0 * codes
+    tok[:, DFLASH_FLAG] = 4.0
+    tok[mask, :DFLASH_CONTENT] = 0.0
+    out = np.zeros((len(embd), d), np.float32)
+    out[:, :DFLASH_CONTENT] = sure * codes
+    q, k, freqs = _dflash_rope()
+    flag = np.zeros(d, np.float32)
+    flag[DFLASH_FLAG] = 1.0
+    copy = np.eye(d, dtype=np.float32)
+    copy[DFLASH_CONTENT:] = 0.0  # V and the output carry codes only: the flag stays as it is
+    w = {"fc.weight": fc, "enc.output_norm.weight": np.ones(d, np.float32), "token_embd.weight": tok,
+         "output.weight": out, "output_norm.weight": np.ones(d, np.float32), "rope_freqs.weight": freqs}
+    for i in range(n_block):
+        w |= {f"blk.{i}.attn_norm.weight": np.ones(d, np.float32),
+              f"blk.{i}.attn_q.weight": np.tile(np.outer(q, flag), (N_HEAD, 1)),
+              f"blk.{i}.attn_k.weight": np.tile(np.outer(k, flag), (N_HEAD, 1)),
+              f"blk.{i}.attn_v.weight": copy, f"blk.{i}.attn_output.weight": copy,
+              f"blk.{i}.attn_q_norm.weight": np.ones(hd, np.float32),
+              f"blk.{i}.attn_k_norm.weight": np.full(hd, 4.0, np.float32),
+              f"blk.{i}.ffn_norm.weight": np.ones(d, np.float32),
+              f"blk.{i}.ffn_gate.weight": np.zeros((N_FF, d), np.float32),
+              f"blk.{i}.ffn_up.weight": np.zeros((N_FF, d), np.float32),
+              f"blk.{i}.ffn_down.weight": np.zeros((d, N_FF), np.float32)}
+    return w
+
+
+def write_dflash_head(folder: Path, layers: tuple[int, ...] = DFLASH_LAYERS, block_size: int = DFLASH_BLOCK,
+                      mask: int | None = DFLASH_MASK, name: str = "dflash.gguf", markov: bool = False,
+                      sure: float = 10.0) -> Path:
+    """dflash.gguf: a tiny DFlash head for write_models' target (3 layers, width N_EMBD), as llama.cpp's
+    conversion/qwen.py writes one: architecture dflash, `dflash.target_layers` (the target layers whose inputs it
+    fuses), `dflash.block_size`, the target's vocabulary with its mask token (`tokenizer.ggml.mask_token_id`, None:
+    none), non-causal attention over the block; `markov`: a DSpark head's Markov tensor too (markov_w1); `sure`: how
+    sure of its tokens the head is (_dflash_weights)."""
+    import gguf
+
+    path = Path(folder) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    w = gguf.GGUFWriter(str(path), "dflash")
+    w.add_name("tiny-dflash")
+    w.add_context_length(N_CTX)
+    w.add_embedding_length(N_EMBD)
+    w.add_block_count(DFLASH_BLOCKS)
+    w.add_feed_forward_length(N_FF)
+    w.add_head_count(N_HEAD)
+    w.add_head_count_kv(N_HEAD)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_dimension_count(N_EMBD // N_HEAD)
+    w.add_sliding_window(3)
+    w.add_sliding_window_pattern([True] * DFLASH_BLOCKS)
+    w.add_uint32("dflash.block_size", block_size)
+    w.add_array("dflash.target_layers", list(layers))
+    if mask is not None:
+        w.add_uint32("tokenizer.ggml.mask_token_id", mask)
+    vocab = vocabulary()
+    embd = _weights(np.random.default_rng(1234), len(vocab[0]), 3)["token_embd.weight"]  # write_models' target's
+    weights = _dflash_weights(np.random.default_rng(5005), embd, len(layers), DFLASH_BLOCKS,
+                              DFLASH_MASK if mask is None else mask, sure)
+    if markov:
+        weights["markov_w1.weight"] = np.zeros((len(embd), 4), np.float32)
+    _finish(w, vocab, weights)
+    return path
+
+
 # -- tool calls (h1): models with Qwen2.5's (Hermes <tool_call>) and Llama 3.1's chat templates, their text as the
 # models' own tokenizer_config.json has it (data), and each template's special tokens as control tokens
 QWEN25_TEMPLATE = '{%- if tools %}\n    {{- \'<|im_start|>system\\n\' }}\n    {%- if messages[0][\'role\'] == \'system\' %}\n        {{- messages[0][\'content\'] }}\n    {%- else %}\n        {{- \'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.\' }}\n    {%- endif %}\n    {{- "\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<tools>" }}\n    {%- for tool in tools %}\n        {{- "\\n" }}\n        {{- tool | tojson }}\n    {%- endfor %}\n    {{- "\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\"name\\": <function-name>, \\"arguments\\": <args-json-object>}\\n</tool_call><|im_end|>\\n" }}\n{%- else %}\n    {%- if messages[0][\'role\'] == \'system\' %}\n        {{- \'<|im_start|>system\\n\' + messages[0][\'content\'] + \'<|im_end|>\\n\' }}\n    {%- else %}\n        {{- \'<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n\' }}\n    {%- endif %}\n{%- endif %}\n{%- for message in messages %}\n    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant" and not message.tool_calls) %}\n        {{- \'<|im_start|>\' + message.role + \'\\n\' + message.content + \'<|im_end|>\' + \'\\n\' }}\n    {%- elif message.role == "assistant" %}\n        {{- \'<|im_start|>\' + message.role }}\n        {%- if message.content %}\n            {{- \'\\n\' + message.content }}\n        {%- endif %}\n        {%- for tool_call in message.tool_calls %}\n            {%- if tool_call.function is defined %}\n                {%- set tool_call = tool_call.function %}\n            {%- endif %}\n            {{- \'\\n<tool_call>\\n{"name": "\' }}\n            {{- tool_call.name }}\n            {{- \'", "arguments": \' }}\n            {{- tool_call.arguments | tojson }}\n            {{- \'}\\n</tool_call>\' }}\n        {%- endfor %}\n        {{- \'<|im_end|>\\n\' }}\n    {%- elif message.role == "tool" %}\n        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}\n            {{- \'<|im_start|>user\' }}\n        {%- endif %}\n        {{- \'\\n<tool_response>\\n\' }}\n        {{- message.content }}\n        {{- \'\\n</tool_response>\' }}\n        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}\n            {{- \'<|im_end|>\\n\' }}\n        {%- endif %}\n    {%- endif %}\n{%- endfor %}\n{%- if add_generation_prompt %}\n    {{- \'<|im_start|>assistant\\n\' }}\n{%- endif %}\n'

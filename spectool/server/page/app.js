@@ -2,7 +2,7 @@
 // Model text is only ever put into the page as text (textContent), never as HTML.
 "use strict";
 
-const SOURCES = ["target", "lookup", "corpus", "draft", "mtp", "eagle3", "hybrid", "grammar", "prediction"];
+const SOURCES = ["target", "lookup", "corpus", "draft", "mtp", "eagle3", "dflash", "hybrid", "grammar", "prediction"];
 const STORE = "spectool.chats";
 const SETTINGS = "spectool.settings";
 const KEY = "spectool.key"; // sessionStorage: this tab only
@@ -576,7 +576,7 @@ function slotLine(s) {
 // ---- start -------------------------------------------------------------------------------------
 
 function legend() {
-  const names = { target: "the target's own", lookup: "prompt lookup", corpus: "corpus lookup", draft: "draft model", mtp: "MTP heads", eagle3: "EAGLE-3 head", hybrid: "lookup + model", grammar: "grammar", prediction: "prediction" };
+  const names = { target: "the target's own", lookup: "prompt lookup", corpus: "corpus lookup", draft: "draft model", mtp: "MTP heads", eagle3: "EAGLE-3 head", dflash: "DFlash head", hybrid: "lookup + model", grammar: "grammar", prediction: "prediction" };
   $("legend").replaceChildren(...SOURCES.map((s) => el("li", {}, el("span", { className: "swatch src-" + s }), names[s])));
 }
 
