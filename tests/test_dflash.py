@@ -272,7 +272,8 @@ def test_p_min_cuts_the_block_where_llama_cpps_draft_dflash_does(tiny, speculati
     assert {len(d) for d in ours[:n]} >= {1, 3}  # p_min cut some drafts, not others
     assert [t for s in steps for t in s.tokens] == plain
     theirs_out = [t for s in theirs for t in s.draft[: s.accepted] + [s.last]]
-    assert len(theirs_out) >= 30 and theirs_out == plain[: len(theirs_out)]
+    k = min(len(theirs_out), len(plain))  # its last step may run past the budget by its drafts
+    assert k >= 30 and theirs_out[:k] == plain[:k]
     accepted = [s.accepted for s in steps if s.drafted]
     theirs_accepted = [t.accepted for t in theirs if t.draft]
     m = min(len(accepted), len(theirs_accepted)) - 3
