@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from spectool_lab.helpers import spectool
+from spectool_lab.helpers import default_signals, spectool
 from typer.testing import CliRunner
 
 from spectool.models.store import write_json_atomic
@@ -200,7 +200,7 @@ def test_a_signal_mid_run_keeps_the_lookup_cache_and_the_cost_table(tiny, tmp_pa
     p = subprocess.Popen([sys.executable, "-m", "spectool", "run", "-m", str(tiny["target"]), "-c", "4096", "-t",
                           "2", "-n", "4000", "--lookup-cache", str(cache), "the dog the fox the dog the fox"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                         env={**os.environ, "SPECTOOL_CACHE": str(tmp_path)})
+                         env={**os.environ, "SPECTOOL_CACHE": str(tmp_path)}, preexec_fn=default_signals)
     first = p.stdout.read(1)
     time.sleep(0.5)
     p.send_signal(sig)

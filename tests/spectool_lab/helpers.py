@@ -25,9 +25,15 @@ def spectool(*args, env=None, timeout=180, input=None, text=True) -> subprocess.
                           input=input, stdin=None if input is not None else subprocess.DEVNULL)
 
 
+def default_signals() -> None:
+    """In a child before it runs: Ctrl-C's default action, which a suite started in the background (`cmd &` in a
+    script) would otherwise pass on ignored, so that the child never hears the signals the tests send it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start(args, env=None) -> subprocess.Popen:
     return subprocess.Popen([*SPECTOOL, *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env)
+                            env=env, preexec_fn=default_signals)
 
 
 def wait_until_up(proc: subprocess.Popen, ready: Callable[[], bool], what: str, timeout: float = 120) -> None:
