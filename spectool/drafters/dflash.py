@@ -7,7 +7,6 @@ DSpark's Markov head, not DFlash2's selector)."""
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -19,10 +18,9 @@ from spectool.core.evidence import DFLASH, Evidence, Source
 from spectool.core.grammar import Constraint
 from spectool.core.protocol import EMPTY, Draft, Drafter, Estimate, no_grammar
 from spectool.core.verify import Sampling
-from spectool.drafters.eagle3 import gguf_metadata
+from spectool.drafters.eagle3 import head_metadata
 from spectool.drafters.mtp import HeadContext, one_sequence
 from spectool.llama.engine import DecodeError, Model, ModelLoadError, last_log_error
-from spectool.llama.vocab import check_gguf_file
 
 ARCH = "dflash"
 TOP_K = 10  # draft-dflash reads each block position through a top-k 10 sampler
@@ -68,15 +66,9 @@ class HeadFacts:
 
 def head_facts(path: str | Path) -> HeadFacts | None:
     """The facts of a DFlash head file (its metadata only; None for any other model)."""
-    p = check_gguf_file(path)
-    names = ("target_layers", "embedding_length", "block_size", "attention.causal",
-             "selector_top_k")
-    keys = {"general.architecture"} | {f"{ARCH}.{k}" for k in names}
-    try:
-        meta = gguf_metadata(p, keys, ARCH, tensors=True)
-    except (OSError, struct.error, KeyError) as e:
-        raise ModelLoadError(f"cannot read {p.name}'s metadata: {e}") from e
-    if meta.get("general.architecture") != ARCH:
+    meta = head_metadata(path, ARCH, ("target_layers", "embedding_length", "block_size",
+                                      "attention.causal", "selector_top_k"), tensors=True)
+    if meta is None:
         return None
     return HeadFacts(tuple(int(i) for i in meta.get(f"{ARCH}.target_layers", ())),
                      int(meta.get(f"{ARCH}.embedding_length", 0)),

@@ -97,15 +97,23 @@ def _tensor_name(f) -> str:
     return name
 
 
-def head_facts(path: str | Path) -> HeadFacts | None:
-    """The facts of an EAGLE-3 head file (its metadata only; None for any other model)."""
+def head_metadata(path: str | Path, arch: str, names: Sequence[str],
+                  tensors: bool = False) -> dict | None:
+    """The values of `arch`'s keys `names` in a head file's metadata (gguf_metadata), or None
+    where the file is of another architecture; an unreadable file is a ModelLoadError."""
     p = check_gguf_file(path)
-    keys = {"general.architecture", f"{ARCH}.target_layers", f"{ARCH}.target_hidden_size"}
+    keys = {"general.architecture"} | {f"{arch}.{k}" for k in names}
     try:
-        meta = gguf_metadata(p, keys)
+        meta = gguf_metadata(p, keys, arch, tensors)
     except (OSError, struct.error, KeyError) as e:
         raise ModelLoadError(f"cannot read {p.name}'s metadata: {e}") from e
-    if meta.get("general.architecture") != ARCH:
+    return meta if meta.get("general.architecture") == arch else None
+
+
+def head_facts(path: str | Path) -> HeadFacts | None:
+    """The facts of an EAGLE-3 head file (its metadata only; None for any other model)."""
+    meta = head_metadata(path, ARCH, ("target_layers", "target_hidden_size"))
+    if meta is None:
         return None
     return HeadFacts(tuple(int(i) for i in meta.get(f"{ARCH}.target_layers", ())),
                      int(meta.get(f"{ARCH}.target_hidden_size", 0)))
