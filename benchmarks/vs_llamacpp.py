@@ -20,7 +20,8 @@ examples run it), and llama-speculative-simple's n-gram drafters at llama.cpp's 
 sized for short contexts (llamacpp.NGRAM; --ngram). Greedy by default; --temp 0.8 samples with llama.cpp's default
 chain, spectool and every tool alike, each prompt seeded.
 
-Decode speed is tokens per second of decoding: llama-completion's `eval time` (single-token decodes), spectool's own
+Decode speed is tokens per second of decoding: llama-completion's `eval time` (single-token decodes) with its share
+of `sampling time` (runs up to 2026-12-04's, seed 131463, left it out), spectool's own
 clock from the end of prompt processing to its last token, and llama-lookup's and llama-speculative-simple's `decoded
 N tokens in T seconds` read the same way as spectool's (llamacpp.parse_lookup; llama-lookup's clock leaves out one
 decode, priced as llama-completion's per-token time on the same prompt in the same repeat). The report

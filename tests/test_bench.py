@@ -121,6 +121,11 @@ def test_llama_cpp_tools_reports_and_prompt_files(tmp_path):
             % (3712.5, 95, 39.08, 25.59))
     r = LC.parse_completion("", perf)
     assert (r.tokens, r.seconds) == (95, 3.7125) and abs(r.tokens_per_second - 25.59) < 0.01
+    # choosing the tokens counts too, as it does on every other clock: 96 sampled (common_perf_print's line, as
+    # llama-completion 0.3.36 writes it), 95 of them after a decode
+    sampling = "0.00.816.810 I common_perf_print:    sampling time =      96.00 ms\n"
+    r = LC.parse_completion("", sampling + perf)
+    assert r.tokens == 95 and abs(r.seconds - (3.7125 + 0.095)) < 1e-9
     for prompt in ("Question: why?\nAnswer:", "Text\n\nAnswer:\n"):
         path = LC._prompt_file(str(tmp_path), prompt)
         text = path.read_text()

@@ -165,7 +165,8 @@ def speculative_ngram(binary: Path, model: Path, prompt: str, tokens: int, kind:
 
 def completion(binary: Path, model: Path, prompt: str, tokens: int, threads: int = 2, ctx: int = CTX_SIZE,
                repack: bool = True, gpu: bool = False, temp: float = 0.0, seed: int = 0, echo: str = "") -> Run:
-    """`llama-completion`, greedy plain decoding; its decode time is the "eval time" of llama.cpp's perf report."""
+    """`llama-completion`, greedy plain decoding; its decode time is the "eval time" of llama.cpp's perf report,
+    with the sampling that goes with it (parse_completion)."""
     with tempfile.TemporaryDirectory() as tmp:
         args = [str(binary), *_common(model, _prompt_file(tmp, prompt), tokens, threads, ctx, repack, gpu, temp,
                                       seed), "-no-cnv", "--simple-io"]
@@ -177,9 +178,16 @@ def completion(binary: Path, model: Path, prompt: str, tokens: int, threads: int
 
 def parse_completion(text: str, log: str) -> Run:
     """The `eval time = T ms / N runs` line of llama.cpp's perf report (the one after `prompt eval time`): N
-    single-token decodes, the first generated token coming from prompt processing."""
+    single-token decodes, the first generated token coming from prompt processing; plus their share of the
+    `sampling time` line (choosing each token: its sampler chain over the whole vocabulary), which the eval time
+    leaves out and every other contender's clock holds (spectool's, llama-lookup's `decoded N tokens in T s`)."""
     m = re.search(r"eval time =\s*([\d.]+) ms /\s*(\d+) runs", log.split("prompt eval time")[-1])
-    return Run(text, int(m.group(2)), float(m.group(1)) / 1000)
+    n, seconds = int(m.group(2)), float(m.group(1)) / 1000
+    # common_perf_print's `sampling time = S ms`: every token sampled, the first one (after the prompt) too
+    s = re.search(r"sampling time =\s*([\d.]+) ms", log)
+    if s:
+        seconds += float(s.group(1)) / 1000 * n / (n + 1)
+    return Run(text, n, seconds)
 
 
 def _generated(stdout: str, prompt: str, echo: str = "") -> str:
