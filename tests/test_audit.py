@@ -35,6 +35,28 @@ def test_a_fixed_length_takes_over_where_it_was_faster_and_not_before():
     assert set(wrong) == {0}
 
 
+def test_drafting_nothing_takes_over_by_its_own_small_margin():
+    text = list(range(200))
+
+    def picks(second: float, holds: int = 1, picked: int = 1) -> list[int]:
+        # a batch of two costs `second` steps, each row past it one more: only the first `holds` of an offer hold
+        costs = [0.0, 1.0] + [second + b for b in range(40)]
+        audit, drafted = Audit(), []
+        for pos in range(len(text) - 20):
+            drafted.append(audit.length(picked, text[pos : pos + holds] + [999] * (16 - holds), 16, pos))
+            audit.judge(text[: pos + 1], costs)
+        return drafted
+
+    # the controller's one-token drafts all hold: 2 tokens for 2.05 steps, 2.4% behind plain decoding: they stand
+    assert set(picks(2.05)) == {1}
+    # 2 for 2.1 (4.8% behind): drafting nothing, once enough steps were seen, whatever the fixed lengths made
+    assert picks(2.1)[: Audit().min_steps] == [1] * Audit().min_steps and set(picks(2.1)[20:]) == {0}
+    # drafts that never hold: nothing, not the fixed length 1 that also led by more than its margin
+    assert set(picks(1.2, holds=0, picked=4)[20:]) == {0}
+    # drafts that pay (3 of 4 hold, 4 tokens for 1.8 steps): drafting nothing never takes over
+    assert 0 not in picks(0.8, holds=3, picked=4)
+
+
 def test_the_controllers_own_picks_stand_where_they_are_as_good():
     text = list(range(200))
     # the controller drafts 3 where exactly 3 hold: no fixed length beats that

@@ -11,6 +11,11 @@ evidence holds) and of the controller's own choices, at this machine's costs, on
 Where the best fixed length has been faster than the controller by more than MARGIN, the next step
 drafts that length instead: the controller never trails a fixed length by more than that for long,
 whatever the prompt's format, and it keeps learning from what the other drafts show.
+Drafting nothing is judged beside them: plain decoding's one token a step at a batch of one's
+cost does not depend on where the generation stands, so it is not flattered as the lengths are
+(below), and takes over by PLAIN_MARGIN only. On a model whose batch of two costs nearly two
+steps (SmolLM2 135M on a 2-core EPYC: 1.83x), drafts that miss soon cost more than they make
+(research/notes/2026-12-04-vs-llamacpp-live.md).
 
 The comparison is made at the states the generation visited (a fixed policy would have stepped
 from other positions), and there it flatters the fixed lengths: replayed over Gemma 3 270M's greedy
@@ -34,6 +39,7 @@ LENGTHS = (1, 2, 3, 4, 6, 8, 12, 16)
 HORIZON = LENGTHS[-1]  # how many tokens of each offer are drawn for the audit
 # how much faster a fixed length must have been to take over (research/controller_replay.py)
 MARGIN = 0.3
+PLAIN_MARGIN = 0.03  # how much faster drafting nothing must have been (exact: see above)
 MIN_STEPS = 8  # steps seen before any takes over
 DECAY = 0.98  # the weight of a step's evidence one step later
 
@@ -62,6 +68,7 @@ class Audit:
 
     lengths: Sequence[int] = LENGTHS
     margin: float = MARGIN
+    plain_margin: float = PLAIN_MARGIN
     min_steps: int = MIN_STEPS
     decay: float = DECAY
     # decayed tokens made and seconds spent: by each fixed length, and by the controller's picks
@@ -85,13 +92,18 @@ class Audit:
 
     def leader(self) -> int | None:
         """The fixed length that has made more tokens a second than the controller by more than
-        the margin, over enough steps; None where none has."""
+        the margin, or 0 where drafting nothing has by more than its own margin (the faster of the
+        two where both have), over enough steps; None where none has."""
         if self.steps < self.min_steps or not self.ours[1]:
             return None
         ours = self.ours[0] / self.ours[1]
         rates = {k: self.made[k] / self.spent[k] for k in self.made if self.spent[k]}
+        none = rates.pop(0, 0.0)
         best = max(rates, key=rates.__getitem__, default=None)
-        return best if best is not None and rates[best] > ours * (1 + self.margin) else None
+        ahead = [(none, 0)] if none > ours * (1 + self.plain_margin) else []
+        if best is not None and rates[best] > ours * (1 + self.margin):
+            ahead.append((rates[best], best))
+        return max(ahead)[1] if ahead else None
 
     def judge(self, history: Sequence[int], costs: Sequence[float]) -> None:
         """Judge the steps the verified `history` has passed: each one's offer against the text the
@@ -108,7 +120,7 @@ class Audit:
     def _add(self, s: _Seen, m: int, costs: Sequence[float]) -> None:
         d = self.decay
         self.steps = self.steps * d + 1.0
-        for k in self.lengths:
+        for k in (0, *self.lengths):
             n = min(k, s.limit, len(s.offer))
             self.made[k] = self.made.get(k, 0.0) * d + min(n, m) + 1
             self.spent[k] = self.spent.get(k, 0.0) * d + costs[n + 1]
