@@ -16,13 +16,13 @@ from spectool.generate.loop import GenerationConfig, speculative_generate
 COSTS = [0.0] + [1.0 + 0.2 * (b - 1) for b in range(1, 40)]
 
 
-def feed(audit: Audit, offers, text: list[int], picked: int) -> list[int]:
+def feed(audit: Audit, offers, text: list[int], picked: int, costs: list[float] = COSTS) -> list[int]:
     """Steps over `text` (one token a step), each offering `offers(pos)`; the lengths the audit drafted."""
     drafted = []
     for pos in range(len(text) - 20):
         offer = offers(pos)
         drafted.append(audit.length(picked, offer, 16, pos))
-        audit.judge(text[: pos + 1], COSTS)
+        audit.judge(text[: pos + 1], costs)
     return drafted
 
 
@@ -41,11 +41,7 @@ def test_drafting_nothing_takes_over_by_its_own_small_margin():
     def picks(second: float, holds: int = 1, picked: int = 1) -> list[int]:
         # a batch of two costs `second` steps, each row past it one more: only the first `holds` of an offer hold
         costs = [0.0, 1.0] + [second + b for b in range(40)]
-        audit, drafted = Audit(), []
-        for pos in range(len(text) - 20):
-            drafted.append(audit.length(picked, text[pos : pos + holds] + [999] * (16 - holds), 16, pos))
-            audit.judge(text[: pos + 1], costs)
-        return drafted
+        return feed(Audit(), lambda pos: text[pos : pos + holds] + [999] * (16 - holds), text, picked, costs)
 
     # the controller's one-token drafts all hold: 2 tokens for 2.05 steps, 2.4% behind plain decoding: they stand
     assert set(picks(2.05)) == {1}
