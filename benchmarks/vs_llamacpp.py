@@ -36,8 +36,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Callable
 
@@ -60,10 +61,12 @@ BARS = {"family": 1.0, "prompt": 0.97, "mean": 1.15, "spread": 1.5, "plain": 0.9
 
 def decode(g: GenerationConfig, prompt: list[int], st: Stats) -> tuple[list[int], int, float]:
     """(tokens, how many, seconds): wall-clock decode time, as llama.cpp's tools count it (prompt processing,
-    which for spectool includes indexing the prompt and measuring a fresh cost table, excluded)."""
+    which for spectool includes indexing the prompt and measuring a fresh cost table, excluded), an ending
+    end-of-generation token counted as theirs is (llamacpp.counted)."""
     t0 = time.perf_counter()
     tokens = [t for step in speculative_generate(g, prompt, st) for t in step.tokens]
-    return tokens, len(tokens), time.perf_counter() - t0 - st.prompt_seconds
+    seconds = time.perf_counter() - t0 - st.prompt_seconds
+    return tokens, llamacpp.counted(len(tokens), st.finish_reason == "stop"), seconds
 
 
 def ngram_drafters(which: str) -> dict[str, tuple[str, list[str]]]:
@@ -92,6 +95,14 @@ class Record:
     accepted: int = 0
     same: bool | None = None  # greedy: the same text as spectool plain's, as far as both went
     failed: str = ""
+    # the target's first token ended it (spectool plain made none before the end): one decode, the last prompt
+    # token's, and nothing to time, so left out of the figures (RECOUNT says how older runs are read)
+    at_once: bool = False
+
+
+# runs before 2026-12-05 counted spectool's tokens without the ending end-of-generation token: read with it
+# (llamacpp.counted), a run short of --tokens having ended on one (greedy, no stop strings)
+RECOUNT = "eog"
 
 
 @dataclass
@@ -153,11 +164,13 @@ def run_prompt(b: Bench, family: str, i: int, repeat: int, text: str) -> list[Re
             continue
         rec.tokens, rec.seconds, rec.drafted, rec.accepted = run.tokens, run.seconds, run.drafted, run.accepted
         texts[name] = (run.text, tokens)
-    if not out[COMPLETION].failed and out[COMPLETION].tokens:
+    if not out[COMPLETION].failed and out[COMPLETION].tokens and out[COMPLETION].seconds:
         b.one_decode = out[COMPLETION].seconds / out[COMPLETION].tokens
     out[LOOKUP_CPP].seconds += b.one_decode if not out[LOOKUP_CPP].failed else 0.0
     if b.sampling.greedy and PLAIN in texts:
         plain_text, plain_tokens = texts[PLAIN]
+        for rec in out.values():
+            rec.at_once = not plain_tokens
         for name, (got, tokens) in texts.items():
             n = min(len(got), len(plain_text))
             out[name].same = tokens == plain_tokens if tokens is not None else n > 0 and got[:n] == plain_text[:n]
@@ -343,13 +356,14 @@ def header(args, seed: int, backends: dict[str, str], seconds: float) -> str:
         + "; ".join(f"{common.REAL_MODELS[m]} ({b})" for m, b in backends.items()) + f". {how.capitalize()}; "
         f"{args.prompts} prompts a family ({drawn}), {args.repeats} repeat{'s' if args.repeats > 1 else ''}, "
         f"{args.tokens} new tokens; {seconds / 60:.0f} minutes, the machine's load average {args.load:.2f} at the "
-        f"start and {os.getloadavg()[0]:.2f} at the end (a quiet machine's stays well under its cores). "
+        f"start and {args.load_end if args.load_end is not None else os.getloadavg()[0]:.2f} at the end (a quiet machine's stays well under its cores). "
         f"Command: `{command(args, seed)}`.", "",
         f"llama.cpp's n-gram drafters: llama-lookup (--spec-draft-n-max {args.n_draft}), and "
         "llama-speculative-simple's " + ", ".join(ngram_drafters(args.ngram)) + " (plain names at llama.cpp's "
         "defaults; \"(short)\": sized for short contexts as llamacpp.NGRAM says). Families: "
         + "; ".join(f"`{f}`: {formats.FAMILIES[f].title}" for f in args.families) + ". Held out (no prompt of "
         f"their formats on any tuning list): {', '.join(held) or 'none in this run'}.",
+        *([f"", f"Reported again from the stored runs, {args.recounted}."] if args.recounted else []),
         *(["", "This run is smaller than issue 57's (3 repeats, 8 prompts, every family, F16 Gemma and SmolLM2): "
            "its lines say what it measured, not the issue's verdict."] if small else []),
     ])
@@ -357,8 +371,13 @@ def header(args, seed: int, backends: dict[str, str], seconds: float) -> str:
 
 def report(args, seed: int, backends: dict, seconds: float, records: list[Record],
            chosen: dict[str, list[formats.Prompt]]) -> str:
+    at_once = sorted({(r.model, r.family, r.prompt + 1) for r in records if r.at_once})
+    records = [r for r in records if not r.at_once]
     rs = rows(records, chosen)
     parts = [header(args, seed, backends, seconds), "", "## Issue 57's bars", "", *bars(rs)]
+    if at_once:
+        parts += ["", f"Left out: {len(at_once)} prompts whose first token ended the generation (nothing decoded but "
+                  "the prompt's last token): " + ", ".join(f"{m} {f} {i}" for m, f, i in at_once) + "."]
     for title, held in (("Formats on the tuning list (unseen items)", False),
                         ("Held-out formats (on no tuning list)", True)):
         if any(r.held_out == held for r in rs):
@@ -375,14 +394,15 @@ def write(args, seed: int, backends: dict, seconds: float, records: list[Record]
     md = report(args, seed, backends, seconds, records, chosen)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{stem}.md").write_text(md)
-    runs = {"seed": seed, "command": command(args, seed), "machine": machine(args.threads),
+    runs = {"seed": seed, "command": command(args, seed), "machine": machine(args.threads), "counting": RECOUNT,
+            "backends": backends, "seconds": seconds, "loads": [args.load, os.getloadavg()[0]],
             "prompts": {f: [{"key": p.key, "kind": p.kind} for p in ps] for f, ps in chosen.items()},
             "records": [asdict(r) for r in records]}
     (args.out / f"{stem}.json").write_text(json.dumps(runs, indent=1) + "\n")
     return md
 
 
-def options() -> argparse.Namespace:
+def options(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="gemma-f16,smollm2",
                     help=f"comma-separated, of {', '.join(common.REAL_MODELS)} (default: gemma-f16,smollm2)")
@@ -400,17 +420,44 @@ def options() -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=None, help="the unseen samples' seed (default: a fresh one)")
     ap.add_argument("--tuning", action="store_true", help="the tuning lists instead (held-out families have none)")
     ap.add_argument("--out", type=Path, default=HERE / "results")
-    args = ap.parse_args()
+    ap.add_argument("--report-from", type=Path, default=None, metavar="JSON",
+                    help="write the report again from a run's stored runs (its .json), under the current counting")
+    args = ap.parse_args(argv)
     args.models, args.families = args.models.split(","), args.families.split(",")
-    args.load = os.getloadavg()[0]  # the 1-minute load average as the run starts
+    args.recounted = ""  # --report-from: how the stored runs were read
+    args.load, args.load_end = os.getloadavg()[0], None  # the 1-minute load average as the run starts
     for given, known in ((args.models, common.REAL_MODELS), (args.families, formats.FAMILIES)):
         if set(given) - set(known):
             ap.error(f"unknown: {', '.join(sorted(set(given) - set(known)))} (known: {', '.join(known)})")
     return args
 
 
+def report_again(path: Path, out: Path) -> str:
+    """The report of a stored run (`--report-from`), its runs read under the current counting (RECOUNT)."""
+    runs = json.loads(path.read_text())
+    args = options(shlex.split(runs["command"])[2:])
+    args.out, (args.load, args.load_end) = out, runs.get("loads", (float("nan"), float("nan")))
+    names = {f.name for f in fields(Record)}
+    records = [Record(**{k: v for k, v in r.items() if k in names}) for r in runs["records"]]
+    if runs.get("counting") != RECOUNT:
+        ours = [r for r in records if r.contender in (PLAIN, LOOKUP) and not r.failed]
+        for r in ours:
+            r.tokens = llamacpp.counted(r.tokens, r.tokens < args.tokens)
+        args.recounted = (f"on {time.strftime('%Y-%m-%d')}, spectool's tokens recounted with the ending "
+                          "end-of-generation token (llamacpp.counted) and prompts that ended at once left out")
+        empty = {(r.model, r.family, r.repeat, r.prompt) for r in ours if r.contender == PLAIN and r.tokens <= 1}
+        for r in records:
+            r.at_once = (r.model, r.family, r.repeat, r.prompt) in empty
+    chosen = {f: [formats.Prompt(f, p["key"], p["kind"]) for p in ps] for f, ps in runs["prompts"].items()}
+    backends = runs.get("backends") or {m: "backend not recorded" for m in args.models}
+    return write(args, runs["seed"], backends, runs.get("seconds", 0.0), records, chosen)
+
+
 def main() -> None:
     args = options()
+    if args.report_from:
+        print(report_again(args.report_from, args.out))
+        return
     engine.set_verbose(False)
     bins = llamacpp.build()
     seed, start = common.fresh_seed(args.seed), time.time()

@@ -130,3 +130,29 @@ def test_llama_cpp_tools_reports_and_prompt_files(tmp_path):
         path = LC._prompt_file(str(tmp_path), prompt)
         text = path.read_text()
         assert (text[:-1] if text.endswith("\n") else text) == prompt  # what llama.cpp's -f makes of it
+
+
+def test_spectool_counts_an_ending_token_as_llama_cpps_drafters_do(smollm2):
+    """The oracle for the benchmarks' counting (llamacpp.counted): on a question SmolLM2 answers in a few tokens,
+    llama-speculative-simple's `decoded N tokens` holds the end-of-generation token its last decode made; spectool's
+    plain generation of the same text, counted with its ending token, is as many, and without it one fewer."""
+    from spectool_lab import llamacpp as LC
+
+    from spectool.core.costs import Costs
+    from spectool.core.stats import Stats
+    from spectool.core.verify import Sampling
+    from spectool.generate.loop import speculative_generate
+    from spectool.llama.engine import Model
+    from spectool.options import Mode
+
+    binary = LC.build(quiet=True, targets=("llama-speculative-simple",))["llama-speculative-simple"]
+    text = "<|im_start|>user\nIs the sky blue? Answer yes or no.<|im_end|>\n<|im_start|>assistant\n"
+    theirs = LC.speculative_ngram(binary, smollm2, text, 96, "ngram-simple")
+    with Model(smollm2, n_ctx=512, n_threads=2) as m:
+        st = Stats(mode=Mode.none)
+        g = Contender("plain", Mode.none).generation(m, {}, 96, Costs(), Sampling())
+        tokens = [t for step in speculative_generate(g, m.tokenize(text, parse_special=True), st)
+                  for t in step.tokens]
+    assert st.finish_reason == "stop" and 0 < len(tokens) < 20, (st.finish_reason, tokens)
+    assert LC.counted(len(tokens), True) == theirs.tokens, (tokens, theirs)
+    assert LC.counted(len(tokens), False) == theirs.tokens - 1

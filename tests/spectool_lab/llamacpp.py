@@ -190,6 +190,15 @@ def parse_completion(text: str, log: str) -> Run:
     return Run(text, n, seconds)
 
 
+def counted(tokens: int, ended: bool) -> int:
+    """spectool's new tokens counted as llama.cpp's drafters count theirs: their `decoded N tokens` counts the
+    end-of-generation token (examples/lookup/lookup.cpp and speculative-simple.cpp add it to n_predict before they
+    stop on it), which took a decode like any other; llama-completion's eval runs are one decode a token alike, its
+    first token coming from the prompt. So a spectool generation that `ended` on one counts it too: one that ends
+    after 12 tokens spent 13 decodes, and read as 12 it would be 8% slow."""
+    return tokens + int(ended)
+
+
 def _generated(stdout: str, prompt: str, echo: str = "") -> str:
     """The generated text: the tools echo the prompt first, some with its special tokens written out, some without
     (`echo`: the prompt as it reads without them, such as a chat template's turns)."""
