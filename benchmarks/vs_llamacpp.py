@@ -290,6 +290,22 @@ def bars(rs: list[Row]) -> list[str]:
     ]
 
 
+def floor(records: list[Record]) -> str:
+    """What one prompt's figure can resolve in this run: spectool plain against llama-completion, two contenders
+    that draft nothing, prompt by prompt (repeats pooled), against the per-prompt bar."""
+    ratios = []
+    for key in dict.fromkeys((r.model, r.family, r.prompt) for r in records):
+        mine = [r for r in records if (r.model, r.family, r.prompt) == key and not r.failed]
+        ours, theirs = (tps([r for r in mine if r.contender == c]) for c in (PLAIN, COMPLETION))
+        if ours and theirs:
+            ratios.append(ours / theirs)
+    if not ratios:
+        return ""
+    return (f"The per-prompt floor: spectool plain, which drafts nothing, made below {BARS['prompt']:.2f}x "
+            f"llama-completion on {sum(v < BARS['prompt'] for v in ratios)} of {len(ratios)} prompts "
+            f"({min(ratios):.2f}-{max(ratios):.2f}x): what a prompt's figure moves between two plain decoders here.")
+
+
 def summary(rs: list[Row]) -> str:
     lines = ["| model | family | spectool lookup / fastest llama.cpp drafter | / llama-lookup | plain / "
              "llama-completion | worst prompt | spectool lookup tok/s | llama-lookup tok/s | spread over repeats: "
@@ -374,7 +390,7 @@ def report(args, seed: int, backends: dict, seconds: float, records: list[Record
     at_once = sorted({(r.model, r.family, r.prompt + 1) for r in records if r.at_once})
     records = [r for r in records if not r.at_once]
     rs = rows(records, chosen)
-    parts = [header(args, seed, backends, seconds), "", "## Issue 57's bars", "", *bars(rs)]
+    parts = [header(args, seed, backends, seconds), "", "## Issue 57's bars", "", *bars(rs), "", floor(records)]
     if at_once:
         parts += ["", f"Left out: {len(at_once)} prompts whose first token ended the generation (nothing decoded but "
                   "the prompt's last token): " + ", ".join(f"{m} {f} {i}" for m, f, i in at_once) + "."]
