@@ -27,6 +27,7 @@ from spectool_lab.common import models
 
 from spectool.llama import engine  # llama.cpp's libraries before numpy: spectool/llama/native.py
 from spectool.core.costs import Costs
+from spectool.core.ngram_cache import NgramCache
 import numpy as np
 from spectool_lab.replay import (accepted, batch_costs, cheapest, cost_line, oracle,  # noqa: F401
                                  ours, plain_output, verified)  # handed on
@@ -49,46 +50,17 @@ def theirs(p, y, cost) -> float:
     return total
 
 
-# llama-lookup's context cache (common/ngram-cache.cpp): n-grams of 1-4 tokens; a draft token needs its n-gram seen
-# at least this often, its follower at least this share of the time (the "lax" thresholds), longest n-gram first
-NGRAM_MAX, LAX_SAMPLES, LAX_PERCENT = 4, (2, 2, 1, 1), (66, 50, 50, 50)
-
-
 def llama_lookup_steps(p, y, n_draft: int = 8) -> list[tuple[int, int]]:
     """llama-lookup's steps over output y of prompt p (examples/lookup, no static or dynamic cache file), as
-    (tokens drafted, tokens accepted): its common_ngram_cache_draft ported, each step's draft up to `n_draft`
-    tokens, each token from the longest n-gram ending the text and the draft that passes the thresholds."""
-    cache: dict[tuple[int, ...], dict[int, int]] = {}
-
-    def update(seq, new: int) -> None:  # common_ngram_cache_update over the last `new` tokens of seq
-        for n in range(1, NGRAM_MAX + 1):
-            for i in range(max(len(seq) - new, n), len(seq)):
-                part = cache.setdefault(tuple(seq[i - n:i]), {})
-                part[seq[i]] = part.get(seq[i], 0) + 1
-
-    def draft_token(ctx) -> int | None:
-        for n in range(min(NGRAM_MAX, len(ctx)), 0, -1):
-            part = cache.get(tuple(ctx[-n:]))
-            if part is None:
-                continue
-            # the most frequent; of those, the last seen (libstdc++'s unordered_map lists the newest first)
-            token = max(reversed(part), key=part.__getitem__)
-            total = sum(part.values())
-            if total >= LAX_SAMPLES[n - 1] and 100 * part[token] >= LAX_PERCENT[n - 1] * total:
-                return token
-        return None
-
+    (tokens drafted, tokens accepted): spectool's NgramCache (common_ngram_cache_draft ported), each step's draft
+    up to `n_draft` tokens."""
+    cache = NgramCache(n_draft)
     seq, steps, j = list(p) + y[:1], [(0, 0)], 1
-    update(seq, len(seq))
     while j < len(y):
-        draft: list[int] = []
-        while len(draft) < n_draft and (t := draft_token(seq + draft)) is not None:
-            draft.append(t)
+        draft = cache.draft(seq)
         m = accepted(draft, y, j)
         steps.append((len(draft), m))
-        for t in y[j:j + m + 1]:
-            seq.append(t)
-            update(seq, 1)
+        seq += y[j:j + m + 1]
         j += m + 1
     return steps
 

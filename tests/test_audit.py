@@ -16,12 +16,26 @@ from spectool.generate.loop import GenerationConfig, speculative_generate
 COSTS = [0.0] + [1.0 + 0.2 * (b - 1) for b in range(1, 40)]
 
 
-def feed(audit: Audit, offers, text: list[int], picked: int, costs: list[float] = COSTS) -> list[int]:
-    """Steps over `text` (one token a step), each offering `offers(pos)`; the lengths the audit drafted."""
+class Known:
+    """An offer whose tokens are known (core/audit.py's Offer)."""
+
+    def __init__(self, tokens: list[int]):
+        self.tokens, self.keys = tokens, []
+
+    def take(self, k: int) -> list[int]:
+        return self.tokens[:k]
+
+
+def feed(audit: Audit, offers, text: list[int], picked: int, costs: list[float] = COSTS,
+         rule: list | None = None) -> list[int]:
+    """Steps over `text` (one token a step), each offering `offers(pos)`; the lengths the audit drafted (and in
+    `rule`, whether llama-lookup's rule drafted them, with what)."""
     drafted = []
     for pos in range(len(text) - 20):
-        offer = offers(pos)
-        drafted.append(audit.length(picked, offer, 16, pos))
+        k, theirs = audit.choose(picked, Known(offers(pos)), 16, text[:pos])
+        drafted.append(k)
+        if rule is not None:
+            rule.append(theirs)
         audit.judge(text[: pos + 1], costs)
     return drafted
 
@@ -60,14 +74,52 @@ def test_the_controllers_own_picks_stand_where_they_are_as_good():
     assert set(drafted) == {3}
 
 
+def test_llama_lookups_rule_takes_over_where_its_drafts_held_more():
+    """A text that repeats a 10-token cycle: once it has come round, llama-lookup's rule (core/ngram_cache.py)
+    drafts the cycle's next 8 tokens, all right, while lookup's offer is always wrong: the rule drafts, its own
+    tokens. Where the controller drafts 16 tokens of an offer that holds in full, faster than the rule's 8, the
+    rule never drafts."""
+    text = list(range(10)) * 20
+    rule: list = []
+    drafted = feed(Audit(), lambda pos: [999] * 16, text, picked=0, rule=rule)
+    late = list(zip(drafted, rule))[40:]
+    assert late and all(theirs == text[pos + 40 : pos + 48] and k == 8 for pos, (k, theirs) in enumerate(late))
+    assert rule[: Audit().min_steps] == [None] * Audit().min_steps  # not on too little evidence
+    rule = []
+    assert set(feed(Audit(), lambda pos: text[pos : pos + 16], text, picked=16, rule=rule)) == {16}
+    assert set(map(str, rule)) == {"None"}
+    # the control: with a margin no rate clears, the rule never drafts
+    rule = []
+    feed(Audit(rule_margin=100.0), lambda pos: [999] * 16, text, picked=0, rule=rule)
+    assert set(map(str, rule)) == {"None"}
+
+
+def test_of_several_ahead_the_furthest_less_its_margin_leads():
+    """The rule a little faster than drafting nothing, both well ahead of the controller: drafting nothing leads,
+    its figure being exact where the rule's is flattered (a SmolLM2 prompt drafted 8 tokens a step that all
+    failed, live, on such a lead); the rule leads once it is ahead by more than the margins' difference."""
+    from spectool.core.audit import RULE
+
+    audit = Audit()
+    audit.steps, audit.ours = 20.0, [1.0, 1.2]
+    audit.made, audit.spent = {0: 1.0, RULE: 1.05, 4: 1.25}, {0: 1.0, RULE: 1.0, 4: 1.0}
+    assert audit.leader() == 0
+    audit.made[RULE] = 1.2
+    assert audit.leader() == RULE
+    audit.made[4] = 1.6
+    assert audit.leader() == 4
+    audit.ours = [1.0, 0.7]  # the controller ahead of them all
+    assert audit.leader() is None
+
+
 def test_a_step_is_judged_only_once_the_text_has_passed_it():
     audit = Audit()
-    audit.length(0, [1, 2, 3], 16, 0)
+    audit.choose(0, Known([1, 2, 3]), 16, [])
     audit.judge([1, 2], COSTS)  # 2 of 3 known, all right so far: not yet judged
     assert audit.steps == 0
     audit.judge([1, 2, 3], COSTS)
     assert audit.steps == 1 and audit.made[3] == 4 and audit.made[1] == 2 and audit.ours == [1.0, COSTS[1]]
-    audit.length(0, [7, 8], 16, 3)
+    audit.choose(0, Known([7, 8]), 16, [1, 2, 3])
     audit.judge([1, 2, 3, 5], COSTS)  # wrong at once: judged as soon as that shows
     assert audit.steps == 1.0 * audit.decay + 1
 
@@ -103,3 +155,22 @@ def test_poisoned_priors_draft_as_well_as_the_best_fixed_length(target):
     assert text == text_alone == plain
     assert best / audited >= 0.9, (best, audited)
     assert best / alone < 0.6, (best, alone)  # the control: without the audit the poison costs most of it
+
+
+def test_the_rules_drafts_in_the_loop_keep_plain_decodings_text(target, monkeypatch):
+    """In a real generation (the tiny model, a prompt its greedy text echoes), an audit whose only policy that can
+    lead is llama-lookup's rule: its drafts are drafted and verified as the controller's are, some hold, and the
+    text is plain decoding's."""
+    import functools
+
+    from spectool.generate import loop
+
+    start = target.tokenize("The quick brown fox")
+    prompt = start + tokens_of(GenerationConfig(target, None, max_tokens=150), start) + start
+    plain = tokens_of(GenerationConfig(target, None, max_tokens=120), prompt)
+    monkeypatch.setattr(loop, "Audit", functools.partial(Audit, margin=100.0, plain_margin=100.0, rule_margin=-0.9))
+    ctl = poisoned(audit=True)  # drafts nothing by itself
+    steps = list(speculative_generate(GenerationConfig(target, PromptLookup(), controller=ctl, max_tokens=120),
+                                      prompt, Stats()))
+    assert [t for s in steps for t in s.tokens] == plain
+    assert sum(s.drafted for s in steps) > 20 and sum(s.accepted for s in steps) > 10

@@ -16,6 +16,10 @@ cost does not depend on where the generation stands, so it is not flattered as t
 (below), and takes over by PLAIN_MARGIN only. On a model whose batch of two costs nearly two
 steps (SmolLM2 135M on a 2-core EPYC: 1.83x), drafts that miss soon cost more than they make
 (research/notes/2026-12-04-vs-llamacpp-live.md).
+llama-lookup's rule (core/ngram_cache.py) is judged beside them too: its drafts are also a
+deterministic function of the text, so at each step the audit asks what it would have drafted
+there, and where it has been faster than the controller by RULE_MARGIN, the next step drafts the
+rule's tokens (the controller learns nothing from that step's acceptance: they are not its drafts).
 
 The comparison is made at the states the generation visited (a fixed policy would have stepped
 from other positions), and there it flatters the fixed lengths: replayed over Gemma 3 270M's greedy
@@ -33,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
 from spectool.core.evidence import Evidence
+from spectool.core.ngram_cache import NgramCache
 
 # the fixed lengths held up against the controller's choices
 LENGTHS = (1, 2, 3, 4, 6, 8, 12, 16)
@@ -40,8 +45,17 @@ HORIZON = LENGTHS[-1]  # how many tokens of each offer are drawn for the audit
 # how much faster a fixed length must have been to take over (research/controller_replay.py)
 MARGIN = 0.3
 PLAIN_MARGIN = 0.03  # how much faster drafting nothing must have been (exact: see above)
+RULE = -1  # llama-lookup's rule (core/ngram_cache.py), among the lengths by this key
+# how much faster llama-lookup's rule must have been. Replayed over every format family's tuning
+# prompts on both real models (research/rule_margin.py, 2026-12-04), 0.1 gained where the rule
+# drafts better (Gemma qa, +2.3%) and lost at most 0.5% elsewhere; 0.0 lost 2% on chat, and 0.3
+# never took over
+RULE_MARGIN = 0.2
 MIN_STEPS = 8  # steps seen before any takes over
 DECAY = 0.98  # the weight of a step's evidence one step later
+# the rule's: its drafts are its own, not lookup's offer cut short, and a text can stop suiting it
+# (a SmolLM2 list it copied well for 20 steps, then drafted 8 tokens that failed, step after step)
+RULE_DECAY = 0.95
 
 
 class Offer(Protocol):
@@ -57,6 +71,7 @@ class Offer(Protocol):
 class _Seen:
     pos: int  # where the step's drafts began in the history
     offer: list[int]  # what lookup offered there, up to HORIZON tokens
+    rule: list[int]  # what llama-lookup's rule would have drafted there, within the step's limit
     picked: int  # the length the controller picked
     limit: int  # the most the step could draft (room, budget, a request's maximum)
 
@@ -69,8 +84,10 @@ class Audit:
     lengths: Sequence[int] = LENGTHS
     margin: float = MARGIN
     plain_margin: float = PLAIN_MARGIN
+    rule_margin: float = RULE_MARGIN
     min_steps: int = MIN_STEPS
     decay: float = DECAY
+    rule_decay: float = RULE_DECAY
     # decayed tokens made and seconds spent: by each fixed length, and by the controller's picks
     made: dict[int, float] = field(default_factory=dict)
     spent: dict[int, float] = field(default_factory=dict)
@@ -78,52 +95,59 @@ class Audit:
     steps: float = 0.0  # decayed count of the steps judged
     taken_over: int = 0  # how many steps a fixed length drafted instead of the controller's pick
     _pending: list[_Seen] = field(default_factory=list)
+    rule: NgramCache = field(default_factory=NgramCache)
 
-    def length(self, picked: int, offer: list[int], limit: int, pos: int) -> int:
-        """The length to draft at history position `pos`: the controller's `picked`, unless a fixed
-        length has lately been faster on this text (then that length, within `limit` and the
-        offer). The step is remembered, to be judged once the text has passed it."""
-        self._pending.append(_Seen(pos, offer, picked, limit))
+    def choose(self, picked: int, known: Offer, limit: int,
+               history: Sequence[int]) -> tuple[int, list[int] | None]:
+        """What to draft after `history`: the controller's `picked` tokens of lookup's offer
+        (`known`), unless a fixed policy has lately been faster on this text: a fixed length
+        (within `limit` and the offer), or llama-lookup's rule, whose tokens then come second (else
+        None). The step is remembered, to be judged once the text has passed it."""
+        offer, rule = known.take(min(HORIZON, limit)), self.rule.draft(history, limit)
+        self._pending.append(_Seen(len(history), offer, rule, picked, limit))
         best = self.leader()
         if best is None:
-            return picked
+            return picked, None
         self.taken_over += 1
-        return min(best, limit, len(offer))
+        if best == RULE:  # (where it has nothing, nothing: it led as drafting nothing does)
+            return (len(rule), rule) if rule else (0, None)
+        return min(best, limit, len(offer)), None
 
     def leader(self) -> int | None:
-        """The fixed length that has made more tokens a second than the controller by more than
-        the margin, or 0 where drafting nothing has by more than its own margin (the faster of the
-        two where both have), over enough steps; None where none has."""
+        """The policy that has made more tokens a second than the controller by more than its
+        margin, over enough steps: a fixed length, 0 (drafting nothing) or RULE; where several
+        have, the one furthest ahead, each rate taken less its margin (the replay flatters the
+        lengths and the rule, not drafting nothing); None where none has."""
         if self.steps < self.min_steps or not self.ours[1]:
             return None
         ours = self.ours[0] / self.ours[1]
-        rates = {k: self.made[k] / self.spent[k] for k in self.made if self.spent[k]}
-        none = rates.pop(0, 0.0)
-        best = max(rates, key=rates.__getitem__, default=None)
-        ahead = [(none, 0)] if none > ours * (1 + self.plain_margin) else []
-        if best is not None and rates[best] > ours * (1 + self.margin):
-            ahead.append((rates[best], best))
-        return max(ahead)[1] if ahead else None
+        margins = {0: self.plain_margin, RULE: self.rule_margin}
+        worth = {k: self.made[k] / self.spent[k] / (1 + margins.get(k, self.margin))
+                 for k in self.made if self.spent[k]}
+        best = max(worth, key=worth.__getitem__, default=None)
+        return best if best is not None and worth[best] > ours else None
 
     def judge(self, history: Sequence[int], costs: Sequence[float]) -> None:
         """Judge the steps the verified `history` has passed: each one's offer against the text the
         target made, priced by `costs` (seconds of a batch by size, index = size)."""
         keep = []
         for s in self._pending:
-            m = _matched(s.offer, history, s.pos)
-            if m is None:
+            m, m_rule = _matched(s.offer, history, s.pos), _matched(s.rule, history, s.pos)
+            if m is None or m_rule is None:
                 keep.append(s)
                 continue
-            self._add(s, m, costs)
+            self._add(s, m, m_rule, costs)
         self._pending = keep
 
-    def _add(self, s: _Seen, m: int, costs: Sequence[float]) -> None:
+    def _add(self, s: _Seen, m: int, m_rule: int, costs: Sequence[float]) -> None:
         d = self.decay
         self.steps = self.steps * d + 1.0
-        for k in (0, *self.lengths):
-            n = min(k, s.limit, len(s.offer))
-            self.made[k] = self.made.get(k, 0.0) * d + min(n, m) + 1
-            self.spent[k] = self.spent.get(k, 0.0) * d + costs[n + 1]
+        drafts = {k: (min(k, s.limit, len(s.offer)), m) for k in (0, *self.lengths)}
+        drafts[RULE] = (len(s.rule), m_rule)
+        for k, (n, held) in drafts.items():
+            w = self.rule_decay if k == RULE else d
+            self.made[k] = self.made.get(k, 0.0) * w + min(n, held) + 1
+            self.spent[k] = self.spent.get(k, 0.0) * w + costs[n + 1]
         n = min(s.picked, len(s.offer))
         self.ours[0] = self.ours[0] * d + min(n, m) + 1
         self.ours[1] = self.ours[1] * d + costs[n + 1]

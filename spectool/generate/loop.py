@@ -250,8 +250,10 @@ class Loop:
             return Plan([], EMPTY, 0.0)
         if self.audit is not None and audited and hasattr(o.keys, "take"):  # lookup's: known
             known = cast(Offer, o.keys)
-            seen = known.take(min(HORIZON, o.limit))
-            keys = known.keys[: self.audit.length(len(keys), seen, o.limit, len(self.x))]
+            k, theirs = self.audit.choose(len(keys), known, o.limit, self.x)
+            if theirs is not None:  # llama-lookup's rule drafts, and the controller learns nothing
+                return Plan([], Draft(theirs, None, Source.lookup), time.perf_counter() - o.t0)
+            keys = known.keys[:k]
         d = self.drafter.propose(self.x, len(keys), self.sampling, self.rng) if keys else EMPTY
         if d.notice:
             self.notice = d.notice
@@ -347,7 +349,7 @@ class Loop:
         d = p.draft
         if verify_seconds is not None:
             self.ctl.observe_verify(len(d.tokens) + 1, verify_seconds)
-        if d.tokens:
+        if d.tokens and p.keys:  # (the audit's own drafts have no keys: core/audit.py)
             self.ctl.observe_draft(p.keys[: len(d.tokens)], p.draft_seconds - d.catch_up_seconds)
             self.ctl.observe_accept(p.keys, len(d.tokens), p.n_acc)
 

@@ -14,7 +14,7 @@ import time
 from spectool.llama import native  # noqa: F401, I001 - llama.cpp's libraries before numpy (spectool/llama/native.py)
 import numpy as np  # noqa: E402
 
-from spectool.core.audit import HORIZON, Audit
+from spectool.core.audit import Audit
 from spectool.core.controller import Controller
 from spectool.core.costs import Costs
 from spectool.drafters.lookup import PromptLookup
@@ -75,9 +75,11 @@ def ours(p, y, cost, k_max: int, costs: Costs, lookup: PromptLookup | None = Non
         h, limit = p + y[:j], len(y) - j - 1
         offer = lookup.peek(h, min(k_max, limit))
         keys = ctl.pick(offer)
+        theirs = None
         if audit is not None:
-            keys = offer.keys[: audit.length(len(keys), offer.take(min(HORIZON, limit)), limit, len(h))]
-        draft = lookup.propose(h, len(keys), None, None).tokens if keys else []
+            k, theirs = audit.choose(len(keys), offer, limit, h)
+            keys = [] if theirs is not None else offer.keys[:k]
+        draft = theirs or (lookup.propose(h, len(keys), None, None).tokens if keys else [])
         m, seconds = verified(ctl, keys, draft, y, j, cost)
         total += seconds
         j += m + 1

@@ -1,0 +1,81 @@
+"""The audit's margin for llama-lookup's rule (core/audit.py RULE_MARGIN), replayed over every format family.
+
+    python research/rule_margin.py [--tuning] [--seed N]
+
+For each real model (F16 Gemma 3 270M, SmolLM2 135M) and format family (spectool_lab.formats: the prompts
+benchmarks/vs_llamacpp.py measures), the target's greedy output of 8 prompts, then spectool's lookup replayed over
+it (spectool_lab.replay.ours: its controller, cost table known, audited) at this machine's measured batch costs,
+with the rule's margin at each of MARGINS (and the rule never taking over), against llama-lookup's drafting replayed
+(lookup_bound.llama_lookup) and the best fixed length over lookup's drafts. Replayed costs leave out Python time and
+machine noise: compare the ratios. Unseen samples by default; --tuning: the tuning lists (held-out families have
+none).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+
+from spectool_lab import common, formats, replay
+from spectool_lab.replay import batch_costs, fixed, plain_output
+
+from spectool.core.audit import LENGTHS, Audit
+from spectool.core.controller import Controller
+from spectool.llama import engine
+from spectool.options import CTX_SIZE
+
+from controller_replay import K_MAX, known
+from lookup_bound import llama_lookup
+
+MARGINS = (0.0, 0.1, 0.2, 0.3, None)  # None: the rule never takes over
+
+
+def seconds(data, cost, margin: float | None) -> list[float]:
+    """spectool's replayed seconds over each prompt of `data` with the rule's margin at `margin`."""
+    audit = functools.partial(Audit, rule_margin=1e9 if margin is None else margin)
+    real, replay.Audit = replay.Audit, audit  # type: ignore[misc]
+    try:
+        return [replay.ours(p, y, cost, K_MAX, known(cost), ctl=Controller(k_max=K_MAX, costs=known(cost)))
+                for p, y in data]
+    finally:
+        replay.Audit = real  # type: ignore[misc]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=96)
+    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--tuning", action="store_true")
+    ap.add_argument("--models", default="gemma-f16,smollm2")
+    args = ap.parse_args()
+    seed = common.fresh_seed(args.seed)
+    engine.set_verbose(False)
+    print(f"seed {seed}, {'tuning lists' if args.tuning else 'unseen samples'}; replayed seconds, as llama-lookup's "
+          "over spectool's (above 1: spectool faster): over the family, and (in brackets) its worst prompt\n")
+    print("| model | family | " + " | ".join(f"margin {m}" if m is not None else "no rule" for m in MARGINS)
+          + " | best fixed length |\n|---|---|" + "---:|" * (len(MARGINS) + 1))
+    for name in args.models.split(","):
+        with engine.Model(common.real_model(name), n_ctx=CTX_SIZE, n_threads=2) as target:
+            chat = formats.ChatFormat.of(target)
+            for fam in formats.FAMILIES:
+                texts = [p.render(chat) for p in formats.chosen(fam, args.prompts, seed, args.tuning)]
+                if not texts:
+                    continue
+                data = []
+                for text in texts:
+                    p = target.tokenize(text, parse_special=True)
+                    data.append((p, plain_output(target, p, args.tokens)))
+                cost = batch_costs(target, data[0][0], K_MAX + 1)
+                theirs = [llama_lookup(p, y, cost) for p, y in data]
+                best = min(sum(fixed(p, y, cost, k) for p, y in data) for k in LENGTHS)
+                cells = []
+                for m in MARGINS:
+                    ours = seconds(data, cost, m)
+                    worst = min(t / o for t, o in zip(theirs, ours) if o)  # (an output that ended at once: none)
+                    cells.append(f"{sum(theirs) / sum(ours):.3f}x ({worst:.2f}x)")
+                print(f"| {name} | {fam} | " + " | ".join(cells) + f" | {sum(theirs) / best:.3f}x |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
