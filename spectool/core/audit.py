@@ -46,10 +46,9 @@ HORIZON = LENGTHS[-1]  # how many tokens of each offer are drawn for the audit
 MARGIN = 0.3
 PLAIN_MARGIN = 0.03  # how much faster drafting nothing must have been (exact: see above)
 RULE = -1  # llama-lookup's rule (core/ngram_cache.py), among the lengths by this key
-# how much faster llama-lookup's rule must have been. Replayed over every format family's tuning
-# prompts on both real models (research/rule_margin.py, 2026-12-04), 0.1 gained where the rule
-# drafts better (Gemma qa, +2.3%) and lost at most 0.5% elsewhere; 0.0 lost 2% on chat, and 0.3
-# never took over
+# how much faster llama-lookup's rule must have been (research/rule_margin.py, 2026-12-04: over
+# every format family's unseen greedy output, 0.2 lost on no family and raised the worst prompts
+# by 7-8 points; 0.1 let the rule's 8 tokens trail a 16-token length on an echoed text)
 RULE_MARGIN = 0.2
 MIN_STEPS = 8  # steps seen before any takes over
 DECAY = 0.98  # the weight of a step's evidence one step later
