@@ -379,7 +379,7 @@ def header(args, seed: int, backends: dict[str, str], seconds: float) -> str:
         "defaults; \"(short)\": sized for short contexts as llamacpp.NGRAM says). Families: "
         + "; ".join(f"`{f}`: {formats.FAMILIES[f].title}" for f in args.families) + ". Held out (no prompt of "
         f"their formats on any tuning list): {', '.join(held) or 'none in this run'}.",
-        *([f"", f"Reported again from the stored runs, {args.recounted}."] if args.recounted else []),
+        *(["", f"Reported again from the stored runs, {args.recounted}."] if args.recounted else []),
         *(["", "This run is smaller than issue 57's (3 repeats, 8 prompts, every family, F16 Gemma and SmolLM2): "
            "its lines say what it measured, not the issue's verdict."] if small else []),
     ])

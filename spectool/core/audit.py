@@ -92,7 +92,7 @@ class Audit:
     spent: dict[int, float] = field(default_factory=dict)
     ours: list[float] = field(default_factory=lambda: [0.0, 0.0])
     steps: float = 0.0  # decayed count of the steps judged
-    taken_over: int = 0  # how many steps a fixed length drafted instead of the controller's pick
+    taken_over: int = 0  # how many steps a fixed policy drafted instead of the controller's pick
     _pending: list[_Seen] = field(default_factory=list)
     rule: NgramCache = field(default_factory=NgramCache)
 

@@ -53,7 +53,7 @@ class NgramCache:
         out: list[int] = []
         while len(out) < most and (t := self._token(context)) is not None:
             out.append(t)
-            context = context[1:] + [t] if len(context) >= NGRAM_MAX else context + [t]
+            context = (context + [t])[-NGRAM_MAX:]
         return out
 
     def _token(self, context: list[int]) -> int | None:
