@@ -9,7 +9,14 @@ import pytest
 from exactness import N_JOINT, N_RUNS, SAMPLING, chi2_rejects, exact_joint
 from spectool_lab.helpers import tokens_of
 
+from spectool.core.controller import Controller
+from spectool.core.costs import Costs
+from spectool.core.evidence import Evidence, Source
+from spectool.core.protocol import Branch, Draft, Drafter
+from spectool.core.stats import Stats
 from spectool.core.verify import Sampling, accept_tree, distribution, greedy_token
+from spectool.drafters.builder import for_generation
+from spectool.drafters.lookup import PromptLookup
 from spectool.generate.loop import GenerationConfig
 from spectool.llama.engine import DecodeError
 from spectool.llama.parallel import ParallelModel, Tree
@@ -78,6 +85,23 @@ def test_the_kept_path_is_the_sequence_and_the_rest_is_gone(target, trees):
     assert np.abs(trees.logits(len(nxt) - 1) - alone(target, kept + nxt)).max() < CLOSE
     with pytest.raises(ValueError, match="not a path"):
         trees.keep_path([0, 5])
+
+
+def test_a_tree_left_unsettled_does_not_reach_the_next(target, trees):
+    """A tree an error left before keep_path (its leaves' cells still in the cache), the sequence rolled back as the
+    loop's end does: the next tree's rows are still each path's decoded alone."""
+    history = target.tokenize(PROMPT)[:-1]
+    trees.reset()
+    trees.eval(history, logits="none")
+    trees.eval_tree(shape(target))  # never settled
+    trees.rollback(len(history))
+    other = Tree(tokens=[shape(target).tokens[0], *target.tokenize(" a big", add_special=False)[:2]],
+                 parents=[-1, 0, 0])
+    trees.eval_tree(other)
+    rows = [trees.logits(i).copy() for i in range(len(other.tokens))]
+    for i, row in enumerate(rows):
+        assert np.abs(row - alone(target, history + [other.tokens[j] for j in other.path(i)])).max() < CLOSE, i
+    trees.keep_path([0])
 
 
 def test_a_tree_beside_another_sequence_leaves_it_untouched(target, trees):
@@ -202,4 +226,105 @@ def test_a_wrong_tree_rule_is_caught(target, trees):
     counts, _ = sampled(trees, target, root_row_everywhere)
     rejects, stat, crit = chi2_rejects(counts, exact_joint(target, target.tokenize(LOOP), SAMPLING),
                                        N_RUNS)
+    assert rejects, f"chi2 {stat:.1f} <= {crit:.1f}"
+
+
+# -- draft trees in the loop: lookup's other followers beside its chain, one decode ---------------------------
+def free_rows(**kw):
+    """A controller whose decodes cost the same at any number of rows (its priors, untimed): every sibling
+    lookup offers pays for its row, so each step with alternatives verifies a tree."""
+    return Controller(costs=Costs(unmeasured=1.0, jump_prior=0.0, slope_prior=0.0), timed=False, **kw)
+
+
+def tree_run(trees, prompt, s, n, draft_tree, seed=0, ctl=None):
+    st = Stats()
+    g = GenerationConfig(trees, for_generation(PromptLookup(), False), s, ctl or free_rows(), max_tokens=n,
+                         seed=seed, draft_tree=draft_tree)
+    return tokens_of(g, prompt, st), st
+
+
+# after "cat the" (never seen) lookup's longest match is "the", followed by "dog" and "fox": it drafts one, a
+# tree holds the other, and the target, which loops on LOOP, draws either
+FORKS = LOOP + " cat the"
+
+
+def test_greedy_generation_with_trees_is_plain_decoding(target, trees):
+    """Trees on (`draft_tree`), steps verify siblings beside their chains; the tokens are plain greedy decoding's.
+    `draft_tree=0` verifies chains alone."""
+    prompt = target.tokenize(FORKS)
+    plain = tokens_of(GenerationConfig(target, None, max_tokens=40), prompt)
+    got, st = tree_run(trees, prompt, Sampling(), 40, 4)
+    assert got == plain and st.tree_steps and st.tree_branches >= st.tree_steps, st.to_json()["tree"]
+    chains, st0 = tree_run(trees, prompt, Sampling(), 40, 0)
+    assert chains == plain and st0.tree_steps == 0
+    # every chain drafts the target's second choice and holds its first beside: each path takes the sibling
+    st = Stats()
+    g = GenerationConfig(trees, Runners(target, swap=True), Sampling(), free_rows(k_max=2, adaptive=False),
+                         max_tokens=40, draft_tree=4)
+    assert tokens_of(g, prompt, st) == plain and st.tree_taken == st.tree_steps == st.n_steps, st.to_json()
+
+
+class Runners(Drafter):
+    """A deterministic drafter of the target's own greedy chain (its top token after the history, then after that,
+    ...), offering the target's second choice at each depth as a sibling (cached by history): at temperature 1 the
+    target draws the chain's token or its sibling often, so both kinds of path are walked."""
+
+    def __init__(self, target, swap=False):
+        self.target, self.swap, self.cache = target, swap, {}  # swap: the second choices drafted, the first beside
+
+    def start(self, history, constraint=None):
+        pass
+
+    def peek(self, history, k_max, estimate=None, final=None):
+        return [Evidence.lookup(8)] * k_max
+
+    def chain(self, history, k):
+        key = (tuple(history), k)
+        if key not in self.cache:
+            chain, seconds = [], []
+            for _ in range(k):
+                first, second = top(self.target, [*history, *chain])[:: -1 if self.swap else 1]
+                chain.append(first), seconds.append(second)
+            self.cache[key] = chain, seconds
+        return self.cache[key]
+
+    def propose(self, history, k, sampling, rng, constraint=None):
+        return Draft(self.chain(history, k)[0], None, Source.lookup)
+
+    def branches(self, history, chain, width):
+        return [Branch(d, t, 0.5) for d, t in enumerate(self.chain(history, len(chain))[1])]
+
+
+def sampled_with_trees(target, trees):
+    """Counts of the first N_JOINT tokens over N_RUNS seeded generations at temperature 1, each step a tree of
+    Runners' chain of 2 and its 2 siblings, and the runs' summed stats."""
+    counts, runs, drafter = {}, [], Runners(target)
+    prompt = target.tokenize(LOOP)
+    for seed in range(N_RUNS):
+        st = Stats()
+        g = GenerationConfig(trees, drafter, SAMPLING, free_rows(k_max=2, adaptive=False), max_tokens=N_JOINT,
+                             seed=seed, draft_tree=4)
+        out = tokens_of(g, prompt, st)
+        counts[tuple(out)] = counts.get(tuple(out), 0) + 1
+        runs.append(st)
+    return counts, Stats.summed(runs)
+
+
+def test_sampled_generation_with_trees_follows_the_target_distribution(target, trees):
+    """Chi-square over 3,000 seeded runs of the joint distribution of the first three tokens, against the target
+    alone; the accepted paths took a sibling in some steps and went down the chain in others."""
+    counts, st = sampled_with_trees(target, trees)
+    assert 0 < st.tree_taken < st.tree_steps and st.n_accepted > st.tree_taken, st.to_json()
+    rejects, stat, crit = chi2_rejects(counts, exact_joint(target, target.tokenize(LOOP), SAMPLING), N_RUNS)
+    assert not rejects, f"chi2 {stat:.1f} > {crit:.1f}"
+
+
+def test_a_wrong_tree_rule_in_the_loop_is_caught(target, trees, monkeypatch):
+    """The check above can fail: the loop drawing every node's token from the root's row rejects."""
+    import spectool.generate.loop as loop
+
+    monkeypatch.setattr(loop, "accept_tree", lambda token_at, tokens, parents:
+                        accept_tree(lambda i: token_at(0), tokens, parents))
+    counts, _ = sampled_with_trees(target, trees)
+    rejects, stat, crit = chi2_rejects(counts, exact_joint(target, target.tokenize(LOOP), SAMPLING), N_RUNS)
     assert rejects, f"chi2 {stat:.1f} <= {crit:.1f}"

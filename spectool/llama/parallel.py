@@ -122,7 +122,8 @@ class ParallelModel(Model):
         if pos0 + max(map(tree.depth, range(len(tree.tokens)))) >= self.n_ctx_seq:
             raise DecodeError(f"context full: sequence {seq} holds {pos0} tokens")
         self._leaf_seqs = dict(zip(leaves, spare))
-        for leaf in leaves:
+        for leaf in leaves:  # (emptied first: a tree an error left unsettled leaves cells behind)
+            self.lib.llama_memory_seq_rm(self._mem, self._leaf_seqs[leaf], -1, -1)
             self.lib.llama_memory_seq_cp(self._mem, seq, self._leaf_seqs[leaf], 0, pos0)
         if self._chain_output is not ROWS:
             self.sample_on_backend(ROWS)
@@ -150,6 +151,7 @@ class ParallelModel(Model):
             self._drop_leaves()
             raise DecodeError(f"llama_decode failed (code {rc}) on a tree of {n} nodes: "
                               f"{last_log_error()}")
+        self.seqs[seq].append(tree.tokens[0])  # the root is the sequence's (rollback drops it)
 
     def keep_path(self, path: Sequence[int]) -> None:
         """After `eval_tree`: the nodes of `path` (the root, then each accepted node a child of the
@@ -158,11 +160,11 @@ class ParallelModel(Model):
         tree, seq = self._tree, self._tree_seq
         if not path or list(path) != tree.path(path[-1]):
             raise ValueError(f"{list(path)} is not a path from the tree's root")
-        pos0 = len(self.seqs[seq])
+        pos0 = len(self.seqs[seq]) - 1  # the root's position
         # the path's cells are those of any leaf under its last node, at the path's positions
         leaf = self._leaf_seqs[tree.under(path[-1])[0]]
         self.lib.llama_memory_seq_cp(self._mem, leaf, seq, pos0 + 1, pos0 + len(path))
-        self.seqs[seq] += [tree.tokens[i] for i in path]
+        self.seqs[seq] += [tree.tokens[i] for i in path[1:]]
         self._drop_leaves()
 
     def _drop_leaves(self) -> None:
