@@ -53,20 +53,10 @@ from spectool_lab import common
 from spectool_lab.replay import accepted, batch_costs, cheapest, cost_line, ours, plain_output
 
 from spectool.core.costs import Costs
-from spectool.drafters.lookup import Followers, NGramIndex, PromptLookup
+from spectool.drafters.lookup import NGramIndex, PromptLookup, ranked
 
 WIDTHS, BUDGETS = (1, 2, 3, 4), (8, 16, 32)
 ROOM, FLAT = 1.10, 1.03  # the issue's threshold for trees to pay, and "less than 3%"
-
-
-def ranked(f: Followers | None) -> list[tuple[int, int]]:
-    """An n-gram's followers as (token, count), the most frequent first, ties the last seen first (`vote`'s order:
-    the first is what lookup drafts)."""
-    if f is None:
-        return []
-    if isinstance(f, int):
-        return [(f, 1)]
-    return sorted(((t, f[t]) for t in reversed(f)), key=lambda tc: -tc[1])
 
 
 def candidates(index: NGramIndex, context, w: int, shorter: bool = False) -> list[tuple[int, float]]:

@@ -136,3 +136,33 @@ def test_a_proposal_for_another_history_predicts_afresh():
     list(lookup.peek(peeked, 4))
     other = [5, 6, 7, 5]
     assert lookup.propose(other, 2, None, None).tokens == PromptLookup().lookup(other, 2)[0] == [6, 7]
+
+
+def brute_followers(history, seq, n_min, n_max):
+    """{follower: (count, last position)} of the longest n-gram ending `seq` seen in `history` ({} where none)."""
+    for n in range(min(n_max, len(seq)), n_min - 1, -1):
+        followers = {}
+        for j in range(n, len(history)):
+            if history[j - n : j] == seq[-n:]:
+                c = followers.get(history[j], (0, -1))
+                followers[history[j]] = (c[0] + 1, j)
+        if followers:
+            return followers
+    return {}
+
+
+@settings(max_examples=300, deadline=None)
+@given(streams, st.integers(1, 6), st.integers(1, 4))
+def test_branches_are_the_other_followers_of_each_depth_s_match(history, k, width):
+    """PromptLookup.branches beside its own draft: at each depth the other followers of the longest n-gram ending
+    the history and the draft so far, the most frequent first (ties: the last seen), at most width - 1, each
+    with its count over the others' total + 1 (brute force over the history)."""
+    lk = PromptLookup(1, 3)
+    chain = lk.lookup(history, k)[0]
+    want = []
+    for d, token in enumerate(chain):
+        others = {t: c for t, c in brute_followers(history, history + chain[:d], 1, 3).items() if t != token}
+        total = sum(c for c, _ in others.values()) + 1
+        ranked = sorted(others, key=lambda t: (-others[t][0], -others[t][1]))[: width - 1]
+        want += [(d, t, others[t][0] / total) for t in ranked]
+    assert [tuple(b) for b in lk.branches(history, chain, width)] == want

@@ -17,7 +17,7 @@ from the grammar's masked rows, so that q stays what it drew from. The generatio
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable, Protocol, Sequence
+from typing import Callable, Iterable, NamedTuple, Protocol, Sequence
 
 from spectool.llama import native  # noqa: F401, I001 - llama.cpp before numpy (native.py)
 import numpy as np  # noqa: E402
@@ -43,6 +43,16 @@ class Draft:
 EMPTY = Draft([], None, Source.none)
 
 
+class Branch(NamedTuple):
+    """A token a deterministic drafter offers beside its draft's token at `depth` (a sibling in a
+    draft tree, issue 59), with `share`: its estimated chance of being the target's token there
+    where the draft's is not."""
+
+    depth: int
+    token: int
+    share: float
+
+
 # key -> what the controller thinks a token drafted under it is worth
 Estimate = Callable[[Evidence], float]
 
@@ -62,6 +72,12 @@ class Drafter(Protocol):
 
     def propose(self, history: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator,
                 constraint: Constraint | None = None) -> Draft: ...
+
+    def branches(self, history: Sequence[int], chain: Sequence[int], width: int) -> list[Branch]:
+        """Tokens beside each of the deterministic draft `chain` (just proposed after `history`),
+        at most width - 1 at a depth, as a draft tree's siblings: none by default (a chain is a
+        tree with one leaf)."""
+        return []
 
     def finish(self, history: Sequence[int]) -> None:
         """The generation ended: `history` is its prompt and output."""

@@ -17,7 +17,7 @@ from spectool.core.controller import DRAFT_MAX, Controller
 from spectool.core.costs import Costs
 from spectool.core.evidence import Evidence, Mode, Source
 from spectool.core.grammar import Constraint
-from spectool.core.protocol import Draft, Drafter, Estimate
+from spectool.core.protocol import Branch, Draft, Drafter, Estimate
 from spectool.core.verify import Sampling
 from spectool.drafters.corpus import Corpus
 from spectool.drafters.dflash import Dflash, DflashContext
@@ -295,6 +295,12 @@ class Drafting(Drafter):
             return self.inner.propose(history, k, sampling, rng)
         except EngineError as e:
             return Draft([], None, Source.none, notice=self.fall_back(history, e))
+
+    def branches(self, history: Sequence[int], chain: Sequence[int], width: int) -> list[Branch]:
+        """Prompt lookup's, where it drafts alone (no grammar, no prediction, no draft model)."""
+        if not isinstance(self.inner, PromptLookup):
+            return []
+        return self.inner.branches(history, chain, width)
 
     def finish(self, history: Sequence[int]) -> None:
         if self.corpus is not None:

@@ -9,7 +9,7 @@ from spectool.llama import native  # noqa: F401, I001 - llama.cpp before numpy (
 import numpy as np  # noqa: E402
 
 from spectool.core.evidence import Agreement, Evidence, Source, bucket
-from spectool.core.protocol import EMPTY, Draft, Drafter, Estimate, no_grammar
+from spectool.core.protocol import EMPTY, Branch, Draft, Drafter, Estimate, no_grammar
 from spectool.core.verify import Sampling
 
 # an n-gram's: {token: count}, or the token alone where one was seen once
@@ -162,6 +162,16 @@ def latest(f: Followers) -> Vote:
         return f, 1, 1
     t = next(reversed(f))
     return t, f[t], sum(f.values())
+
+
+def ranked(f: Followers | None) -> list[tuple[int, int]]:
+    """An n-gram's followers as (token, count), the most frequent first, ties the last seen first
+    (`vote`'s order: the first is what lookup drafts)."""
+    if f is None:
+        return []
+    if isinstance(f, int):
+        return [(f, 1)]
+    return sorted(((t, f[t]) for t in reversed(f)), key=lambda tc: -tc[1])
 
 
 def vote(f: Followers) -> Vote:
@@ -338,6 +348,23 @@ class PromptLookup(Drafter):
         offer = LookupOffer(self, history, k, final)
         keys = list(offer)
         return offer.tokens, keys
+
+    def branches(self, history: Sequence[int], chain: Sequence[int],
+                 width: int) -> list[Branch]:
+        """Beside a draft `chain` after `history`: at each of its depths d, the other followers of
+        the longest n-gram ending history + chain[:d] (up to width - 1 of them, the most frequent
+        first), each with its share of the followers other than the chain's token, count / (their
+        total + 1): the chance that it is the next token where the chain's is not (one unseen
+        follower besides)."""
+        out: list[Branch] = []
+        seq = "".join(map(chr, history[-self.index.n_max :]))
+        for d, token in enumerate(chain):
+            followers = [tc for tc in ranked(self.index.longest(seq, self.index.n_max)[1])
+                         if tc[0] != token]
+            total = sum(c for _, c in followers) + 1
+            out += [Branch(d, t, c / total) for t, c in followers[: width - 1]]
+            seq += chr(token)
+        return out
 
     @staticmethod
     def key(n: int, count: int, total: int, source: Source = Source.lookup) -> Evidence:
