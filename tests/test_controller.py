@@ -446,3 +446,35 @@ def test_where_the_batch_alone_fills_the_machine_nothing_is_drafted():
     assert ctl.pick_together([([key] * 8, 0.0, None)] * 4) == [[]] * 4
     assert ctl.pick_together([([key] * 8, 0.0, None)], others=3) == [[]]
     assert ctl.pick_together([([key] * 8, 0.0, None)] + [([], 0.0, None)] * 3) == [[]] * 4
+
+
+def priced(slope):
+    """A controller whose decodes of n rows cost 1 + slope * (n - 1) (measured, believed)."""
+    ctl = Controller(costs=Costs(unmeasured=1.0))
+    for n in range(1, 12):
+        ctl.observe_verify(n, 1 + slope * (n - 1)), ctl.observe_verify(n, 1 + slope * (n - 1))
+    return ctl
+
+
+def test_a_sibling_is_verified_where_it_adds_more_than_its_row_costs():
+    """Controller.branch: a sibling at depth d adds the chance that the chain reaches d, its token there is refused
+    and the sibling's is the target's; it is verified while that raises the tokens per second of the decode."""
+    from spectool.core.protocol import Branch
+
+    keys = [Evidence.lookup(3, Agreement.mostly)] * 3
+    likely, unlikely = Branch(0, 7, 0.9), Branch(2, 8, 0.001)
+    cheap = priced(0.05)
+    a = cheap.acceptance(keys[0])
+    expected = 1 + a + a * a + a ** 3
+    gain = (1 - a) * 0.9  # at depth 0 the path is always there
+    assert (expected + gain) / 1.2 > expected / 1.15  # (the rule, by hand: 4 rows against 5)
+    assert cheap.branch(keys, [unlikely, likely], cap=4) == [likely] and cheap.branching(keys, 4) >= 1
+    # where a row costs a whole step, no sibling pays: a chain is best
+    assert priced(1.0).branch(keys, [unlikely, likely], cap=4) == []
+    # `branching`: the depths where even a sibling sure to be right could pay (a bound: then lookup is asked)
+    assert priced(1.0).branching(keys, 4) == 1 and priced(1.5).branching(keys, 4) == 0  # 0.5 > 0.47, < 0.51
+    assert cheap.branching(keys, 0) == 0
+    # at most `cap`, the best first, in depth order; none beyond the chain's depth
+    offered = [Branch(2, 9, 0.9), Branch(1, 5, 0.9), likely, Branch(3, 4, 0.9)]
+    assert priced(0.0001).branch(keys, offered, cap=2) == [Branch(1, 5, 0.9), likely]
+    assert priced(0.0001).branch(keys, offered, cap=0) == []

@@ -25,12 +25,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from itertools import islice, repeat
-from typing import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
 from spectool.core.costs import Costs
 from spectool.core.evidence import (BUCKETS, DFLASH, DRAFT, EAGLE3, GRAMMAR, MTP, Agreement,
                                     Evidence)
 from spectool.core.evidence import Source
+
+if TYPE_CHECKING:  # (protocol.py loads llama.cpp and numpy: the CLI's options import this module)
+    from spectool.core.protocol import Branch
 
 # How many tokens a step may draft when a pair does not say (models.toml's draft_max says it per
 # pair): lookup's controller keeps drafts short where their evidence is weak, so the cap only bounds
@@ -298,6 +301,45 @@ class Controller:
         a.zero_streak = 0
         a.idle_probes += 1
         return c.draw(min(c.cap, self.explore_k))
+
+    def branching(self, keys: Sequence[Evidence], cap: int) -> int:
+        """How many of the first depths of a chain drafted under `keys` could hold a sibling worth
+        its row (`branch`'s test for a sibling sure to be right where the chain's token is refused):
+        the siblings to offer are at those depths only (0: none, and no tree; `cap` 0: none)."""
+        reach, expected, prices = self._chain_reach(keys, 1)
+        rows = 1 + len(keys)
+        bar = expected * (prices[rows + 1] / prices[rows] - 1.0)
+        could = [d for d, key in enumerate(keys) if reach[d] * (1.0 - self.acceptance(key)) > bar]
+        return could[-1] + 1 if could and cap else 0
+
+    def branch(self, keys: Sequence[Evidence], offered: Sequence[Branch], cap: int) -> list[Branch]:
+        """Which of the siblings `offered` beside a chain drafted under `keys` (each key at the
+        step's temperature) to verify with it in one decode, at most `cap` of them: best first by
+        what each adds, the chance that the path reaches its depth with the chain's token there
+        refused and it the target's token (Branch.share), while that raises the expected tokens
+        per second of the decode (a row more each, at the cost table's prices); none where a chain
+        is best."""
+        reach, expected, prices = self._chain_reach(keys, cap)
+        gains = sorted(((reach[b.depth] * (1.0 - self.acceptance(keys[b.depth])) * b.share, i)
+                        for i, b in enumerate(offered) if b.depth < len(keys)), reverse=True)
+        rows, chosen = 1 + len(keys), []
+        for gain, i in gains[:cap]:
+            if (expected + gain) * prices[rows] <= expected * prices[rows + 1]:
+                break
+            chosen.append(i)
+            expected, rows = expected + gain, rows + 1
+        return [offered[i] for i in sorted(chosen)]
+
+    def _chain_reach(self, keys: Sequence[Evidence], more: int) -> tuple[list[float], float,
+                                                                         list[float]]:
+        """For a chain drafted under `keys`: the chance of reaching each depth (all before it
+        accepted), the tokens a step makes as expected, and the prices of decodes of up to `more`
+        rows beyond the chain's."""
+        reach, expected = [1.0], 1.0
+        for key in keys:
+            reach.append(reach[-1] * self.acceptance(key))
+            expected += reach[-1]
+        return reach, expected, self.costs.verify_costs(1 + len(keys) + more)
 
     @staticmethod
     def _no_longer_draft_pays(longer: list[float], expected: float, run: float, drafting: float,
