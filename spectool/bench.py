@@ -11,7 +11,7 @@ run, on the same prompts.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from spectool.core.costs import Costs
@@ -50,6 +50,7 @@ class Contender:
     k_max: int = 0  # most drafts per step (0 with mode none)
     fixed: bool = False
     draft_vocab: int = 0  # > 0: the draft pruned to this many tokens (see prune.py)
+    tree: int = 0  # > 0: draft trees of up to this many siblings a step (--draft-tree)
 
     def generation(self, target, drafts: dict, max_tokens: int, costs: Costs | None = None,
                    sampling: Sampling = Sampling(), seed: int | None = None,
@@ -63,7 +64,8 @@ class Contender:
         ctl = Controller(k_max=self.k_max, k_min=self.k_max if self.fixed else 0,
                          adaptive=not self.fixed,
                          costs=costs if costs is not None else Costs())
-        return GenerationConfig(target, drafter, sampling, ctl, max_tokens=max_tokens, seed=seed)
+        return GenerationConfig(target, drafter, sampling, ctl, max_tokens=max_tokens, seed=seed,
+                                draft_tree=self.tree)
 
     @property
     def flags(self) -> str:
@@ -75,16 +77,24 @@ class Contender:
             if self.fixed
             else f"--draft-max {self.k_max}"
         )
-        return f"--spec {Mode(self.mode).value} {k}" + (f" --draft-vocab {self.draft_vocab}"
-                                                        if self.draft_vocab else "")
+        return (f"--spec {Mode(self.mode).value} {k}"
+                + (f" --draft-vocab {self.draft_vocab}" if self.draft_vocab else "")
+                + (f" --draft-tree {self.tree}" if self.tree else ""))
+
+
+# the siblings a step's draft tree may hold in the bench's tree rows: the bench's target is loaded
+# with a sequence for each leaf (every contender decodes on it)
+TREE = 8
 
 
 def default_contenders(with_draft: bool, pruned_vocab: int = 0,
                        pair_draft_max: int = PAIR_DRAFT_MAX) -> list[Contender]:
     """spectool's modes as `spectool run` runs them (lookup up to DRAFT_MAX, the draft model up to
-    the pair's draft_max, hybrid twice that), and fixed draft lengths beside them."""
+    the pair's draft_max, hybrid twice that), lookup with draft trees (--draft-tree TREE), and fixed
+    draft lengths beside them."""
     L, D, H = Mode.lookup, Mode.draft, Mode.hybrid
-    out = [Contender("plain", Mode.none), Contender("lookup", L, DRAFT_MAX)]
+    out = [Contender("plain", Mode.none), Contender("lookup", L, DRAFT_MAX),
+           Contender("lookup, trees", L, DRAFT_MAX, tree=TREE)]
     out += [Contender(f"lookup k={k}", L, k, True) for k in (4, 8)]
     if with_draft:
         out += [Contender("draft", D, pair_draft_max), Contender("hybrid", H, 2 * pair_draft_max)]
@@ -404,8 +414,8 @@ def compare(o, texts: Sequence[str], draft_vocab: int, with_sampled: bool, hooks
 
     progress = progress or (lambda description, advance, total: None)
     refs = _no_head(resolve_models(o))
-    with contextlib.ExitStack() as stack:
-        m = load_models(o, stack, refs, want_draft=True, hooks=hooks)
+    with contextlib.ExitStack() as stack:  # (a target for the tree rows' trees, every contender's)
+        m = load_models(replace(o, draft_tree=TREE), stack, refs, want_draft=True, hooks=hooks)
         if m.draft_error is not None:
             raise m.draft_error
         if m.through_text:  # its vocabulary is not the target's: nothing to prune

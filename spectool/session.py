@@ -176,7 +176,7 @@ def generation(policy: Policy, target: Model, o: Options, grammar: Grammar | Non
     drafter, ctl = policy.drafting(grammar is not None, predicted,
                                    seeded=o.seed is not None and not sampling.greedy)
     return GenerationConfig(target, drafter, sampling, ctl, max_tokens=o.max_tokens, seed=o.seed,
-                            grammar=grammar)
+                            grammar=grammar, draft_tree=o.draft_tree)
 
 
 def prediction_tokens(target: Model, prediction: str | None) -> list[int] | None:
@@ -224,11 +224,13 @@ def load_models(o: Options, stack: contextlib.ExitStack, refs: Refs, want_draft:
     path = hub.ensure(target_ref, yes=o.yes, ask=hooks.ask)
     with hooks.bar(f"loading {Path(path).name}", "") as bar:
         # --parallel: one context for that many sequences (llama/parallel.py)
-        kind = engine.Model if o.parallel == 1 else parallel.ParallelModel
-        unified = {"kv_unified": True} if o.kv_unified and o.parallel > 1 else {}
+        # a draft tree: a sequence for each of its leaves, in one KV buffer (llama/parallel.py)
+        n_seq = o.parallel if o.parallel > 1 else 1 + o.draft_tree
+        kind = engine.Model if n_seq == 1 else parallel.ParallelModel
+        unified = {"kv_unified": True} if o.draft_tree or (o.kv_unified and n_seq > 1) else {}
         target = stack.enter_context(kind(path, n_ctx=o.ctx_size, n_threads=o.threads,
                                           n_gpu_layers=o.gpu_layers, load_mtp=load_mtp,
-                                          progress=bar.fraction, n_seq_max=o.parallel, **unified))
+                                          progress=bar.fraction, n_seq_max=n_seq, **unified))
     out = Loaded(target, None, target_ref, draft_ref)
     if draft_ref is None or not want_draft:
         return out
@@ -311,6 +313,8 @@ def plan(o: Options) -> Plan:
     k_max = o.draft_max if o.draft_max is not None else refs.draft_max
     if o.draft_min > k_max:
         raise UserError("--draft-min must not exceed --draft-max", code=2)
+    if o.draft_tree and o.parallel > 1:
+        raise UserError("--draft-tree drafts trees for one sequence: not with --parallel", code=2)
     prediction = (read_text(Path(o.prediction), "--prediction", "prediction")
                   if o.prediction is not None else None)
     return Plan(grammar, refs, Wish(o.spec, k_max, o.draft_min, o.draft_p_min, o.parallel),

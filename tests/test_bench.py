@@ -65,12 +65,13 @@ def test_spectool_bench_smoke(tiny, tmp_path, monkeypatch):
     j = json.loads(r.stdout)
     names = [x["contender"] for x in j["results"]]
     assert names[0] == "plain" and "hybrid" in names and "draft k=2" in names and "draft, 400 tokens" in names
+    assert "lookup, trees" in names  # lookup with draft trees (--draft-tree 8), greedy as plain too
     assert all(x["identical"] == 2 and x["prompts"] == 2 and x["generated"] == 48 for x in j["results"])
     assert all(0 < x["tokens"] < 48 for x in j["results"])  # timed from each prompt's first token out
     assert j["recommendation"] and (tmp_path / "b.png").exists()
     sampled = {x["contender"]: x for x in j["sampled"]}
     assert list(sampled)[0] == "llama-cpp-python plain" and sampled["llama-cpp-python plain"]["speedup"] == 1.0
-    assert {"plain", "lookup", "draft", "hybrid", "draft, 400 tokens"} <= set(sampled)
+    assert {"plain", "lookup", "lookup, trees", "draft", "hybrid", "draft, 400 tokens"} <= set(sampled)
     assert all(x["identical"] == -1 and x["prompts"] == 2 and x["speedup"] > 0 for x in sampled.values())
     assert sampled["draft"]["accepted"] > 0
     r = CliRunner().invoke(app, ["bench", "-m", str(tiny["target"]), "-n", "8"])

@@ -96,3 +96,22 @@ def test_props_and_slots_need_the_key_where_there_is_one(tiny):
         assert s.request("GET", "/props", headers={"Authorization": "Bearer s3cret"})[0] == 200
     finally:
         s.stop()
+
+
+def test_draft_trees_serve_the_same_text_and_are_counted(server, tiny):
+    """`serve --draft-tree 4`: the same greedy text as the server without trees; the response's usage, the slot and
+    /metrics count the trees alike."""
+    trees = Defaults(tiny["target"], "--no-lookup-corpus", "--draft-tree", "4")
+    try:
+        ask = dict(model="any", max_tokens=30, temperature=0.0,
+                   prompt="the dog the fox the dog the fox the dog the fox the dog the")
+        r = trees.client().completions.create(**ask)
+        assert r.choices[0].text == server.client().completions.create(**ask).choices[0].text
+        tree = r.usage.model_extra["speculative"]["tree"]
+        (slot,) = get(trees, "/slots")[1]
+        assert slot["draft_tree"] == tree and set(tree) == {"steps", "branches", "taken"}
+        metrics = urllib.request.urlopen(trees.url + "/metrics", timeout=5).read().decode()
+        assert f"spectool_tree_steps_total {tree['steps']}" in metrics
+        assert f"spectool_tree_branches_total {tree['branches']}" in metrics
+    finally:
+        stop(trees.proc)

@@ -231,7 +231,7 @@ def test_stats_json_schema(target, draft):
     assert set(j) == {
         "mode", "target", "draft", "n_prompt_tokens", "n_generated", "n_steps", "n_drafted", "n_accepted",
         "acceptance_rate", "mean_accepted_length", "accepted_per_position", "drafted_by_source", "prompt_seconds",
-        "decode_seconds", "accepted_prediction_tokens", "rejected_prediction_tokens",
+        "decode_seconds", "accepted_prediction_tokens", "rejected_prediction_tokens", "tree",
         "tokens_per_second", "finish_reason", "offload",
     }
     assert (j["mode"], j["target"], j["draft"], j["n_prompt_tokens"]) == ("hybrid", "t", "d", len(prompt))

@@ -61,9 +61,16 @@ def summary_line(st: Stats) -> str:
         f"[{st.mode}] {st.n_generated} tokens in {st.decode_seconds:.2f}s = "
         f"{st.tokens_per_second:.1f} tok/s; drafted {st.n_drafted}{sources}, accepted "
         f"{st.n_accepted} ({100 * st.acceptance_rate:.0f}%); {st.mean_accepted_length:.2f} "
-        f"tokens/step; prompt {st.n_prompt_tokens} tokens in {st.prompt_seconds:.2f}s; finish: "
-        f"{st.finish_reason}"
+        f"tokens/step;{tree_text(st)} prompt {st.n_prompt_tokens} tokens in "
+        f"{st.prompt_seconds:.2f}s; finish: {st.finish_reason}"
     )
+
+
+def tree_text(st: Stats) -> str:
+    """` trees 4 steps, 6 siblings, 1 taken;` where steps verified draft trees, else nothing."""
+    if not st.tree_steps:
+        return ""
+    return f" trees {st.tree_steps} steps, {st.tree_branches} siblings, {st.tree_taken} taken;"
 
 
 def offload_text(offload: dict) -> str:
@@ -94,6 +101,8 @@ def stats_table(st: Stats, elapsed: float | None = None) -> Table:
         t.add_row("accepted", f"{100 * st.acceptance_rate:.0f}%  of {st.n_drafted} drafted;  "
                   f"{st.mean_accepted_length:.2f} tokens/step")
         t.add_row("drafts from", sources_text(st))
+        if st.tree_steps:
+            t.add_row("trees", tree_text(st).strip(" ;"))
         for i, (d,
                 a) in enumerate(zip(st.drafted_per_position, st.accepted_per_position + [0] * 64)):
             if i >= 8:

@@ -56,6 +56,11 @@ class Stats(Rates):
     finish_reason: str | None = None
     stop_string: str | None = None  # the stop string that ended the generation, where one did
     last_k: int = 0
+    # draft trees (issue 59): steps that verified one, the siblings they verified beside their
+    # chains, and the steps whose accepted path took a sibling
+    tree_steps: int = 0
+    tree_branches: int = 0
+    tree_taken: int = 0
     offload: dict | None = None  # where the weights went (session.Session.offload)
 
     def add_step(self, step) -> None:
@@ -65,6 +70,10 @@ class Stats(Rates):
         self.n_accepted += step.accepted
         self.last_k = step.drafted
         self.decode_seconds += step.draft_seconds + step.verify_seconds
+        if step.branches:
+            self.tree_steps += 1
+            self.tree_branches += step.branches
+            self.tree_taken += step.off_chain
         if step.drafted:
             for source, n in (("grammar", step.forced), (step.source, step.drafted - step.forced)):
                 if n:
@@ -86,11 +95,18 @@ class Stats(Rates):
                     prompt_seconds=runs[0].prompt_seconds, finish_reason=runs[-1].finish_reason)
         for s in runs:
             for name in ("n_generated", "n_steps", "n_drafted", "n_accepted", "decode_seconds",
-                         "prediction_accepted"):
+                         "prediction_accepted", "tree_steps", "tree_branches", "tree_taken"):
                 setattr(total, name, getattr(total, name) + getattr(s, name))
             for source, n in s.by_source.items():
                 total.by_source[source] = total.by_source.get(source, 0) + n
         return total
+
+    @property
+    def tree(self) -> dict[str, int]:
+        """The draft trees' counters: steps that verified one, the siblings they verified, the
+        steps whose accepted path took one."""
+        return {"steps": self.tree_steps, "branches": self.tree_branches,
+                "taken": self.tree_taken}
 
     @property
     def prediction_rejected(self) -> int:
@@ -134,6 +150,7 @@ class Stats(Rates):
             "accepted_per_position": list(self.accepted_per_position),
             "drafted_by_source": {str(source): n for source, n in self.by_source.items()},
             "accepted_prediction_tokens": self.prediction_accepted,
+            "tree": self.tree,
             "rejected_prediction_tokens": self.prediction_rejected,
             "prompt_seconds": round(self.prompt_seconds, 6),
             "decode_seconds": round(self.decode_seconds, 6),

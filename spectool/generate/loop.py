@@ -26,12 +26,15 @@ from spectool.core.grammar import Constraint, Grammar, NothingAllowed, dist_unde
 from spectool.core.protocol import EMPTY, Draft, Drafter
 from spectool.core.stats import Stats
 from spectool.core.verify import (Sampling, TokenLogprob, accept_greedy, accept_sampled,
-                                  backend_chain, dist_at,
-                                  greedy_rows, token_logprob)
+                                  accept_tree, backend_chain, dist_at,
+                                  greedy_rows, token_at, token_logprob)
 from spectool.generate.prompt import calibrate, freeze_startup_objects, prefill
 from spectool.generate.stream import TextStream
 from spectool.llama.engine import Model
 from spectool.llama.outputs import ROWS, Output
+from spectool.llama.parallel import ParallelModel, Tree
+
+WIDTH = 4  # the most tokens a draft tree holds at one node (ngram-map-k keeps as many)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -56,6 +59,10 @@ class Step:
     logprobs: list[TokenLogprob] | None = None
     # the drafted tokens the target refused (the draft after its `accepted`)
     rejected: list[int] = field(default_factory=list)
+    # a draft tree's: the siblings verified beside the chain (of `drafted`), and whether the
+    # accepted path took one
+    branches: int = 0
+    off_chain: bool = False
 
 
 @dataclass
@@ -77,6 +84,10 @@ class GenerationConfig:
     # none, and llama.cpp's graph may sample the rows where they are (backend_chain)
     # the most tokens a step drafts, where a request sets its own (0: none); None: the controller's
     draft_max: int | None = None
+    # the most siblings a step's draft tree may verify beside its chain (0: chains only); trees
+    # need a target with a unified KV cache and a spare sequence for each leaf (llama/parallel.py),
+    # and no grammar, logprobs or penalties
+    draft_tree: int = 0
 
     def random(self) -> np.random.Generator:
         if self.rng is None:
@@ -158,6 +169,21 @@ class Plan:
     token: int = -1
     logprobs: list[TokenLogprob] | None = None
     logprob_seconds: float = 0.0
+    # a draft tree: the chain `draft`, then its siblings (Controller.branch); what the accepted
+    # path holds, and how far along the chain it went
+    tree: Tree | None = None
+    kept: list[int] | None = None
+    chain_acc: int = 0
+
+    @property
+    def rows(self) -> int:
+        """The rows the target's pass decodes for it."""
+        return len(self.tree.tokens) if self.tree is not None else len(self.draft.tokens) + 1
+
+    @property
+    def accepted_tokens(self) -> list[int]:
+        """The drafted tokens accepted."""
+        return self.kept if self.kept is not None else self.draft.tokens[: self.n_acc]
 
 
 class Loop:
@@ -186,6 +212,11 @@ class Loop:
         # (not under a floor the user set: --draft-min is a policy of its own)
         self.audit = (Audit() if g.sampling.greedy and self.ctl.adaptive and self.ctl.audit
                       and not self.ctl.k_min and g.drafter is not None else None)
+        # the most siblings a draft tree may have here (0: chains; a draft tree's row holds the
+        # target's raw row, which a grammar's mask, logprobs and penalties do not read)
+        tree = (isinstance(g.target, ParallelModel) and g.target.kv_unified and constraint is None
+                and g.logprobs is None and not g.sampling.window)
+        self.tree_cap = min(g.draft_tree, g.target.n_seq_max - 1) if tree else 0
 
     def worth(self, key: Evidence) -> float:
         """What the controller makes of a drafter's greedy key at this generation's temperature."""
@@ -196,7 +227,10 @@ class Loop:
         try:
             while (p := self.plan(target.n_ctx)) is not None:
                 t0 = time.perf_counter()
-                target.eval(self.batch(p), logits="all", output=self.on_graph)
+                if p.tree is not None:
+                    cast(ParallelModel, target).eval_tree(p.tree)
+                else:
+                    target.eval(self.batch(p), logits="all", output=self.on_graph)
                 self.accept(target, p)
                 step = self.settle(p, target, t0)
                 yield step
@@ -257,7 +291,21 @@ class Loop:
         d = self.drafter.propose(self.x, len(keys), self.sampling, self.rng) if keys else EMPTY
         if d.notice:
             self.notice = d.notice
-        return Plan(keys, d, time.perf_counter() - o.t0)
+        tree = self.tree_of(d, keys) if self.tree_cap and d.tokens and d.q is None else None
+        return Plan(keys, d, time.perf_counter() - o.t0, tree=tree)
+
+    def tree_of(self, d: Draft, keys: list[Evidence]) -> Tree | None:
+        """The draft tree the controller prices above the chain `d` drafted under `keys` (None: the
+        chain is best): its siblings, each a leaf after the chain's node before it."""
+        assert self.drafter is not None
+        k, keys = len(d.tokens), keys[: len(d.tokens)]
+        depths = self.ctl.branching(keys, self.tree_cap)  # (where no sibling could pay, none asked)
+        offered = self.drafter.branches(self.x, d.tokens[:depths], WIDTH) if depths else []
+        chosen = self.ctl.branch(keys, offered, self.tree_cap) if offered else []
+        if not chosen:
+            return None
+        return Tree([self.x[-1], *d.tokens, *(b.token for b in chosen)],
+                    [-1, *range(k), *(b.depth for b in chosen)])
 
     def batch(self, p: Plan) -> list[int]:
         """What the target's pass decodes for this sequence: [x[-1], d_1..d_k]."""
@@ -268,6 +316,8 @@ class Loop:
         reads them as verify.py reads a model's) make of the drafts: the acceptance rule, then the
         new tokens' logprobs where asked, all read before any roll-back (which drops the decode's
         outputs)."""
+        if p.tree is not None:
+            return self.accept_tree(rows, p)
         try:
             p.n_acc, p.token = self.acceptance(rows, p.draft)
         except NothingAllowed:
@@ -277,6 +327,21 @@ class Loop:
             t0 = time.perf_counter()
             p.logprobs = self.logprobs([*p.draft.tokens[: p.n_acc], p.token], rows)
             p.logprob_seconds = time.perf_counter() - t0
+
+    def accept_tree(self, rows: ParallelModel, p: Plan) -> None:
+        """Acceptance on the draft tree's rows (verify.accept_tree: its branches are
+        deterministic): the path along the target's own tokens, kept in the cache; how far along
+        the chain it went is what the controller learns of the chain's keys."""
+        assert p.tree is not None
+        s, tree, k = self.sampling, p.tree, len(p.draft.tokens)
+
+        def token_of(i: int) -> int:
+            return token_at(rows, i, s) if s.greedy else dist_at(rows, i, s).sample(self.rng)
+
+        path, p.token = accept_tree(token_of, tree.tokens, tree.parents)
+        rows.keep_path(path)
+        p.n_acc, p.kept = len(path) - 1, [tree.tokens[i] for i in path[1:]]
+        p.chain_acc = sum(i <= k for i in path[1:])
 
     def settle(self, p: Plan, rows, t0: float, alone: bool = True) -> Step:
         """The step after accept: the cache (`rows`) rolled back to x and the accepted drafts (the
@@ -348,26 +413,30 @@ class Loop:
             return
         d = p.draft
         if verify_seconds is not None:
-            self.ctl.observe_verify(len(d.tokens) + 1, verify_seconds)
+            self.ctl.observe_verify(p.rows, verify_seconds)
         if d.tokens and p.keys:  # (the audit's own drafts have no keys: core/audit.py)
             self.ctl.observe_draft(p.keys[: len(d.tokens)], p.draft_seconds - d.catch_up_seconds)
-            self.ctl.observe_accept(p.keys, len(d.tokens), p.n_acc)
+            self.ctl.observe_accept(p.keys, len(d.tokens),
+                                    p.n_acc if p.tree is None else p.chain_acc)
 
     def emit(self, p: Plan, verify_seconds: float) -> Step:
         """The step, its tokens cut at end-of-generation, the token budget or a stop string, then
         recorded."""
         d, n_acc = p.draft, p.n_acc
-        new, finish = self.cut([*d.tokens[:n_acc], p.token])
+        new, finish = self.cut([*p.accepted_tokens, p.token])
         text, draft_chars = "", 0
         if self.stream is not None:
             new, finish, text, draft_chars = self.text_of(new, finish, n_acc)
         self.x.extend(new)
         self.n_new += len(new)
         logprobs = None if self.g.logprobs is None else (p.logprobs or [])[: len(new)]
-        step = Step(tokens=new, drafted=len(d.tokens), accepted=n_acc, source=d.source,
-                    draft_seconds=p.draft_seconds, verify_seconds=verify_seconds, text=text,
-                    draft_chars=draft_chars, finish_reason=finish, notice=self.notice,
-                    forced=d.forced, logprobs=logprobs, rejected=list(d.tokens[n_acc:]))
+        branches = p.rows - 1 - len(d.tokens)
+        step = Step(tokens=new, drafted=len(d.tokens) + branches, accepted=n_acc,
+                    source=d.source, draft_seconds=p.draft_seconds,
+                    verify_seconds=verify_seconds, text=text, draft_chars=draft_chars,
+                    finish_reason=finish, notice=self.notice, forced=d.forced, logprobs=logprobs,
+                    rejected=list(d.tokens[p.chain_acc if p.tree else n_acc :]),
+                    branches=branches, off_chain=p.tree is not None and p.chain_acc < n_acc)
         self.notice = None
         if self.stats is not None:
             self.stats.add_step(step)

@@ -55,6 +55,7 @@ def usage(ends: list, n_prompt: int, mode: str) -> dict:
                             "acceptance_rate": round(stats.acceptance_rate, 4),
                             # drafted tokens: lookup, draft, ..., grammar
                             "by_source": dict(stats.by_source),
+                            "tree": stats.tree,  # --draft-tree's steps, siblings, taken
                             "tokens_per_second": round(stats.tokens_per_second, 3),
                             "prompt_seconds": round(stats.prompt_seconds, 6),
                             "decode_seconds": round(stats.decode_seconds, 6)}}

@@ -22,6 +22,10 @@ class Totals:
     completion_tokens: int = 0
     drafted_tokens: int = 0
     accepted_tokens: int = 0
+    # draft trees (--draft-tree): steps that verified one, siblings verified, paths that took one
+    tree_steps: int = 0
+    tree_branches: int = 0
+    tree_taken: int = 0
     decode_seconds: float = 0.0
 
     def add(self, n_prompt: int, stats, cancelled: bool) -> None:
@@ -31,6 +35,8 @@ class Totals:
         self.drafted_tokens += stats.n_drafted
         self.accepted_tokens += stats.n_accepted
         self.decode_seconds += stats.decode_seconds
+        for name in ("tree_steps", "tree_branches", "tree_taken"):
+            setattr(self, name, getattr(self, name) + getattr(stats, name))
         self.requests_cancelled += cancelled
 
     def prometheus(self) -> str:

@@ -41,12 +41,14 @@ SHOWN = {
                "is_sleeping", "backend"},
     "/slots": {"id", "n_ctx", "speculative", "is_processing", "id_task", "n_prompt_tokens",
                "draft_n", "draft_n_accepted", "n_prompt_tokens_processed", "n_prompt_tokens_cache",
+               "draft_tree", "draft_tree/steps", "draft_tree/branches", "draft_tree/taken",
                "params", *(f"params/{p}" for p in PARAMS), "next_token", "next_token/n_remain",
                "next_token/has_next_token", "next_token/has_new_line", "next_token/n_decoded"},
     # names without their _total, and each label's values: fields.label's names, a slot's number
     "/metrics": {"spectool_requests", "spectool_requests_rejected", "spectool_requests_cancelled",
                  "spectool_prompt_tokens", "spectool_completion_tokens", "spectool_decode_seconds",
-                 "spectool_drafted_tokens", "spectool_accepted_tokens", "spectool_slots",
+                 "spectool_drafted_tokens", "spectool_accepted_tokens", "spectool_tree_steps",
+                 "spectool_tree_branches", "spectool_tree_taken", "spectool_slots",
                  "spectool_slots_busy", "spectool_slot_busy", "spectool_slot_completion_tokens",
                  "spectool_slot_drafted_tokens", "spectool_slot_accepted_tokens",
                  "spectool_batch_steps", "spectool_batch_rows", "spectool_batch_sequences",
@@ -105,7 +107,7 @@ def slot(server, index: int) -> dict:
     stats = task.stats
     return out | {
         "id_task": task.id, "n_prompt_tokens": task.n_prompt,
-        "draft_n": stats.n_drafted, "draft_n_accepted": stats.n_accepted,
+        "draft_n": stats.n_drafted, "draft_n_accepted": stats.n_accepted, "draft_tree": stats.tree,
         "n_prompt_tokens_processed": stats.n_prefilled,
         "n_prompt_tokens_cache": max(0, task.n_prompt - stats.n_prefilled),
         "params": params(task.gen, server.session),
