@@ -30,8 +30,9 @@ with open(sys.argv[1], "w") as out:
             out.write(f"{' '.join(extra) or 'default'}: {s['tokens_per_second']:.1f} tok/s, "
                       f"{s['offload']['target']['backend']}, {s['n_accepted']}/{s['n_drafted']} accepted\n")
 PY
-# spectool against llama.cpp's tools, every contender on the GPU: a reduced run (the whole one takes hours on a CPU)
-timeout 180 $py benchmarks/vs_llamacpp.py --models gemma-f16 --families qa,code,raw --prompts 2 --repeats 1 \
+# spectool against llama.cpp's tools, every contender on the GPU, with draft trees (issue 59): a reduced run (the whole one
+# takes hours on a CPU)
+timeout 180 $py benchmarks/vs_llamacpp.py --models gemma-f16 --families qa,code,raw --prompts 2 --repeats 1 --trees 8 \
   --out "$out" >> "$log" 2>&1
 # drafts as trees against chains at the GPU's own batch costs (issue 59's bound; on a CPU a row costs a sixth of a step)
 timeout 60 $py research/tree_bound.py --prompts 4 --tokens 96 --samples 1 --shorter > "$out/tree_bound.md" 2>> "$log"

@@ -49,13 +49,20 @@ from spectool.core.stats import Stats
 from spectool.core.verify import Sampling
 from spectool.generate.loop import GenerationConfig, speculative_generate
 from spectool.llama import engine
+from spectool.llama.parallel import ParallelModel
 from spectool.options import CTX_SIZE, DRAFT_MAX, Mode, llama_cpp_sampling
 from spectool_lab import common, formats, llamacpp
 from spectool_lab.common import machine, on_gpu
 
 HERE = Path(__file__).resolve().parent
 COMPLETION, PLAIN, LOOKUP_CPP, LOOKUP = "llama-completion", "spectool plain", "llama-lookup", "spectool lookup"
+TREES = "spectool lookup, trees"  # --trees N: lookup with draft trees (--draft-tree N), issue 59
 OURS = (Contender(PLAIN, Mode.none), Contender(LOOKUP, Mode.lookup, DRAFT_MAX))
+
+
+def ours(args) -> tuple[Contender, ...]:
+    """spectool's contenders: plain, lookup, and with --trees lookup with draft trees."""
+    return OURS + ((Contender(TREES, Mode.lookup, DRAFT_MAX, tree=args.trees),) if args.trees else ())
 BARS = {"family": 1.0, "prompt": 0.97, "mean": 1.15, "spread": 1.5, "plain": 0.97}  # issue 57's "Done when"
 
 
@@ -126,7 +133,7 @@ class Bench:
         a, b = self.args, self.bins
         kw = dict(threads=a.threads, repack=self.repack, gpu=self.gpu, temp=a.temp, seed=seed,
                   echo=self.target.detokenize(prompt))
-        out: dict[str, Callable[[], tuple]] = {c.name: self.ours(c, prompt, seed) for c in OURS}
+        out: dict[str, Callable[[], tuple]] = {c.name: self.ours(c, prompt, seed) for c in ours(a)}
         out[COMPLETION] = lambda: (llamacpp.completion(b[COMPLETION], self.path, text, a.tokens, **kw), None)
         out[LOOKUP_CPP] = lambda: (llamacpp.lookup(b[LOOKUP_CPP], self.path, text, a.tokens, a.n_draft,
                                                    **kw), None)
@@ -213,7 +220,7 @@ def figures(records: list[Record]) -> dict[str, Figure]:
 
 def drafters(names) -> list[str]:
     """llama.cpp's n-gram drafters among the contenders."""
-    return [n for n in names if n not in (COMPLETION, PLAIN, LOOKUP)]
+    return [n for n in names if n not in (COMPLETION, PLAIN, LOOKUP, TREES)]
 
 
 @dataclass
@@ -334,6 +341,20 @@ def contenders_table(records: list[Record]) -> str:
     return "\n".join(lines)
 
 
+def trees_table(records: list[Record]) -> str:
+    """Issue 59's rows: spectool lookup with draft trees against the same without (--draft-tree 0) and against the
+    fastest llama.cpp drafter, per model and family (means over repeats)."""
+    lines = ["| model | family | lookup, chains tok/s | lookup, trees tok/s | trees / chains | fastest drafter | "
+             "trees / fastest |", "|---|---|---:|---:|---:|---|---:|"]
+    for m, fam in dict.fromkeys((r.model, r.family) for r in records):
+        f = figures([r for r in records if (r.model, r.family) == (m, fam)])
+        fastest = max(drafters(f), key=lambda n: f[n].mean)
+        lines.append(f"| {m} | {fam} | {f[LOOKUP].text()} | {f[TREES].text()} | "
+                     f"{f[TREES].mean / f[LOOKUP].mean if f[LOOKUP].mean else 0:.3f}x | {fastest} | "
+                     f"{f[TREES].mean / f[fastest].mean if f[fastest].mean else 0:.3f}x |")
+    return "\n".join(lines)
+
+
 def prompts_table(records: list[Record], chosen: dict[str, list[formats.Prompt]]) -> str:
     """Each prompt: spectool lookup against the fastest drafter on it (repeats pooled)."""
     lines = ["| model | family | prompt | kind | item | spectool lookup tok/s | fastest llama.cpp drafter on it | "
@@ -354,6 +375,7 @@ def command(args, seed: int) -> str:
     opts = [f"--seed {seed}", f"--models {','.join(args.models)}", f"--families {','.join(args.families)}",
             f"--repeats {args.repeats}", f"--prompts {args.prompts}", f"--tokens {args.tokens}",
             f"--temp {args.temp:g}", f"--ngram {args.ngram}", f"--threads {args.threads}"]
+    opts += [f"--trees {args.trees}"] if getattr(args, "trees", 0) else []
     return "python benchmarks/vs_llamacpp.py " + " ".join(opts + (["--tuning"] if args.tuning else []))
 
 
@@ -398,6 +420,8 @@ def report(args, seed: int, backends: dict, seconds: float, records: list[Record
                         ("Held-out formats (on no tuning list)", True)):
         if any(r.held_out == held for r in rs):
             parts += ["", f"## {title}", "", summary([r for r in rs if r.held_out == held])]
+    if any(r.contender == TREES for r in records):
+        parts += ["", "## Draft trees (--trees)", "", trees_table(records)]
     parts += ["", "## Every contender", "", contenders_table(records), "", "## Every prompt", "",
               prompts_table(records, chosen)]
     return "\n".join(parts) + "\n"
@@ -432,6 +456,9 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
                     help="llama-speculative-simple's n-gram drafters at llama.cpp's defaults, sized for short "
                          "contexts, or both (default)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--trees", type=int, default=0, metavar="N",
+                    help="also spectool lookup with draft trees of up to N siblings (--draft-tree N), its target, as "
+                         "every spectool contender's, loaded with a sequence for each leaf (default: 0, none)")
     ap.add_argument("--n-draft", type=int, default=8, help="llama-lookup's --spec-draft-n-max (default: 8)")
     ap.add_argument("--seed", type=int, default=None, help="the unseen samples' seed (default: a fresh one)")
     ap.add_argument("--tuning", action="store_true", help="the tuning lists instead (held-out families have none)")
@@ -469,6 +496,15 @@ def report_again(path: Path, out: Path) -> str:
     return write(args, runs["seed"], backends, runs.get("seconds", 0.0), records, chosen)
 
 
+def load(path: Path, args) -> engine.Model:
+    """The target every spectool contender decodes on: with --trees, a sequence for each leaf of a tree in one KV
+    buffer (as `spectool run --draft-tree N` loads it)."""
+    if not args.trees:
+        return engine.Model(path, n_ctx=CTX_SIZE, n_threads=args.threads, n_gpu_layers="auto")
+    return ParallelModel(path, n_ctx=CTX_SIZE, n_threads=args.threads, n_gpu_layers="auto",
+                         n_seq_max=args.trees + 1, kv_unified=True)
+
+
 def main() -> None:
     args = options()
     if args.report_from:
@@ -485,13 +521,13 @@ def main() -> None:
     backends: dict[str, str] = {}
     for name in args.models:
         path = common.real_model(name)
-        with engine.Model(path, n_ctx=CTX_SIZE, n_threads=args.threads, n_gpu_layers="auto") as target:
+        with load(path, args) as target:
             chat = formats.ChatFormat.of(target)
             backends[name] = f"{offload_text({'target': target.offload()})}, chat template: {chat.name}"
             b = Bench(args, bins, name, path, target, sampling, ngram_drafters(args.ngram))
             texts = {f: [p.render(chat) for p in ps] for f, ps in chosen.items()}
             for r in range(args.repeats):
-                b.costs = {c.name: Costs() for c in OURS}  # fresh at each repeat, as on a new machine
+                b.costs = {c.name: Costs() for c in ours(args)}  # fresh at each repeat, as on a new machine
                 for f, ts in texts.items():
                     for i, text in enumerate(ts):
                         print(f"  {name}, repeat {r + 1}/{args.repeats}, {f} {i + 1}/{len(ts)}   ", end="\r",
