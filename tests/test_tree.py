@@ -9,6 +9,7 @@ import pytest
 from exactness import N_JOINT, N_RUNS, SAMPLING, chi2_rejects, exact_joint
 from spectool_lab.helpers import tokens_of
 
+from spectool.cli.display import summary_line
 from spectool.core.controller import Controller
 from spectool.core.costs import Costs
 from spectool.core.evidence import Evidence, Source
@@ -262,6 +263,7 @@ def test_greedy_generation_with_trees_is_plain_decoding(target, trees):
     g = GenerationConfig(trees, Runners(target, swap=True), Sampling(), free_rows(k_max=2, adaptive=False),
                          max_tokens=40, draft_tree=4)
     assert tokens_of(g, prompt, st) == plain and st.tree_taken == st.tree_steps == st.n_steps, st.to_json()
+    assert f"trees {st.n_steps} steps, {st.tree_branches} siblings, {st.n_steps} taken;" in summary_line(st)
 
 
 class Runners(Drafter):
