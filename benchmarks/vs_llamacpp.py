@@ -51,6 +51,7 @@ from spectool.generate.loop import GenerationConfig, speculative_generate
 from spectool.llama import engine
 from spectool.llama.parallel import ParallelModel
 from spectool.options import CTX_SIZE, DRAFT_MAX, Mode, llama_cpp_sampling
+from spectool.session import tree_seqs
 from spectool_lab import common, formats, llamacpp
 from spectool_lab.common import machine, on_gpu
 
@@ -502,7 +503,7 @@ def load(path: Path, args) -> engine.Model:
     if not args.trees:
         return engine.Model(path, n_ctx=CTX_SIZE, n_threads=args.threads, n_gpu_layers="auto")
     return ParallelModel(path, n_ctx=CTX_SIZE, n_threads=args.threads, n_gpu_layers="auto",
-                         n_seq_max=args.trees + 1, kv_unified=True)
+                         n_seq_max=tree_seqs(args.trees), kv_unified=True, ctx_seqs=1)
 
 
 def main() -> None:

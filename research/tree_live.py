@@ -29,6 +29,7 @@ from spectool.llama import engine
 from spectool.llama.parallel import ParallelModel
 from spectool.core.verify import Sampling
 from spectool.options import CTX_SIZE, DRAFT_MAX, Mode, llama_cpp_sampling
+from spectool.session import tree_seqs
 
 
 def decode(c: Contender, target, prompt: list[int], tokens: int, costs: Costs, sampling: Sampling,
@@ -60,8 +61,8 @@ def main() -> None:
     print("| model | family | chains | trees | trees / chains | tree steps | siblings | taken | same text |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for name in args.models.split(","):
-        with ParallelModel(common.real_model(name), n_ctx=CTX_SIZE, n_threads=2, n_seq_max=args.trees + 1,
-                           kv_unified=True) as target:
+        with ParallelModel(common.real_model(name), n_ctx=CTX_SIZE, n_threads=2, n_seq_max=tree_seqs(args.trees),
+                           kv_unified=True, ctx_seqs=1) as target:
             chat = formats.ChatFormat.of(target)
             for fam in args.families.split(","):
                 texts = [p.render(chat) for p in formats.chosen(fam, args.prompts, seed)]

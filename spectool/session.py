@@ -207,6 +207,12 @@ def resolve_models(o: Options) -> Refs:
     return Refs(target, draft, pair.draft_max if pair else DRAFT_MAX)
 
 
+def tree_seqs(draft_tree: int) -> int:
+    """The sequences a target needs for draft trees of `draft_tree` siblings (0: one): its own, and
+    a spare one for each leaf, the siblings' and the chain's end."""
+    return 1 + (draft_tree + 1 if draft_tree else 0)
+
+
 def load_models(o: Options, stack: contextlib.ExitStack, refs: Refs, want_draft: bool,
                 hooks: Hooks = Hooks(), load_mtp: bool = False) -> Loaded:
     """Download if needed and load the target and (when wanted) the draft of `refs` (from
@@ -224,13 +230,15 @@ def load_models(o: Options, stack: contextlib.ExitStack, refs: Refs, want_draft:
     path = hub.ensure(target_ref, yes=o.yes, ask=hooks.ask)
     with hooks.bar(f"loading {Path(path).name}", "") as bar:
         # --parallel: one context for that many sequences (llama/parallel.py)
-        # a draft tree: a sequence for each of its leaves, in one KV buffer (llama/parallel.py)
-        n_seq = o.parallel if o.parallel > 1 else 1 + o.draft_tree
+        # a draft tree: a sequence for each of its leaves, in one KV buffer of one sequence's size
+        # (llama/parallel.py; its siblings' leaves and the chain's)
+        n_seq = o.parallel if o.parallel > 1 else tree_seqs(o.draft_tree)
         kind = engine.Model if n_seq == 1 else parallel.ParallelModel
         unified = {"kv_unified": True} if o.draft_tree or (o.kv_unified and n_seq > 1) else {}
         target = stack.enter_context(kind(path, n_ctx=o.ctx_size, n_threads=o.threads,
                                           n_gpu_layers=o.gpu_layers, load_mtp=load_mtp,
-                                          progress=bar.fraction, n_seq_max=n_seq, **unified))
+                                          progress=bar.fraction, n_seq_max=n_seq, **unified,
+                                          ctx_seqs=o.parallel))
     out = Loaded(target, None, target_ref, draft_ref)
     if draft_ref is None or not want_draft:
         return out

@@ -99,10 +99,12 @@ def test_props_and_slots_need_the_key_where_there_is_one(tiny):
 
 
 def test_draft_trees_serve_the_same_text_and_are_counted(server, tiny):
-    """`serve --draft-tree 4`: the same greedy text as the server without trees; the response's usage, the slot and
-    /metrics count the trees alike."""
+    """`serve --draft-tree 4`: the model's trained context for its one sequence (the leaves' sequences share it); the
+    same greedy text as the server without trees; the response's usage, the slot and /metrics count the trees
+    alike."""
     trees = Defaults(tiny["target"], "--no-lookup-corpus", "--draft-tree", "4")
     try:
+        assert get(trees, "/props")[1]["default_generation_settings"]["n_ctx"] == 2048
         ask = dict(model="any", max_tokens=30, temperature=0.0,
                    prompt="the dog the fox the dog the fox the dog the fox the dog the")
         r = trees.client().completions.create(**ask)

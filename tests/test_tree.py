@@ -18,7 +18,7 @@ from spectool.core.stats import Stats
 from spectool.core.verify import Sampling, accept_tree, distribution, greedy_token
 from spectool.drafters.builder import for_generation
 from spectool.drafters.lookup import PromptLookup
-from spectool.generate.loop import GenerationConfig
+from spectool.generate.loop import GenerationConfig, speculative_generate
 from spectool.llama.engine import DecodeError
 from spectool.llama.parallel import ParallelModel, Tree
 
@@ -295,6 +295,17 @@ class Runners(Drafter):
 
     def branches(self, history, chain, width):
         return [Branch(d, t, 0.5) for d, t in enumerate(self.chain(history, len(chain))[1])]
+
+
+def test_a_tree_as_wide_as_the_sequences_allow(target, trees):
+    """`draft_tree` above what the target's sequences hold: a spare sequence for each leaf, the siblings' and the
+    chain's end, so at most n_seq_max - 2 siblings a step, and the text stays plain decoding's."""
+    prompt = target.tokenize(LOOP)
+    g = GenerationConfig(trees, Runners(target, swap=True), Sampling(), free_rows(k_max=8, adaptive=False),
+                         max_tokens=24, draft_tree=trees.n_seq_max)
+    steps = list(speculative_generate(g, prompt))
+    plain = tokens_of(GenerationConfig(target, None, max_tokens=24), prompt)
+    assert [t for s in steps for t in s.tokens] == plain and max(s.branches for s in steps) == trees.n_seq_max - 2
 
 
 def sampled_with_trees(target, trees):

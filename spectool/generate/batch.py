@@ -97,7 +97,8 @@ class Batch:
         if stats is not None:
             stats.prompt_seconds = time.perf_counter() - t0
         stream = None if stop is None else TextStream(target, stop)
-        self.active[seq] = Loop(g, x, ROWS, stats, stream, constraint, notice)
+        self.active[seq] = loop = Loop(g, x, ROWS, stats, stream, constraint, notice)
+        loop.tree_cap = 0  # (the batch decodes chains: draft trees are one sequence's)
         return seq
 
     def warm(self, prompt: Sequence[int], seq: int | None = None,

@@ -59,8 +59,8 @@ class Step:
     logprobs: list[TokenLogprob] | None = None
     # the drafted tokens the target refused (the draft after its `accepted`)
     rejected: list[int] = field(default_factory=list)
-    # a draft tree's: the siblings verified beside the chain (of `drafted`), and whether the
-    # accepted path took one
+    # a draft tree's: the siblings verified beside the chain (`drafted` counts the chain's), and
+    # whether the accepted path took one
     branches: int = 0
     off_chain: bool = False
 
@@ -216,7 +216,8 @@ class Loop:
         # target's raw row, which a grammar's mask, logprobs and penalties do not read)
         tree = (isinstance(g.target, ParallelModel) and g.target.kv_unified and constraint is None
                 and g.logprobs is None and not g.sampling.window)
-        self.tree_cap = min(g.draft_tree, g.target.n_seq_max - 1) if tree else 0
+        # (a spare sequence for each leaf: the siblings' and the chain's end)
+        self.tree_cap = max(0, min(g.draft_tree, g.target.n_seq_max - 2)) if tree else 0
 
     def worth(self, key: Evidence) -> float:
         """What the controller makes of a drafter's greedy key at this generation's temperature."""
@@ -243,6 +244,8 @@ class Loop:
         finally:
             # whatever happened, the cache holds x[:-1] and nothing drafted
             target.rollback(len(x) - 1)
+            if self.tree_cap:  # (nor a draft tree's leaves)
+                cast(ParallelModel, target).drop_tree()
             self.finish()
 
     def finish(self) -> None:
@@ -299,9 +302,11 @@ class Loop:
         chain is best): its siblings, each a leaf after the chain's node before it."""
         assert self.drafter is not None
         k, keys = len(d.tokens), keys[: len(d.tokens)]
-        depths = self.ctl.branching(keys, self.tree_cap)  # (where no sibling could pay, none asked)
+        # a cell for each node in the one KV buffer: the cache holds len(x) - 1, the chain k + 1
+        cap = min(self.tree_cap, cast(ParallelModel, self.target).n_ctx_total - len(self.x) - k)
+        depths = self.ctl.branching(keys, cap)  # (where no sibling could pay, none asked)
         offered = self.drafter.branches(self.x, d.tokens[:depths], WIDTH) if depths else []
-        chosen = self.ctl.branch(keys, offered, self.tree_cap) if offered else []
+        chosen = self.ctl.branch(keys, offered, cap) if offered else []
         if not chosen:
             return None
         return Tree([self.x[-1], *d.tokens, *(b.token for b in chosen)],
@@ -412,7 +417,7 @@ class Loop:
         if self.drafter is None:
             return
         d = p.draft
-        if verify_seconds is not None:
+        if verify_seconds is not None and p.tree is None:  # (a tree's decode does more than rows)
             self.ctl.observe_verify(p.rows, verify_seconds)
         if d.tokens and p.keys:  # (the audit's own drafts have no keys: core/audit.py)
             self.ctl.observe_draft(p.keys[: len(d.tokens)], p.draft_seconds - d.catch_up_seconds)
@@ -431,7 +436,7 @@ class Loop:
         self.n_new += len(new)
         logprobs = None if self.g.logprobs is None else (p.logprobs or [])[: len(new)]
         branches = p.rows - 1 - len(d.tokens)
-        step = Step(tokens=new, drafted=len(d.tokens) + branches, accepted=n_acc,
+        step = Step(tokens=new, drafted=len(d.tokens), accepted=n_acc,
                     source=d.source, draft_seconds=p.draft_seconds,
                     verify_seconds=verify_seconds, text=text, draft_chars=draft_chars,
                     finish_reason=finish, notice=self.notice, forced=d.forced, logprobs=logprobs,

@@ -62,7 +62,7 @@ class Model(Facts):
         graph_sampling: bool | None = None,
         load_mtp: bool = False,
         progress: Callable[[float], None] | None = None,
-        n_seq_max: int = 1, kv_unified: bool | None = None,
+        n_seq_max: int = 1, kv_unified: bool | None = None, ctx_seqs: int | None = None,
     ):
         """`progress(fraction)` hears how far loading the weights has come (llama.cpp's
         progress_callback). `n_gpu_layers`: a number, `auto` or `all` (resolve_gpu_layers);
@@ -71,7 +71,8 @@ class Model(Facts):
         inside llama.cpp's graph (see sample_on_backend); None: where the output layer runs on a GPU
         or a worker, not on the CPU (research/notes/2026-12-02-lab.md, Reading a decode's outputs).
         `load_mtp`: load the NextN (MTP) blocks too, for drafters/mtp.py's MtpContext.
-        `n_seq_max`, `kv_unified`: the sequences the context holds (parallel.py)."""
+        `n_seq_max`, `kv_unified`: the sequences the context holds (parallel.py); `ctx_seqs`: how
+        many -c 0 and the memory check size it for (None: all; a tree's leaves share one's)."""
         self.path = check_gguf_file(path)
         self.lib = llama_lib()
         # close() is safe on a half-built Model: the handles are None until made
@@ -81,8 +82,7 @@ class Model(Facts):
         self._chain: Any = None
         self._ctx_arg: Any = None
         ngl, usable = resolve_gpu_layers(n_gpu_layers, local_only=local_only)
-        # several sequences' KV cache (--parallel) checked before the weights load
-        check_kv_fits(self.path, n_ctx, n_seq_max, usable, ngl)
+        check_kv_fits(self.path, n_ctx, ctx_seqs or n_seq_max, usable, ngl)  # (before the load)
         self._model = self._load(ngl, usable, load_mtp, progress)
         lib, model = self.lib, self._model
         self._note_offload(ngl, usable, graph_sampling)
@@ -90,10 +90,10 @@ class Model(Facts):
         self.n_embd = int(lib.llama_model_n_embd(model))
         self.can_rollback = not (lib.llama_model_is_recurrent(model)
                                  or lib.llama_model_is_hybrid(model))
-        # MTP (NextN) heads the file carries
-        self.n_nextn = int(lib.llama_model_n_layer_nextn(model))
+        self.n_nextn = int(lib.llama_model_n_layer_nextn(model))  # the file's MTP (NextN) heads
         self.n_threads = n_threads or max(1, os.cpu_count() or 1)
-        self._ctx = self._make_context(n_ctx, n_batch, flash_attn, n_seq_max, kv_unified)
+        self._ctx = self._make_context(n_ctx, n_batch, flash_attn, n_seq_max, kv_unified,
+                                       ctx_seqs or n_seq_max)
         self._mem = lib.llama_get_memory(self._ctx)
         self.n_ctx = lib.llama_n_ctx(self._ctx)
         self.n_batch = lib.llama_n_batch(self._ctx)
@@ -181,11 +181,11 @@ class Model(Facts):
         self._graph_sampling = on_devices if graph_sampling is None else graph_sampling
 
     def _make_context(self, n_ctx: int, n_batch: int, flash_attn: bool | None, n_seq_max: int,
-                      kv_unified: bool | None):
+                      kv_unified: bool | None, ctx_seqs: int):
         lib = self.lib
         cparams = lib.llama_context_default_params()
         n_ctx = n_ctx if n_ctx > 0 else context_that_fits(lib, self._model, self.offload_devices,
-                                                          n_seq_max)
+                                                          ctx_seqs)
         cparams.n_ctx, cparams.n_seq_max = n_ctx, n_seq_max
         if kv_unified is not None:
             cparams.kv_unified = kv_unified

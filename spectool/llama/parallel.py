@@ -57,6 +57,7 @@ class ParallelModel(Model):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        self._leaf_seqs: dict[int, int] = {}  # a tree's leaves' sequences until keep_path
         self.n_ctx_total, self.n_ctx = self.n_ctx, self.n_ctx_seq
         self.kv_unified = bool(kwargs.get("kv_unified"))  # (llama.cpp's default: a stream each)
 
@@ -121,6 +122,9 @@ class ParallelModel(Model):
             raise DecodeError(f"a tree of {len(leaves)} leaves needs as many empty sequences")
         if pos0 + max(map(tree.depth, range(len(tree.tokens)))) >= self.n_ctx_seq:
             raise DecodeError(f"context full: sequence {seq} holds {pos0} tokens")
+        b, n = self._batch, len(tree.tokens)
+        if n > self.n_batch:
+            raise DecodeError(f"a tree of {n} nodes > n_batch {self.n_batch}")
         self._leaf_seqs = dict(zip(leaves, spare))
         for leaf in leaves:  # (emptied first: a tree an error left unsettled leaves cells behind)
             self.lib.llama_memory_seq_rm(self._mem, self._leaf_seqs[leaf], -1, -1)
@@ -128,9 +132,6 @@ class ParallelModel(Model):
         if self._chain_output is not ROWS:
             self.sample_on_backend(ROWS)
             self._output_asked = None
-        b, n = self._batch, len(tree.tokens)
-        if n > self.n_batch:
-            raise DecodeError(f"a tree of {n} nodes > n_batch {self.n_batch}")
         self._b_token[:n] = tree.tokens
         self._b_pos[:n] = [pos0 + tree.depth(i) for i in range(n)]
         for i in range(n):
@@ -152,6 +153,8 @@ class ParallelModel(Model):
             raise DecodeError(f"llama_decode failed (code {rc}) on a tree of {n} nodes: "
                               f"{last_log_error()}")
         self.seqs[seq].append(tree.tokens[0])  # the root is the sequence's (rollback drops it)
+        if Interrupt.pending:
+            raise_pending_interrupt()
 
     def keep_path(self, path: Sequence[int]) -> None:
         """After `eval_tree`: the nodes of `path` (the root, then each accepted node a child of the
@@ -165,6 +168,11 @@ class ParallelModel(Model):
         leaf = self._leaf_seqs[tree.under(path[-1])[0]]
         self.lib.llama_memory_seq_cp(self._mem, leaf, seq, pos0 + 1, pos0 + len(path))
         self.seqs[seq] += [tree.tokens[i] for i in path[1:]]
+        self._drop_leaves()
+
+    def drop_tree(self) -> None:
+        """A tree `eval_tree` decoded and `keep_path` never settled (an error between them): its
+        leaves' sequences are emptied (the sequence itself rolls back as any does)."""
         self._drop_leaves()
 
     def _drop_leaves(self) -> None:
