@@ -169,11 +169,10 @@ class Plan:
     token: int = -1
     logprobs: list[TokenLogprob] | None = None
     logprob_seconds: float = 0.0
-    # a draft tree: the chain `draft`, then its siblings (Controller.branch); what the accepted
-    # path holds, and how far along the chain it went
+    # a draft tree: the chain `draft`, then its siblings (Controller.branch), and the accepted
+    # path's nodes (the root first)
     tree: Tree | None = None
-    kept: list[int] | None = None
-    chain_acc: int = 0
+    path: list[int] | None = None
 
     @property
     def rows(self) -> int:
@@ -183,7 +182,17 @@ class Plan:
     @property
     def accepted_tokens(self) -> list[int]:
         """The drafted tokens accepted."""
-        return self.kept if self.kept is not None else self.draft.tokens[: self.n_acc]
+        if self.tree is None or self.path is None:
+            return self.draft.tokens[: self.n_acc]
+        return [self.tree.tokens[i] for i in self.path[1:]]
+
+    @property
+    def chain_acc(self) -> int:
+        """How far along the chain `draft` the accepted path went (a tree's may then take a
+        sibling)."""
+        if self.path is None:
+            return self.n_acc
+        return sum(i <= len(self.draft.tokens) for i in self.path[1:])
 
 
 class Loop:
@@ -338,15 +347,14 @@ class Loop:
         deterministic): the path along the target's own tokens, kept in the cache; how far along
         the chain it went is what the controller learns of the chain's keys."""
         assert p.tree is not None
-        s, tree, k = self.sampling, p.tree, len(p.draft.tokens)
+        s, tree = self.sampling, p.tree
 
         def token_of(i: int) -> int:
             return token_at(rows, i, s) if s.greedy else dist_at(rows, i, s).sample(self.rng)
 
-        path, p.token = accept_tree(token_of, tree.tokens, tree.parents)
-        rows.keep_path(path)
-        p.n_acc, p.kept = len(path) - 1, [tree.tokens[i] for i in path[1:]]
-        p.chain_acc = sum(i <= k for i in path[1:])
+        p.path, p.token = accept_tree(token_of, tree.tokens, tree.parents)
+        rows.keep_path(p.path)
+        p.n_acc = len(p.path) - 1
 
     def settle(self, p: Plan, rows, t0: float, alone: bool = True) -> Step:
         """The step after accept: the cache (`rows`) rolled back to x and the accepted drafts (the
@@ -421,8 +429,7 @@ class Loop:
             self.ctl.observe_verify(p.rows, verify_seconds)
         if d.tokens and p.keys:  # (the audit's own drafts have no keys: core/audit.py)
             self.ctl.observe_draft(p.keys[: len(d.tokens)], p.draft_seconds - d.catch_up_seconds)
-            self.ctl.observe_accept(p.keys, len(d.tokens),
-                                    p.n_acc if p.tree is None else p.chain_acc)
+            self.ctl.observe_accept(p.keys, len(d.tokens), p.chain_acc)
 
     def emit(self, p: Plan, verify_seconds: float) -> Step:
         """The step, its tokens cut at end-of-generation, the token budget or a stop string, then
@@ -440,8 +447,8 @@ class Loop:
                     source=d.source, draft_seconds=p.draft_seconds,
                     verify_seconds=verify_seconds, text=text, draft_chars=draft_chars,
                     finish_reason=finish, notice=self.notice, forced=d.forced, logprobs=logprobs,
-                    rejected=list(d.tokens[p.chain_acc if p.tree else n_acc :]),
-                    branches=branches, off_chain=p.tree is not None and p.chain_acc < n_acc)
+                    rejected=list(d.tokens[p.chain_acc :]), branches=branches,
+                    off_chain=p.chain_acc < n_acc)
         self.notice = None
         if self.stats is not None:
             self.stats.add_step(step)

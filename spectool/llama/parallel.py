@@ -149,7 +149,7 @@ class ParallelModel(Model):
         if rc != 0:
             self._n_out = 0
             self.lib.llama_memory_seq_rm(self._mem, seq, pos0, -1)
-            self._drop_leaves()
+            self.drop_tree()
             raise DecodeError(f"llama_decode failed (code {rc}) on a tree of {n} nodes: "
                               f"{last_log_error()}")
         self.seqs[seq].append(tree.tokens[0])  # the root is the sequence's (rollback drops it)
@@ -168,14 +168,11 @@ class ParallelModel(Model):
         leaf = self._leaf_seqs[tree.under(path[-1])[0]]
         self.lib.llama_memory_seq_cp(self._mem, leaf, seq, pos0 + 1, pos0 + len(path))
         self.seqs[seq] += [tree.tokens[i] for i in path[1:]]
-        self._drop_leaves()
+        self.drop_tree()
 
     def drop_tree(self) -> None:
-        """A tree `eval_tree` decoded and `keep_path` never settled (an error between them): its
-        leaves' sequences are emptied (the sequence itself rolls back as any does)."""
-        self._drop_leaves()
-
-    def _drop_leaves(self) -> None:
+        """The last tree's leaves' sequences emptied: by `keep_path`, or where an error came between
+        it and `eval_tree` (the sequence itself rolls back as any does)."""
         for s in self._leaf_seqs.values():
             self.lib.llama_memory_seq_rm(self._mem, s, -1, -1)
         self._leaf_seqs = {}
