@@ -207,9 +207,13 @@ def resolve_models(o: Options) -> Refs:
     return Refs(target, draft, pair.draft_max if pair else DRAFT_MAX)
 
 
+# the most sequences a llama.cpp context holds (LLAMA_MAX_SEQ, src/llama-cparams.h)
+MAX_SEQ = 256
+
+
 def tree_seqs(draft_tree: int) -> int:
-    """The sequences a target needs for draft trees of `draft_tree` siblings (0: one): its own, and
-    a spare one for each leaf, the siblings' and the chain's end."""
+    """The sequences a generating sequence needs for draft trees of `draft_tree` siblings (0: one):
+    its own, and a spare one for each leaf, the siblings' and the chain's end."""
     return 1 + (draft_tree + 1 if draft_tree else 0)
 
 
@@ -229,10 +233,10 @@ def load_models(o: Options, stack: contextlib.ExitStack, refs: Refs, want_draft:
     target_ref, draft_ref = refs.target, refs.draft
     path = hub.ensure(target_ref, yes=o.yes, ask=hooks.ask)
     with hooks.bar(f"loading {Path(path).name}", "") as bar:
-        # --parallel: one context for that many sequences (llama/parallel.py)
-        # a draft tree: a sequence for each of its leaves, in one KV buffer of one sequence's size
-        # (llama/parallel.py; its siblings' leaves and the chain's)
-        n_seq = o.parallel if o.parallel > 1 else tree_seqs(o.draft_tree)
+        # --parallel: one context for that many sequences (llama/parallel.py); draft trees: a
+        # sequence more for each leaf (its siblings' and the chain's), in one KV buffer sized for
+        # the generating sequences (generate/batch.py's spares)
+        n_seq = o.parallel * tree_seqs(o.draft_tree)
         kind = engine.Model if n_seq == 1 else parallel.ParallelModel
         unified = {"kv_unified": True} if o.draft_tree or (o.kv_unified and n_seq > 1) else {}
         target = stack.enter_context(kind(path, n_ctx=o.ctx_size, n_threads=o.threads,
@@ -321,8 +325,9 @@ def plan(o: Options) -> Plan:
     k_max = o.draft_max if o.draft_max is not None else refs.draft_max
     if o.draft_min > k_max:
         raise UserError("--draft-min must not exceed --draft-max", code=2)
-    if o.draft_tree and o.parallel > 1:
-        raise UserError("--draft-tree drafts trees for one sequence: not with --parallel", code=2)
+    if (n_seq := o.parallel * tree_seqs(o.draft_tree)) > MAX_SEQ:
+        raise UserError(f"--draft-tree {o.draft_tree} with --parallel {o.parallel} needs {n_seq} "
+                        f"sequences: llama.cpp holds at most {MAX_SEQ}", code=2)
     prediction = (read_text(Path(o.prediction), "--prediction", "prediction")
                   if o.prediction is not None else None)
     return Plan(grammar, refs, Wish(o.spec, k_max, o.draft_min, o.draft_p_min, o.parallel),

@@ -9,6 +9,7 @@ import os
 import threading
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from spectool_lab.helpers import Server, free_port, start, stop, wait_until_up
@@ -115,5 +116,26 @@ def test_draft_trees_serve_the_same_text_and_are_counted(server, tiny):
         metrics = urllib.request.urlopen(trees.url + "/metrics", timeout=5).read().decode()
         assert f"spectool_tree_steps_total {tree['steps']}" in metrics
         assert f"spectool_tree_branches_total {tree['branches']}" in metrics
+    finally:
+        stop(trees.proc)
+
+
+def test_draft_trees_under_parallel_serve_each_client_plain_text(server, tiny):
+    """`serve --parallel 2 --draft-tree 4`: two slots (each with a spare sequence for every leaf of its trees, one
+    KV buffer); two clients at once get the greedy texts of the server without trees, and each slot's counts
+    include its trees."""
+    trees = Defaults(tiny["target"], "--no-lookup-corpus", "--draft-tree", "4", "--parallel", "2")
+    prompts = ["the dog the fox the dog the fox the dog the fox the dog the", "def add(a, b):\n    return a + b\n"]
+    try:
+        assert get(trees, "/props")[1]["total_slots"] == 2
+
+        def ask(s, prompt):
+            return s.client().completions.create(model="any", max_tokens=30, temperature=0.0, prompt=prompt)
+
+        with ThreadPoolExecutor(2) as pool:
+            got = list(pool.map(lambda p: ask(trees, p), prompts))
+        assert [r.choices[0].text for r in got] == [ask(server, p).choices[0].text for p in prompts]
+        assert all(set(r.usage.model_extra["speculative"]["tree"]) == {"steps", "branches", "taken"} for r in got)
+        assert sorted(slot["id"] for slot in get(trees, "/slots")[1]) == [0, 1]
     finally:
         stop(trees.proc)

@@ -18,6 +18,7 @@ from spectool.core.stats import Stats
 from spectool.core.verify import Sampling, accept_tree, distribution, greedy_token
 from spectool.drafters.builder import for_generation
 from spectool.drafters.lookup import PromptLookup
+from spectool.generate.batch import Batch
 from spectool.generate.loop import GenerationConfig, speculative_generate
 from spectool.llama.engine import DecodeError
 from spectool.llama.parallel import ParallelModel, Tree
@@ -75,6 +76,8 @@ def test_the_kept_path_is_the_sequence_and_the_rest_is_gone(target, trees):
     trees.reset()
     trees.eval(history, logits="none")
     trees.eval_tree(tree)
+    with pytest.raises(ValueError, match="not a path"):
+        trees.keep_path([0, 5])
     trees.keep_path([0, 2, 5])
     kept = history + [tree.tokens[i] for i in (0, 2, 5)]
     assert trees.seqs[0] == kept
@@ -84,8 +87,8 @@ def test_the_kept_path_is_the_sequence_and_the_rest_is_gone(target, trees):
     nxt = target.tokenize(" now", add_special=False)
     trees.eval_seqs([(0, nxt)])
     assert np.abs(trees.logits(len(nxt) - 1) - alone(target, kept + nxt)).max() < CLOSE
-    with pytest.raises(ValueError, match="not a path"):
-        trees.keep_path([0, 5])
+    with pytest.raises(ValueError, match="no draft tree"):  # settled once
+        trees.keep_path([0, 2, 5])
 
 
 def test_a_tree_left_unsettled_does_not_reach_the_next(target, trees):
@@ -121,6 +124,37 @@ def test_a_tree_beside_another_sequence_leaves_it_untouched(target, trees):
     trees.eval_seqs([(3, other[-1:])])
     assert np.abs(trees.logits(0) - alone(target, other)).max() < CLOSE
     assert trees.seqs[3] == other and trees.seqs[0] == history + [tree.tokens[i] for i in (0, 1)]
+
+
+def test_two_trees_and_a_chain_in_one_decode(target, trees):
+    """A forest: sequences 0 and 1 each verify a tree (leaves in spares 3-4 and 5-6) beside sequence 2's chain, in
+    one decode; every row is its path's decoded alone, each keep_path settles its own sequence, the chain's is
+    appended, and the next decode of each follows its kept path alone. Two parts may not share a sequence."""
+    words = target.tokenize(" the cat sat on a mat", add_special=False)
+    hist = [target.tokenize(t) for t in (PROMPT, "The quick brown fox", "for i in range(10):")]
+    forest = [Tree([hist[0][-1], words[0], words[1], words[2]], [-1, 0, 1, 0]),
+              Tree([hist[1][-1], words[3], words[4]], [-1, 0, 0])]
+    chain = [hist[2][-1], *words[:2]]
+    trees.reset()
+    trees.eval_seqs([(s, h[:-1]) for s, h in enumerate(hist)], logits=False)
+    with pytest.raises(DecodeError, match="share a sequence"):
+        trees.eval_seqs([(0, forest[0]), (1, forest[1])], spares={0: [3, 4], 1: [4, 5]})
+    starts = trees.eval_seqs([(0, forest[0]), (1, forest[1]), (2, chain)], spares={0: [3, 4], 1: [5, 6]})
+    for s, part in enumerate(forest):
+        for i in range(len(part.tokens)):
+            path = [part.tokens[j] for j in part.path(i)]
+            assert np.abs(trees.logits(starts[s] + i) - alone(target, hist[s][:-1] + path)).max() < CLOSE, (s, i)
+    assert np.abs(trees.logits(starts[2] + 2) - alone(target, hist[2] + words[:2])).max() < CLOSE
+    rows = [trees.logits(i).copy() for i in range(starts[2])]  # (settling moves cells, never the rows)
+    trees.keep_path([0, 3], 0)
+    trees.keep_path([0, 2], 1)
+    assert all(np.array_equal(trees.logits(i), row) for i, row in enumerate(rows))
+    kept = [hist[0] + [words[2]], hist[1] + [words[4]], hist[2] + words[:2]]
+    assert [trees.seqs[s] for s in range(3)] == kept
+    nxt = target.tokenize(" now", add_special=False)
+    starts = trees.eval_seqs([(s, nxt) for s in range(3)])
+    for s in range(3):
+        assert np.abs(trees.logits(starts[s] + len(nxt) - 1) - alone(target, kept[s] + nxt)).max() < CLOSE, s
 
 
 def test_a_tree_needs_a_unified_cache(tiny, target):
@@ -341,3 +375,59 @@ def test_a_wrong_tree_rule_in_the_loop_is_caught(target, trees, monkeypatch):
     counts, _ = sampled_with_trees(target, trees)
     rejects, stat, crit = chi2_rejects(counts, exact_joint(target, target.tokenize(LOOP), SAMPLING), N_RUNS)
     assert rejects, f"chi2 {stat:.1f} <= {crit:.1f}"
+
+
+# -- draft trees in the parallel batch (generate/batch.py): each sequence's tree in the one decode -------------
+def batch_run(batch, jobs):
+    """Each job (step it joins at, GenerationConfig, prompt) through `batch` as a server's slots take them: its
+    tokens and Stats."""
+    out, stats, seq_of, pending, step = {}, {}, {}, list(range(len(jobs))), 0
+    while pending or batch.active:
+        for j in [j for j in pending if jobs[j][0] <= step and batch.free]:
+            stats[j], out[j] = Stats(), []
+            seq_of[batch.join(jobs[j][1], jobs[j][2], stats[j])] = j
+            pending.remove(j)
+        for seq, st in batch.step().items():
+            out[seq_of[seq]] += st.tokens
+        step += 1
+    return [out[j] for j in range(len(jobs))], [stats[j] for j in range(len(jobs))]
+
+
+@pytest.fixture(scope="module")
+def slots(tiny):
+    """Two generating sequences, each with 5 spare ones for its trees' leaves, in one KV buffer."""
+    with ParallelModel(tiny["target"], n_ctx=8 * 256, n_threads=2, n_seq_max=12, kv_unified=True) as m:
+        yield m
+
+
+def test_a_batch_of_trees_is_plain_decoding(target, slots):
+    """Two slots: two sequences whose every chain drafts the target's second choices with its first beside (each
+    step's decode holds both trees, each path takes a sibling), then lookup's trees on the forking prompt in the
+    slot one left. Each output is plain greedy decoding's alone."""
+    prompts = [target.tokenize(t) for t in (LOOP, PROMPT, FORKS)]
+    plain = [tokens_of(GenerationConfig(target, None, max_tokens=n), p) for p, n in zip(prompts, (24, 16, 40))]
+    swap = [GenerationConfig(slots, Runners(target, swap=True), Sampling(), free_rows(k_max=2, adaptive=False),
+                             max_tokens=n, draft_tree=4) for n in (24, 16)]
+    look = GenerationConfig(slots, for_generation(PromptLookup(), False), Sampling(), free_rows(), max_tokens=40,
+                            draft_tree=4)
+    got, stats = batch_run(Batch(slots, slots=2), [(0, swap[0], prompts[0]), (0, swap[1], prompts[1]),
+                                                    (1, look, prompts[2])])
+    assert got == plain
+    assert all(st.tree_taken == st.tree_steps == st.n_steps for st in stats[:2]), [st.to_json() for st in stats]
+    assert stats[2].tree_steps and stats[2].tree_branches >= stats[2].tree_steps, stats[2].to_json()
+
+
+def test_a_seeded_sample_with_trees_is_the_same_in_a_batch(target, trees, slots):
+    """At temperature 1 with a seed, Runners' trees: the tokens drawn in a batch beside another sampled sequence
+    are those drawn alone (each token is one draw from its row, whatever the tree), and another seed differs."""
+    prompt = target.tokenize(LOOP)
+
+    def config(model, seed):
+        return GenerationConfig(model, Runners(target), SAMPLING, free_rows(k_max=2, adaptive=False), max_tokens=24,
+                                seed=seed, draft_tree=4)
+
+    alone_ = tokens_of(config(trees, 7), prompt)
+    got, stats = batch_run(Batch(slots, slots=2), [(0, config(slots, 8), target.tokenize(PROMPT)),
+                                                    (0, config(slots, 7), prompt)])
+    assert got[1] == alone_ != got[0] and stats[1].tree_steps > 0, stats[1].to_json()
+    assert batch_run(Batch(slots, slots=2), [(0, config(slots, 70), prompt)])[0][0] != alone_

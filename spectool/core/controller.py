@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from itertools import islice, repeat
-from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Iterable, Iterator, NamedTuple, Sequence
 
 from spectool.core.costs import Costs
 from spectool.core.evidence import (BUCKETS, DFLASH, DRAFT, EAGLE3, GRAMMAR, MTP, Agreement,
@@ -74,6 +74,16 @@ def _default_priors() -> dict[Evidence, tuple[float, float]]:
     # grammar's canonical ones
     return {**lookup, DRAFT: (0.6, 2.0), MTP: (0.6, 2.0), EAGLE3: (0.6, 2.0), DFLASH: (0.6, 2.0),
             GRAMMAR: (0.95, 8.0)}
+
+
+class Beside(NamedTuple):
+    """The rest of a decode that verifies a sequence's drafts beside other sequences' (a batch's):
+    their rows, the tokens they make as expected, and the table of decodes of that many sequences
+    (generate/batch.py)."""
+
+    rows: int
+    expected: float
+    costs: Costs
 
 
 @dataclass(slots=True)
@@ -232,11 +242,19 @@ class Controller:
 
     def _expected(self, c: _Chain) -> float:
         """The tokens a step with `c`'s keys drafted makes, as expected."""
-        run, expected = 1.0, 1.0
-        for key in c.keys:
-            run *= self.acceptance(key)
-            expected += run
-        return expected
+        return self.expected(c.keys)
+
+    def expected(self, keys: Sequence[Evidence]) -> float:
+        """The tokens a step with a chain drafted under `keys` makes, as expected."""
+        return sum(self.reach(keys))
+
+    def reach(self, keys: Sequence[Evidence]) -> list[float]:
+        """For a chain drafted under `keys`: the chance that a step reaches each depth (every
+        draft before it accepted), 1 for the target's own token after x."""
+        reach = [1.0]
+        for key in keys:
+            reach.append(reach[-1] * self.acceptance(key))
+        return reach
 
     def _best_lengths(self, chains: list[_Chain], rows: int, expected: float,
                       table: Costs) -> None:
@@ -302,27 +320,27 @@ class Controller:
         a.idle_probes += 1
         return c.draw(min(c.cap, self.explore_k))
 
-    def branching(self, keys: Sequence[Evidence], cap: int) -> int:
+    def branching(self, keys: Sequence[Evidence], cap: int, beside: Beside | None = None) -> int:
         """How many of the first depths of a chain drafted under `keys` could hold a sibling worth
         its row (`branch`'s test for a sibling sure to be right where the chain's token is refused):
         the siblings to offer are at those depths only (0: none, and no tree; `cap` 0: none)."""
-        reach, expected, prices = self._chain_reach(keys, 1)
-        rows = 1 + len(keys)
+        reach, expected, prices, rows = self._chain_reach(keys, 1, beside)
         bar = expected * (prices[rows + 1] / prices[rows] - 1.0)
         could = [d for d, key in enumerate(keys) if reach[d] * (1.0 - self.acceptance(key)) > bar]
         return could[-1] + 1 if could and cap else 0
 
-    def branch(self, keys: Sequence[Evidence], offered: Sequence[Branch], cap: int) -> list[Branch]:
+    def branch(self, keys: Sequence[Evidence], offered: Sequence[Branch], cap: int,
+               beside: Beside | None = None) -> list[Branch]:
         """Which of the siblings `offered` beside a chain drafted under `keys` (each key at the
         step's temperature) to verify with it in one decode, at most `cap` of them: best first by
         what each adds, the chance that the path reaches its depth with the chain's token there
         refused and it the target's token (Branch.share), while that raises the expected tokens
-        per second of the decode (a row more each, at the cost table's prices); none where a chain
-        is best."""
-        reach, expected, prices = self._chain_reach(keys, cap)
+        per second of the decode (a row more each, at the cost table's prices; `beside`: the
+        decode's other sequences' rows and tokens, at their table's); none where a chain is best."""
+        reach, expected, prices, rows = self._chain_reach(keys, cap, beside)
         gains = sorted(((reach[b.depth] * (1.0 - self.acceptance(keys[b.depth])) * b.share, i)
                         for i, b in enumerate(offered) if b.depth < len(keys)), reverse=True)
-        rows, chosen = 1 + len(keys), []
+        chosen = []
         for gain, i in gains[:cap]:
             if (expected + gain) * prices[rows] <= expected * prices[rows + 1]:
                 break
@@ -330,16 +348,16 @@ class Controller:
             expected, rows = expected + gain, rows + 1
         return [offered[i] for i in sorted(chosen)]
 
-    def _chain_reach(self, keys: Sequence[Evidence], more: int) -> tuple[list[float], float,
-                                                                         list[float]]:
-        """For a chain drafted under `keys`: the chance of reaching each depth (all before it
-        accepted), the tokens a step makes as expected, and the prices of decodes of up to `more`
-        rows beyond the chain's."""
-        reach, expected = [1.0], 1.0
-        for key in keys:
-            reach.append(reach[-1] * self.acceptance(key))
-            expected += reach[-1]
-        return reach, expected, self.costs.verify_costs(1 + len(keys) + more)
+    def _chain_reach(self, keys: Sequence[Evidence], more: int, beside: Beside | None = None
+                     ) -> tuple[list[float], float, list[float], int]:
+        """For a chain drafted under `keys` (in a decode with the rows `beside`): the chance of
+        reaching each depth (all before it accepted), the tokens the decode makes as expected, the
+        prices of decodes of up to `more` rows beyond its, and its rows."""
+        reach = self.reach(keys)
+        rows, expected, table = 1 + len(keys), sum(reach), self.costs
+        if beside is not None:
+            rows, expected, table = rows + beside.rows, expected + beside.expected, beside.costs
+        return reach, expected, table.verify_costs(rows + more), rows
 
     @staticmethod
     def _no_longer_draft_pays(longer: list[float], expected: float, run: float, drafting: float,

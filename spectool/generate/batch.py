@@ -22,7 +22,7 @@ import time
 from typing import Callable, Iterable, Sequence
 
 from spectool.core.stats import Stats
-from spectool.core.controller import Controller
+from spectool.core.controller import Beside, Controller
 from spectool.core.costs import Costs
 from spectool.generate.loop import GenerationConfig, Loop, Offered, Plan, Step, never
 from spectool.generate.prompt import freeze_startup_objects
@@ -51,16 +51,24 @@ class Rows:
     def rollback(self, n: int) -> bool:
         return self.target.rollback(n, self.seq)
 
+    def keep_path(self, path: Sequence[int]) -> None:
+        self.target.keep_path(path, self.seq)
+
 
 class Batch:
     """The sequences that share `target`'s context, each under its seq id."""
 
-    def __init__(self, target: ParallelModel):
-        self.target = target
-        self.free = list(range(target.n_seq_max))
+    def __init__(self, target: ParallelModel, slots: int | None = None):
+        """`slots`: the sequences that generate (None: every one the context holds); the rest are
+        spare, the same number for each slot, for the leaves of its draft trees (none: chains)."""
+        self.target, self.slots = target, slots or target.n_seq_max
+        self.free = list(range(self.slots))
+        per = (target.n_seq_max - self.slots) // self.slots
+        self.spares = {s: range(self.slots + s * per, self.slots + (s + 1) * per)
+                       for s in range(self.slots)}
         self.active: dict[int, Loop] = {}
         # how many sequences left so far, and each one's number when it last left (-1: never)
-        self.n_left, self.left = 0, [-1] * target.n_seq_max
+        self.n_left, self.left = 0, [-1] * self.slots
         # the steps' decodes so far: how many, their rows, and the sequences in them (summed)
         self.n_steps = self.n_rows = self.n_seq_steps = 0
 
@@ -71,7 +79,7 @@ class Batch:
         the least recently used (one never used first, then the lowest id)."""
         lru = sorted(self.free if among is None else among, key=lambda s: (self.left[s], s))
         if not lru:
-            raise EngineError(f"all {self.target.n_seq_max} sequences are busy")
+            raise EngineError(f"all {self.slots} sequences are busy")
         shared = [shared_prefix(self.target.seqs[s], prompt[:-1]) for s in lru]
         best = max(range(len(lru)), key=shared.__getitem__)  # the first of the longest
         return lru[best] if shared[best] > SLOT_PROMPT_SIMILARITY * len(prompt) else lru[0]
@@ -98,7 +106,8 @@ class Batch:
             stats.prompt_seconds = time.perf_counter() - t0
         stream = None if stop is None else TextStream(target, stop)
         self.active[seq] = loop = Loop(g, x, ROWS, stats, stream, constraint, notice)
-        loop.tree_cap = 0  # (the batch decodes chains: draft trees are one sequence's)
+        # (a spare sequence for each leaf of its trees: the siblings' and the chain's end)
+        loop.tree_cap = min(loop.tree_cap, max(0, len(self.spares[seq]) - 1))
         return seq
 
     def warm(self, prompt: Sequence[int], seq: int | None = None,
@@ -157,6 +166,7 @@ class Batch:
         """Every sequence out of the batch, its cache emptied."""
         for seq in list(self.active):
             self.leave(seq)
+        self.target.drop_tree()
         for seq in range(self.target.n_seq_max):
             self.target.rollback(0, seq)
 
@@ -169,8 +179,8 @@ class Batch:
         if plans:
             t0 = time.perf_counter()
             starts = target.eval_seqs([(seq, self.active[seq].batch(p))
-                                       for seq, p in plans.items()])
-            n_rows = sum(len(p.draft.tokens) + 1 for p in plans.values())
+                                       for seq, p in plans.items()], spares=self.spares)
+            n_rows = sum(p.rows for p in plans.values())
             self.n_steps, self.n_rows = self.n_steps + 1, self.n_rows + n_rows
             self.n_seq_steps += len(plans)
             rows = {seq: Rows(target, seq, start) for seq, start in zip(plans, starts)}
@@ -179,7 +189,8 @@ class Batch:
             # a decode of one sequence is a one-sequence verification: its cost is one's
             for seq, p in plans.items():
                 out[seq] = self.active[seq].settle(p, rows[seq], t0, alone=len(plans) == 1)
-            if len(plans) > 1:
+            # (a tree's decode does more than rows: Loop.observe)
+            if len(plans) > 1 and all(p.tree is None for p in plans.values()):
                 self.observe(plans, n_rows, time.perf_counter() - t0)
         for seq, step in out.items():
             if step.finish_reason:
@@ -207,8 +218,27 @@ class Batch:
                                       others=len(offers) - len(seqs),
                                       costs=self.table(len(offers), ctl))
             for seq, loop, keys in zip(seqs, loops, picks):
-                plans[seq] = loop.draft(offers[seq], keys, audited=len(offers) == 1)
+                plans[seq] = loop.draft(offers[seq], keys, audited=len(offers) == 1, tree=False)
+        self.grow(plans)
         return plans
+
+    def grow(self, plans: dict[int, Plan]) -> None:
+        """Each sequence's chain made a draft tree where its controller prices siblings worth their
+        rows in the batch's decode (Loop.tree_of, beside the other sequences' rows), within the
+        batch's n_batch and the cells the one KV buffer has left."""
+        target = self.target
+        rows = sum(p.rows for p in plans.values())
+        cells = target.n_ctx_total - sum(len(target.seqs[s]) for s in range(self.slots)) - rows
+        for seq, p in plans.items():
+            loop = self.active[seq]
+            if not loop.tree_cap:
+                continue
+            others = sum(loop.ctl.expected(q.keys[: len(q.draft.tokens)])
+                         for s, q in plans.items() if s != seq)
+            beside = Beside(rows - p.rows, others, self.table(len(plans), loop.ctl))
+            p.tree = loop.tree_of(p, min(target.n_batch - rows, cells), beside)
+            siblings = p.rows - len(p.draft.tokens) - 1
+            rows, cells = rows + siblings, cells - siblings
 
     def by_controller(self, seqs: Iterable[int]) -> list[tuple[Controller, list[int]]]:
         """The sequences `seqs` by the controller that picks their drafts."""

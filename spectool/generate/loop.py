@@ -20,7 +20,7 @@ from spectool.llama import native  # noqa: F401, I001 - llama.cpp before numpy (
 import numpy as np  # noqa: E402
 
 from spectool.core.audit import HORIZON, Audit, Offer
-from spectool.core.controller import Controller
+from spectool.core.controller import Beside, Controller
 from spectool.core.evidence import Evidence, Source
 from spectool.core.grammar import Constraint, Grammar, NothingAllowed, dist_under, token_under
 from spectool.core.protocol import EMPTY, Draft, Drafter
@@ -240,7 +240,7 @@ class Loop:
                 if p.tree is not None:
                     cast(ParallelModel, target).eval_tree(p.tree)
                 else:
-                    target.eval(self.batch(p), logits="all", output=self.on_graph)
+                    target.eval([x[-1], *p.draft.tokens], logits="all", output=self.on_graph)
                 self.accept(target, p)
                 step = self.settle(p, target, t0)
                 yield step
@@ -288,10 +288,12 @@ class Loop:
             return Offered(iter(()), 0, t0)
         return Offered(self.drafter.peek(self.x, self.ctl.k_max, self.worth), limit, t0)
 
-    def draft(self, o: Offered, keys: list[Evidence], audited: bool = True) -> Plan:
+    def draft(self, o: Offered, keys: list[Evidence], audited: bool = True,
+              tree: bool = True) -> Plan:
         """The plan for the controller's `keys` of offer `o`: where the audit (`audited`: the
         decode is this sequence's alone) finds a fixed length faster on this text, that length;
-        then the drafter's tokens."""
+        then the drafter's tokens, and a draft tree where its siblings pay (`tree_of`; `tree`
+        False: a batch asks once every sequence's chain is drafted, generate/batch.py)."""
         if self.drafter is None:
             return Plan([], EMPTY, 0.0)
         if self.audit is not None and audited and hasattr(o.keys, "take"):  # lookup's: known
@@ -303,27 +305,33 @@ class Loop:
         d = self.drafter.propose(self.x, len(keys), self.sampling, self.rng) if keys else EMPTY
         if d.notice:
             self.notice = d.notice
-        tree = self.tree_of(d, keys) if self.tree_cap and d.tokens and d.q is None else None
-        return Plan(keys, d, time.perf_counter() - o.t0, tree=tree)
+        p = Plan(keys, d, 0.0)
+        if tree and self.tree_cap:  # (a cell for each node in the KV buffer: it holds len(x) - 1)
+            p.tree = self.tree_of(p, cast(ParallelModel, self.target).n_ctx_total - len(self.x)
+                                  - len(d.tokens))
+        p.draft_seconds = time.perf_counter() - o.t0
+        return p
 
-    def tree_of(self, d: Draft, keys: list[Evidence]) -> Tree | None:
-        """The draft tree the controller prices above the chain `d` drafted under `keys` (None: the
-        chain is best): its siblings, each a leaf after the chain's node before it."""
+    def tree_of(self, p: Plan, room: int, beside: Beside | None = None) -> Tree | None:
+        """The draft tree the controller prices above the chain `p` drafted (None: the chain is
+        best, or trees are off): at most `room` siblings, each a leaf after the chain's node before
+        it; `beside`: the rest of the decode, where other sequences share it."""
+        d, cap = p.draft, min(self.tree_cap, room)
+        if cap <= 0 or not d.tokens or d.q is not None or not p.keys:
+            return None
         assert self.drafter is not None
-        k, keys = len(d.tokens), keys[: len(d.tokens)]
-        # a cell for each node in the one KV buffer: the cache holds len(x) - 1, the chain k + 1
-        cap = min(self.tree_cap, cast(ParallelModel, self.target).n_ctx_total - len(self.x) - k)
-        depths = self.ctl.branching(keys, cap)  # (where no sibling could pay, none asked)
+        k, keys = len(d.tokens), p.keys[: len(d.tokens)]
+        depths = self.ctl.branching(keys, cap, beside)  # (where no sibling could pay, none asked)
         offered = self.drafter.branches(self.x, d.tokens[:depths], WIDTH) if depths else []
-        chosen = self.ctl.branch(keys, offered, cap) if offered else []
+        chosen = self.ctl.branch(keys, offered, cap, beside) if offered else []
         if not chosen:
             return None
         return Tree([self.x[-1], *d.tokens, *(b.token for b in chosen)],
                     [-1, *range(k), *(b.depth for b in chosen)])
 
-    def batch(self, p: Plan) -> list[int]:
-        """What the target's pass decodes for this sequence: [x[-1], d_1..d_k]."""
-        return [self.x[-1], *p.draft.tokens]
+    def batch(self, p: Plan) -> list[int] | Tree:
+        """What the target's pass decodes for this sequence: [x[-1], d_1..d_k], or its tree."""
+        return p.tree if p.tree is not None else [self.x[-1], *p.draft.tokens]
 
     def accept(self, rows, p: Plan) -> None:
         """What the pass's rows p_0..p_k (the target's, or one sequence's rows of a batch: `rows`
@@ -342,7 +350,7 @@ class Loop:
             p.logprobs = self.logprobs([*p.draft.tokens[: p.n_acc], p.token], rows)
             p.logprob_seconds = time.perf_counter() - t0
 
-    def accept_tree(self, rows: ParallelModel, p: Plan) -> None:
+    def accept_tree(self, rows, p: Plan) -> None:
         """Acceptance on the draft tree's rows (verify.accept_tree: its branches are
         deterministic): the path along the target's own tokens, kept in the cache; how far along
         the chain it went is what the controller learns of the chain's keys."""

@@ -11,7 +11,8 @@ the history and its ancestors, never a sibling's branch."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from itertools import accumulate
+from typing import Mapping, Sequence
 
 from spectool.llama.engine import (DecodeError, Interrupt, Model, last_log_error,
                                    raise_pending_interrupt)
@@ -57,7 +58,8 @@ class ParallelModel(Model):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self._leaf_seqs: dict[int, int] = {}  # a tree's leaves' sequences until keep_path
+        # each tree's sequence: the tree, and its leaves' sequences, until keep_path
+        self._trees: dict[int, tuple[Tree, dict[int, int]]] = {}
         self.n_ctx_total, self.n_ctx = self.n_ctx, self.n_ctx_seq
         self.kv_unified = bool(kwargs.get("kv_unified"))  # (llama.cpp's default: a stream each)
 
@@ -65,114 +67,117 @@ class ParallelModel(Model):
         """What its KV cache takes, every sequence's cells (memory.kv_bytes_per_token)."""
         return self.n_ctx_total * kv_bytes_per_token(self.lib, self._model)
 
-    def eval_seqs(self, parts: Sequence[tuple[int, Sequence[int]]], *,
-                  logits: bool = True) -> list[int]:
+    def eval_seqs(self, parts: Sequence[tuple[int, Sequence[int] | Tree]], *,
+                  logits: bool = True, spares: Mapping[int, Sequence[int]] | None = None
+                  ) -> list[int]:
         """One decode of several sequences' tokens, `parts` (seq id, tokens), each appended to
         what its sequence holds, every token with its logits row (or none); returns where each
-        part's rows start among the decode's outputs (`logits(i)`). Whole rows only: nothing is
-        sampled in the graph. The decode listeners, which follow sequence 0, do not hear of it."""
-        n = sum(len(tokens) for _, tokens in parts)
+        part's rows start among the decode's outputs (`logits(i)`). A part may be a draft Tree
+        instead (node i's row: the target after node i's path), which `keep_path` then settles: its
+        leaf k takes the empty sequence `spares[seq][k]` (none given: the ids after `seq`'s), which
+        first gets a copy of `seq`'s history; trees need a unified KV cache (one stream for every
+        sequence). Whole rows only: nothing is sampled in the graph. The decode listeners, which
+        follow sequence 0, do not hear of it."""
+        leaves = {s: self._leaves(s, part, spares) for s, part in parts if isinstance(part, Tree)}
+        taken = [s for s, _ in parts] + [leaf for m in leaves.values() for leaf in m.values()]
+        if len(set(taken)) < len(taken):
+            raise DecodeError("two parts of one decode share a sequence")
+        rows = [self._rows_of(s, part, leaves.get(s, {})) for s, part in parts]
+        n = sum(map(len, rows))
         if n > self.n_batch:
             raise DecodeError(f"{n} tokens in one batch > n_batch {self.n_batch}")
-        for s, tokens in parts:
-            if len(self.seqs[s]) + len(tokens) > self.n_ctx_seq:
+        for (s, _), its in zip(parts, rows):
+            if its and max(pos for _, pos, _ in its) >= self.n_ctx_seq:
                 raise DecodeError(f"context full: sequence {s} holds {len(self.seqs[s])} + "
-                                  f"{len(tokens)} tokens > {self.n_ctx_seq}")
+                                  f"{len(its)} tokens > {self.n_ctx_seq}")
+        self._plant({s: (part, leaves[s]) for s, part in parts if isinstance(part, Tree)})
         if self._chain_output is not ROWS:
             self.sample_on_backend(ROWS)
             self._output_asked = None  # the next eval sets its chain again
-        b, starts, j = self._batch, [], 0
-        for s, tokens in parts:
-            starts.append(j)
-            self._b_token[j : j + len(tokens)] = tokens
-            self._b_pos[j : j + len(tokens)] = range(len(self.seqs[s]),
-                                                     len(self.seqs[s]) + len(tokens))
-            for row in range(j, j + len(tokens)):
-                b.seq_id[row][0] = s
-            j += len(tokens)
+        b, starts = self._batch, list(accumulate(map(len, rows), initial=0))[:-1]
+        for j, (token, pos, ids) in enumerate(row for its in rows for row in its):
+            self._b_token[j], self._b_pos[j], b.n_seq_id[j] = token, pos, len(ids)
+            for k, s in enumerate(ids):
+                b.seq_id[j][k] = s
         self._b_out[:n] = [logits] * n
         b.n_tokens, self._asked = n, ()  # eval writes its output flags again
         self._n_out, self._rows, self.output = n if logits else 0, None, ROWS
         rc = self.lib.llama_decode(self._ctx, b)
-        for row in range(n):  # eval's rows all belong to sequence 0
-            b.seq_id[row][0] = 0
+        for j in range(n):  # eval's rows all belong to sequence 0
+            b.n_seq_id[j], b.seq_id[j][0] = 1, 0
         if rc != 0:
             self._n_out = 0
             for s, _ in parts:
                 self.lib.llama_memory_seq_rm(self._mem, s, len(self.seqs[s]), -1)
+            self.drop_tree()
             raise DecodeError(f"llama_decode failed (code {rc}) on {n} tokens of {len(parts)} "
                               f"sequences: {last_log_error()}")
-        for s, tokens in parts:
-            self.seqs[s] += tokens
+        for s, part in parts:  # (a tree's root is its sequence's: a rollback drops it)
+            self.seqs[s] += part.tokens[:1] if isinstance(part, Tree) else part
         if Interrupt.pending:
             raise_pending_interrupt()
         return starts
 
-    def eval_tree(self, tree: Tree, seq: int = 0, spare: Sequence[int] | None = None) -> None:
-        """One decode of `tree` after what sequence `seq` holds, every node with its logits row
-        (`logits(i)`: the target after node i's path). Leaf k of the tree takes the empty sequence
-        `spare[k]` (None: the ids after `seq`'s), which first gets a copy of `seq`'s history. Then
-        `keep_path` settles it. Needs a unified KV cache (one stream for every sequence)."""
+    def _rows_of(self, seq: int, part: Sequence[int] | Tree,
+                 leaves: Mapping[int, int]) -> list[tuple[int, int, list[int]]]:
+        """A part's rows: (token, position, sequence ids), a tree's nodes in the sequences of the
+        leaves under them (`leaves`: each leaf's)."""
+        pos0 = len(self.seqs[seq])
+        if not isinstance(part, Tree):
+            return [(t, pos0 + i, [seq]) for i, t in enumerate(part)]
+        return [(t, pos0 + part.depth(i),
+                 ([seq] if i == 0 else []) + [leaves[leaf] for leaf in part.under(i)])
+                for i, t in enumerate(part.tokens)]
+
+    def _leaves(self, seq: int, tree: Tree,
+                spares: Mapping[int, Sequence[int]] | None) -> dict[int, int]:
+        """Each leaf of `seq`'s tree with the empty sequence it takes: `spares[seq]`'s, else the
+        ids after `seq`."""
         if not self.kv_unified:  # llama.cpp copies a sequence's cells only within one stream
             raise DecodeError("a draft tree needs a unified KV cache (--kv-unified)")
-        leaves, pos0 = tree.leaves(), len(self.seqs[seq])
-        spare = list(spare if spare is not None else range(seq + 1, seq + 1 + len(leaves)))
+        leaves = tree.leaves()
+        spare = list(spares[seq] if spares is not None and seq in spares
+                     else range(seq + 1, seq + 1 + len(leaves)))
         if len(spare) < len(leaves) or any(not 0 <= s < self.n_seq_max or s == seq or self.seqs[s]
                                            for s in spare[: len(leaves)]):
             raise DecodeError(f"a tree of {len(leaves)} leaves needs as many empty sequences")
-        if pos0 + max(map(tree.depth, range(len(tree.tokens)))) >= self.n_ctx_seq:
-            raise DecodeError(f"context full: sequence {seq} holds {pos0} tokens")
-        b, n = self._batch, len(tree.tokens)
-        if n > self.n_batch:
-            raise DecodeError(f"a tree of {n} nodes > n_batch {self.n_batch}")
-        self._leaf_seqs = dict(zip(leaves, spare))
-        for leaf in leaves:  # (emptied first: a tree an error left unsettled leaves cells behind)
-            self.lib.llama_memory_seq_rm(self._mem, self._leaf_seqs[leaf], -1, -1)
-            self.lib.llama_memory_seq_cp(self._mem, seq, self._leaf_seqs[leaf], 0, pos0)
-        if self._chain_output is not ROWS:
-            self.sample_on_backend(ROWS)
-            self._output_asked = None
-        self._b_token[:n] = tree.tokens
-        self._b_pos[:n] = [pos0 + tree.depth(i) for i in range(n)]
-        for i in range(n):
-            ids = ([seq] if i == 0 else []) + [self._leaf_seqs[leaf] for leaf in tree.under(i)]
-            b.n_seq_id[i] = len(ids)
-            for k, s in enumerate(ids):
-                b.seq_id[i][k] = s
-        self._b_out[:n] = [True] * n
-        b.n_tokens, self._asked = n, ()
-        self._n_out, self._rows, self.output = n, None, ROWS
-        rc = self.lib.llama_decode(self._ctx, b)
-        for i in range(n):
-            b.n_seq_id[i], b.seq_id[i][0] = 1, 0
-        self._tree, self._tree_seq = tree, seq
-        if rc != 0:
-            self._n_out = 0
-            self.lib.llama_memory_seq_rm(self._mem, seq, pos0, -1)
-            self.drop_tree()
-            raise DecodeError(f"llama_decode failed (code {rc}) on a tree of {n} nodes: "
-                              f"{last_log_error()}")
-        self.seqs[seq].append(tree.tokens[0])  # the root is the sequence's (rollback drops it)
-        if Interrupt.pending:
-            raise_pending_interrupt()
+        return dict(zip(leaves, spare))
 
-    def keep_path(self, path: Sequence[int]) -> None:
-        """After `eval_tree`: the nodes of `path` (the root, then each accepted node a child of the
-        one before) are appended to the sequence; the rest of the tree and the leaves' sequences
-        are dropped."""
-        tree, seq = self._tree, self._tree_seq
+    def _plant(self, trees: Mapping[int, tuple[Tree, dict[int, int]]]) -> None:
+        """Each tree's leaves' sequences (emptied first: a tree an error left unsettled leaves
+        cells behind) given a copy of their sequence's history."""
+        self.drop_tree()
+        for seq, (tree, leaves) in trees.items():
+            self._trees[seq] = (tree, leaves)
+            for leaf in leaves.values():
+                self.lib.llama_memory_seq_rm(self._mem, leaf, -1, -1)
+                self.lib.llama_memory_seq_cp(self._mem, seq, leaf, 0, len(self.seqs[seq]))
+
+    def eval_tree(self, tree: Tree, seq: int = 0, spare: Sequence[int] | None = None) -> None:
+        """One decode of `tree` after what sequence `seq` holds (`eval_seqs` of that tree alone,
+        its leaves in the sequences `spare`)."""
+        self.eval_seqs([(seq, tree)], spares=None if spare is None else {seq: spare})
+
+    def keep_path(self, path: Sequence[int], seq: int = 0) -> None:
+        """After `eval_seqs` with a tree for sequence `seq`: the nodes of `path` (the root, then
+        each accepted node a child of the one before) are appended to the sequence; the rest of the
+        tree and its leaves' sequences are dropped."""
+        if seq not in self._trees:
+            raise ValueError(f"sequence {seq} has no draft tree to settle")
+        tree, leaf_seq = self._trees[seq]
         if not path or list(path) != tree.path(path[-1]):
             raise ValueError(f"{list(path)} is not a path from the tree's root")
         pos0 = len(self.seqs[seq]) - 1  # the root's position
         # the path's cells are those of any leaf under its last node, at the path's positions
-        leaf = self._leaf_seqs[tree.under(path[-1])[0]]
+        leaf = leaf_seq[tree.under(path[-1])[0]]
         self.lib.llama_memory_seq_cp(self._mem, leaf, seq, pos0 + 1, pos0 + len(path))
         self.seqs[seq] += [tree.tokens[i] for i in path[1:]]
-        self.drop_tree()
+        self.drop_tree(seq)
 
-    def drop_tree(self) -> None:
-        """The last tree's leaves' sequences emptied: by `keep_path`, or where an error came between
-        it and `eval_tree` (the sequence itself rolls back as any does)."""
-        for s in self._leaf_seqs.values():
-            self.lib.llama_memory_seq_rm(self._mem, s, -1, -1)
-        self._leaf_seqs = {}
+    def drop_tree(self, seq: int | None = None) -> None:
+        """Sequence `seq`'s tree's leaves' sequences emptied (None: every tree's): by `keep_path`,
+        or where an error came between it and `eval_seqs` (the sequence itself rolls back as any
+        does)."""
+        for s in [seq] if seq is not None else list(self._trees):
+            for leaf in self._trees.pop(s, (None, {}))[1].values():
+                self.lib.llama_memory_seq_rm(self._mem, leaf, -1, -1)

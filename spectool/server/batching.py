@@ -47,10 +47,10 @@ class Member:
 class Batcher:
     """The thread that steps the batch for every generation under way."""
 
-    def __init__(self, target: Model):
+    def __init__(self, target: Model, slots: int | None = None):
         if not isinstance(target, ParallelModel):
             raise ValueError("decoding sequences together needs a ParallelModel")
-        self.batch = Batch(target)
+        self.batch = Batch(target, slots)  # (the rest of its sequences: trees' leaves)
         self.joining: queue.SimpleQueue[Member] = queue.SimpleQueue()
         self.members: dict[int, Member] = {}
         threading.Thread(target=self.drive, daemon=True, name=BATCH_THREAD).start()

@@ -110,7 +110,7 @@ class Server:
         if options.parallel > 1:  # the generations under way decoded together (batching.py)
             from spectool.server.batching import Batcher
 
-            self.batcher = Batcher(session.gen.target)
+            self.batcher = Batcher(session.gen.target, options.parallel)
         self.stopping = threading.Event()
         # who may call from a web page (guard.py): the Host names, the pages' origins
         self.guard = Guard.of(host, port, options.allowed_hosts, options.cors_origins)
