@@ -351,12 +351,16 @@ class Models:
     dflash: DflashContext | None = None  # the DFlash head -md named, where it drafts
 
 
-def head_file(ref: ModelRef | None) -> tuple[Mode, Path] | None:
-    """(its kind: Mode.eagle3 or Mode.dflash, its path) where -md names a head file on this machine
-    (one on the Hub is loaded as a draft model, which llama.cpp refuses)."""
+def head_file(ref: ModelRef | None, fetch: Callable[[ModelRef], Path | None] | None = None
+              ) -> tuple[Mode, Path] | None:
+    """(its kind: Mode.eagle3 or Mode.dflash, its path) where -md names a head file: on this
+    machine, or on the Hub, which `fetch` (hub.ensure) downloads first to read (None: a file on the
+    Hub is not looked at)."""
     from spectool.drafters import dflash, eagle3
 
     path = ref.path if ref is not None else None
+    if ref is not None and path is None and fetch is not None:
+        path = fetch(ref)
     if path is None or not path.is_file():
         return None
     return ((Mode.eagle3, path) if eagle3.is_head(path) else
@@ -371,7 +375,16 @@ def load_stage(o: Options, stack: contextlib.ExitStack, refs: Refs, w: Wish, hoo
     where it drafts."""
     from spectool.drafters.builder import loads
 
-    kind, head = head_file(refs.draft) or (None, None)
+    from spectool.models import hub
+    from spectool.models.registry import RegistryError
+
+    def fetch(ref: ModelRef) -> Path | None:  # (one that fails: load_models says so, as for any)
+        try:
+            return hub.ensure(ref, yes=o.yes, ask=hooks.ask)
+        except (hub.HubError, RegistryError):
+            return None
+
+    kind, head = head_file(refs.draft, fetch) or (None, None)
     want_draft, use_mtp, use_head = loads(w, refs.draft is not None and head is None, kind)
     m = load_models(o, stack, refs if head is None else refs._replace(draft=None),
                     want_draft=want_draft, hooks=hooks, load_mtp=use_mtp)

@@ -185,14 +185,19 @@ def test_the_head_drafts_and_accepts_what_llama_cpps_draft_eagle3_does(tiny, hea
     3-token drafts, greedy) and spectool's (`--spec eagle3` with drafts fixed at 3) on the same target, head and
     prompt propose the same tokens and accept as many, step by step, and both outputs are plain decoding's. Steps
     are compared while both draft 3 tokens: near the end each tool cuts its last drafts to its own token budget."""
+    drafts_as_llama_cpp(tiny["target"], head_path, text, speculative_simple)
+
+
+def drafts_as_llama_cpp(target, head_path, text, speculative_simple):
+    """The oracle's check (helpers.same_drafts_as_llama_cpp) of the head at `head_path` over `target`."""
     from spectool_lab import llamacpp
     from spectool_lab.helpers import same_drafts_as_llama_cpp
 
     from spectool.drafters.eagle3 import Eagle3, Eagle3Context
     from spectool.llama.engine import Model
 
-    theirs = llamacpp.draft_eagle3(speculative_simple, tiny["target"], head_path, text, 40, n_draft=3)
-    with Model(tiny["target"], n_ctx=512, n_threads=2) as m:
+    theirs = llamacpp.draft_eagle3(speculative_simple, target, head_path, text, 40, n_draft=3)
+    with Model(target, n_ctx=512, n_threads=2) as m:
         head = Eagle3Context(m, head_path)
         try:
             same_drafts_as_llama_cpp(m, Eagle3(head), m.tokenize(text), theirs, min_steps=10)
@@ -231,3 +236,38 @@ def test_a_head_reading_the_targets_last_layer_drafts_what_llama_cpp_does(tiny, 
             head.close()
     n = min(len(theirs), len(proposed)) - 3  # near the end each tool cuts its drafts to its own budget
     assert n >= 15 and [t.draft for t in theirs[:n]] == [list(d.tokens) for d in proposed[:n]]
+
+
+def test_a_head_with_its_own_embeddings_a_fused_norm_and_a_smaller_vocabulary_drafts_what_llama_cpp_does(
+        tiny, tmp_path, speculative_simple):
+    """Published heads carry more than the tiny one: token embeddings of their own (Llama 3.3 70B's), an RMSNorm on
+    the fused features before fc (EAGLE-3.1's `norm_before_fc`) and a draft vocabulary mapped to the target's (d2t:
+    here every token but each fifth, in reverse order). llama.cpp's graph reads each; the drafts over such a head are
+    still llama.cpp's, step by step, `spectool check` knows it, and the output is plain decoding's."""
+    from spectool_lab.tinymodels import write_eagle3_head
+
+    variant = write_eagle3_head(tmp_path, variant=True)
+    r = spectool("check", tiny["target"], variant)
+    assert r.returncode == 0 and "compatible: the head drafts for the target with --spec eagle3" in r.stdout
+    drafts_as_llama_cpp(tiny["target"], variant, LOOP, speculative_simple)
+
+
+def test_a_head_on_the_hub_is_a_head(tiny, head_path, tmp_path):
+    """`-md hf:OWNER/REPO/HEAD.gguf` (a local server standing in for the Hub): the file is downloaded, found to be an
+    EAGLE-3 head and drafts as one (`--spec auto`), the text plain decoding's."""
+    import json
+    import os
+
+    from fakehub import FakeHub
+
+    with FakeHub() as hub:
+        hub.add("someone/tiny-eagle3", {"head.gguf": head_path})
+        env = dict(os.environ, HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf"))
+        base = ["run", "-m", tiny["target"], "-n", "40", "-t", "2", "-c", "512", "-ngl", "0", LOOP]
+        plain = spectool(*base, "--spec", "none", "-q", env=env)
+        stats = tmp_path / "s.json"
+        r = spectool(*base, "-md", "hf:someone/tiny-eagle3/head.gguf", "--stats-json", stats, "-q", env=env)
+        assert r.returncode == 0 and r.stdout == plain.stdout, r.stderr
+        j = json.loads(stats.read_text())
+        assert j["mode"] == "eagle3" and j["n_drafted"] > 0, j
+        assert hub.gets("head.gguf")

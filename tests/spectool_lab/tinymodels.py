@@ -362,13 +362,14 @@ def _eagle3_weights(rng: np.random.Generator, embd: np.ndarray) -> dict[str, np.
 EAGLE3_LAYERS = (0, 1, 2)  # the tiny target's layers (all three) whose inputs the head reads
 
 
-def write_eagle3_head(folder: Path, layers: tuple[int, int, int] = EAGLE3_LAYERS) -> Path:
+def write_eagle3_head(folder: Path, layers: tuple[int, int, int] = EAGLE3_LAYERS, variant: bool = False) -> Path:
     """eagle3.gguf: a tiny EAGLE-3 head for write_models' target (3 layers, width N_EMBD), as llama.cpp's
     convert_hf_to_gguf.py writes one: architecture eagle3, one decoder block, `eagle3.target_layers` (the target
-    layers whose inputs it fuses) and `eagle3.target_hidden_size`, the target's vocabulary."""
+    layers whose inputs it fuses) and `eagle3.target_hidden_size`, the target's vocabulary. `variant`
+    (eagle3-variant.gguf): the options published heads carry besides (`_variant`)."""
     import gguf
 
-    path = Path(folder) / "eagle3.gguf"
+    path = Path(folder) / ("eagle3-variant.gguf" if variant else "eagle3.gguf")
     path.parent.mkdir(parents=True, exist_ok=True)
     w = gguf.GGUFWriter(str(path), "eagle3")
     w.add_name("tiny-eagle3")
@@ -387,8 +388,24 @@ def write_eagle3_head(folder: Path, layers: tuple[int, int, int] = EAGLE3_LAYERS
     w.add_uint32("eagle3.target_hidden_size", N_EMBD)
     vocab = vocabulary()
     embd = _weights(np.random.default_rng(1234), len(vocab[0]), 3)["token_embd.weight"]  # write_models' target's
-    _finish(w, vocab, _eagle3_weights(np.random.default_rng(3003), embd))
+    weights = _eagle3_weights(np.random.default_rng(3003), embd)
+    if variant:
+        w.add_bool("eagle3.norm_before_fc", True)
+        weights = _variant(weights, embd)
+    _finish(w, vocab, weights)
     return path
+
+
+def _variant(weights: dict[str, np.ndarray], embd: np.ndarray) -> dict[str, np.ndarray]:
+    """The head's weights with what published heads carry besides (llama.cpp's eagle3.cpp reads each): token
+    embeddings of its own (Llama 3.3 70B's head: here the target's, scaled), an RMSNorm over the fused features
+    before fc (`norm_before_fc`, EAGLE-3.1: its weight `enc.output_norm`), and a draft vocabulary smaller than the
+    target's (the d2t map, each draft row's target id: here every token but each fifth, in reverse order)."""
+    n_vocab = embd.shape[0]
+    d2t = np.array([t for t in range(n_vocab - 1, -1, -1) if t % 5], np.int64)
+    n_in = weights["fc.weight"].shape[1]
+    return {**weights, "token_embd.weight": 1.5 * embd, "enc.output_norm.weight": np.ones(n_in, np.float32),
+            "output.weight": weights["output.weight"][d2t], "d2t": d2t}
 
 
 DFLASH_LAYERS = (0, 1, 2)  # the tiny target's layers whose inputs the DFlash head reads
