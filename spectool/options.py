@@ -137,10 +137,10 @@ class Options:
                              max=1.0,
                              help="Stop drafting below this draft probability.")
     draft_tree: int = opt(0, "--draft-tree", group=DRAFTING, min=0, max=64,
-                          help="Draft trees: up to this many of prompt lookup's other "
-                          "followers verified beside its draft in one decode, where the controller "
-                          "prices them above the chain alone (one sequence; no grammar, logprobs "
-                          "or penalties). 0 = chains only.")
+                          help="Draft trees: up to this many other tokens (lookup's other "
+                          "followers, a prediction's) verified beside the draft in one decode, "
+                          "where the controller prices them above the chain alone (no grammar, "
+                          "logprobs or penalties). 0 = chains only.")
     draft_vocab: int = opt(0, "--draft-vocab", group=DRAFTING, min=0,
                            help="Prune the draft to this many tokens, its most likely ones (made "
                            "once, cached): a faster draft when its vocabulary is large. 0 = off.")

@@ -138,17 +138,35 @@ def test_a_proposal_for_another_history_predicts_afresh():
     assert lookup.propose(other, 2, None, None).tokens == PromptLookup().lookup(other, 2)[0] == [6, 7]
 
 
-def brute_followers(history, seq, n_min, n_max):
-    """{follower: (count, last position)} of the longest n-gram ending `seq` seen in `history` ({} where none)."""
+def brute_followers(history, seq, n_min, n_max, docs=None):
+    """{follower: (count, last position)} of the longest n-gram ending `seq` seen in `history` ({} where none), or in
+    any of the documents `docs` (n-grams never span two; positions ordered document by document)."""
+    docs = [history] if docs is None else docs
     for n in range(min(n_max, len(seq)), n_min - 1, -1):
         followers = {}
-        for j in range(n, len(history)):
-            if history[j - n : j] == seq[-n:]:
-                c = followers.get(history[j], (0, -1))
-                followers[history[j]] = (c[0] + 1, j)
+        for i, doc in enumerate(docs):
+            for j in range(n, len(doc)):
+                if doc[j - n : j] == seq[-n:]:
+                    c = followers.get(doc[j], (0, -1))
+                    followers[doc[j]] = (c[0] + 1, (i, j))
         if followers:
             return followers
     return {}
+
+
+def brute_branches(history, chain, width, docs):
+    """What PromptLookup.branches should offer beside `chain` (brute force): each depth's other followers in the
+    history (and in the corpus's `docs`), the likeliest first, each at its larger share."""
+    want = []
+    for d, token in enumerate(chain):
+        shares = {}
+        for where in [None] + ([docs] if docs else []):
+            others = {t: c for t, c in brute_followers(history, history + chain[:d], 1, 3, where).items() if t != token}
+            total = sum(c for c, _ in others.values()) + 1
+            for t in sorted(others, key=lambda t: (-others[t][0], -others[t][1][0], -others[t][1][1])):
+                shares[t] = max(shares.get(t, 0.0), others[t][0] / total)
+        want += [(d, t, share) for t, share in sorted(shares.items(), key=lambda ts: -ts[1])[: width - 1]]
+    return want
 
 
 @settings(max_examples=300, deadline=None)
@@ -159,10 +177,20 @@ def test_branches_are_the_other_followers_of_each_depth_s_match(history, k, widt
     with its count over the others' total + 1 (brute force over the history)."""
     lk = PromptLookup(1, 3)
     chain = lk.lookup(history, k)[0]
-    want = []
-    for d, token in enumerate(chain):
-        others = {t: c for t, c in brute_followers(history, history + chain[:d], 1, 3).items() if t != token}
-        total = sum(c for c, _ in others.values()) + 1
-        ranked = sorted(others, key=lambda t: (-others[t][0], -others[t][1]))[: width - 1]
-        want += [(d, t, others[t][0] / total) for t in ranked]
-    assert [tuple(b) for b in lk.branches(history, chain, width)] == want
+    assert [tuple(b) for b in lk.branches(history, chain, width)] == brute_branches(history, chain, width, None)
+
+
+@settings(max_examples=300, deadline=None)
+@given(streams, st.lists(streams, min_size=1, max_size=3), st.integers(1, 6), st.integers(1, 4))
+def test_branches_beside_a_corpus_are_both_indexes_followers(history, docs, k, width):
+    """With a corpus of earlier documents: each depth's other followers of the longest match in the request's own
+    text and of the longest in the corpus, each token at the larger of its shares, the likeliest first (ties: the
+    request's own first), at most width - 1 (brute force over the history and the documents)."""
+    from spectool.drafters.corpus import Corpus
+
+    lk = PromptLookup(1, 3, corpus=Corpus(10_000, 1, 3))
+    for doc in docs:
+        lk.corpus.add(doc)
+    chain = lk.lookup(history, k)[0]
+    kept = list(lk.corpus.docs)  # (a document that extends the last one replaces it)
+    assert [tuple(b) for b in lk.branches(history, chain, width)] == brute_branches(history, chain, width, kept)

@@ -214,3 +214,45 @@ def test_a_requests_prediction_is_tokenized_once_for_all_its_choices(tiny):
             del target.tokenize
     assert len(asked.gens) == 8 and sum(calls) == 1
     assert len({id(g.drafter.prediction) for g in asked.gens}) == 1
+
+
+def test_beside_one_source_s_chain_the_other_offers_its_token():
+    """Draft trees (issue 59): where prompt lookup outmatches the prediction and drafts, the prediction's own token
+    at each depth where it differs is a sibling (share 1/2, one follower seen once), as far as the chain keeps the
+    prediction's place; where the prediction drafts, lookup's other followers are."""
+    from spectool.core.protocol import Branch
+    from spectool.core.verify import Sampling
+
+    def drafted(history, seen):
+        d = PredictionDrafter([1, 2, 3, 4, 5, 6, 7], PromptLookup(1, 8))
+        d.start(history[:seen])
+        list(d.peek(history, 4))
+        draft = d.propose(history, 4, Sampling(), None)
+        return draft, d.branches(history, draft.tokens, 4)
+
+    # "70 80 90 1 2 3" was followed by 60 before: lookup's longer match drafts; after 60 the place is lost
+    draft, siblings = drafted([50, 70, 80, 90, 1, 2, 3, 60, 70, 80, 90, 1, 2, 3], 1)
+    assert (draft.source, draft.tokens, siblings) == (Source.lookup, [60, 70, 80, 90], [Branch(0, 4, 0.5)])
+    # "1 2 3" was followed by 9 before, as long a match as the prediction's place: the prediction drafts
+    draft, siblings = drafted([50, 1, 2, 3, 9, 8, 1, 2, 3], 1)
+    assert (draft.source, draft.tokens[:3], siblings) == (Source.prediction, [4, 5, 6], [Branch(0, 9, 0.5)])
+
+
+def test_trees_beside_a_prediction_keep_the_output_the_targets(tiny, target, plain):
+    """With draft trees on (a target with a sequence for each leaf), every prediction's output is still plain
+    greedy decoding's, and steps verified siblings beside the chains of both sources."""
+    from spectool.core.costs import Costs
+    from spectool.llama.parallel import ParallelModel
+
+    free = Costs(unmeasured=1.0, jump_prior=0.0, slope_prior=0.0)  # every row free: each offered sibling pays
+    with ParallelModel(tiny["target"], n_ctx=4 * 512, n_threads=2, n_seq_max=8, kv_unified=True) as trees:
+        sources, taken = set(), 0
+        for name, q in predictions(plain).items():
+            g = GenerationConfig(trees, for_generation(PromptLookup(), False, prediction=q), max_tokens=N,
+                                 controller=Controller(k_max=4, costs=free, timed=False), draft_tree=6)
+            st = Stats()
+            steps = list(speculative_generate(g, trees.tokenize(PROMPT), st))
+            assert [t for s in steps for t in s.tokens] == plain, name
+            sources |= {s.source for s in steps if s.branches}
+            taken += st.tree_taken
+        assert sources == {Source.prediction, Source.lookup} and taken > 0

@@ -53,6 +53,20 @@ class Branch(NamedTuple):
     share: float
 
 
+def merged(offers: Iterable[Iterable[Branch]], width: int) -> list[Branch]:
+    """Siblings from several sources beside one chain, by depth: each token once at a depth, at the
+    largest of its shares, the likeliest first (ties: in the order offered), at most width - 1."""
+    shares: dict[tuple[int, int], float] = {}
+    for offer in offers:
+        for b in offer:
+            shares[b.depth, b.token] = max(shares.get((b.depth, b.token), 0.0), b.share)
+    out: list[Branch] = []
+    for depth in sorted({d for d, _ in shares}):
+        here = [(t, s) for (d, t), s in shares.items() if d == depth]
+        out += [Branch(depth, t, s) for t, s in sorted(here, key=lambda ts: -ts[1])[: width - 1]]
+    return out
+
+
 # key -> what the controller thinks a token drafted under it is worth
 Estimate = Callable[[Evidence], float]
 

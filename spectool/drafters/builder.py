@@ -297,8 +297,9 @@ class Drafting(Drafter):
             return Draft([], None, Source.none, notice=self.fall_back(history, e))
 
     def branches(self, history: Sequence[int], chain: Sequence[int], width: int) -> list[Branch]:
-        """Prompt lookup's, where it drafts alone (no grammar, no prediction, no draft model)."""
-        if not isinstance(self.inner, PromptLookup):
+        """Prompt lookup's (its corpus's too), and the request's prediction's beside them, where no
+        grammar or draft model drafts."""
+        if not isinstance(self.inner, (PromptLookup, PredictionDrafter)):
             return []
         return self.inner.branches(history, chain, width)
 

@@ -9,7 +9,7 @@ from spectool.llama import native  # noqa: F401, I001 - llama.cpp before numpy (
 import numpy as np  # noqa: E402
 
 from spectool.core.evidence import Agreement, Evidence, Source, bucket
-from spectool.core.protocol import EMPTY, Branch, Draft, Drafter, Estimate, no_grammar
+from spectool.core.protocol import EMPTY, Branch, Draft, Drafter, Estimate, merged, no_grammar
 from spectool.core.verify import Sampling
 
 # an n-gram's: {token: count}, or the token alone where one was seen once
@@ -352,19 +352,24 @@ class PromptLookup(Drafter):
     def branches(self, history: Sequence[int], chain: Sequence[int],
                  width: int) -> list[Branch]:
         """Beside a draft `chain` after `history`: at each of its depths d, the other followers of
-        the longest n-gram ending history + chain[:d] (up to width - 1 of them, the most frequent
+        the longest n-gram ending history + chain[:d] (up to width - 1 of them, the likeliest
         first), each with its share of the followers other than the chain's token, count / (their
         total + 1): the chance that it is the next token where the chain's is not (one unseen
-        follower besides)."""
+        follower besides). With a corpus, its longest match's followers too, each token at the
+        larger of its two shares (ties: the request's own text first)."""
+        indices = [self.index]
+        if self.corpus is not None and len(self.corpus.index) > 0:
+            indices.append(self.corpus.index)
         out: list[Branch] = []
-        seq = "".join(map(chr, history[-self.index.n_max :]))
+        seq = "".join(map(chr, history[-max(i.n_max for i in indices) :]))
         for d, token in enumerate(chain):
-            followers = [tc for tc in ranked(self.index.longest(seq, self.index.n_max)[1])
-                         if tc[0] != token]
-            total = sum(c for _, c in followers) + 1
-            out += [Branch(d, t, c / total) for t, c in followers[: width - 1]]
+            for index in indices:
+                followers = [tc for tc in ranked(index.longest(seq, index.n_max)[1])
+                             if tc[0] != token]
+                total = sum(c for _, c in followers) + 1
+                out += [Branch(d, t, c / total) for t, c in followers]
             seq += chr(token)
-        return out
+        return merged([out], width)
 
     @staticmethod
     def key(n: int, count: int, total: int, source: Source = Source.lookup) -> Evidence:

@@ -22,7 +22,7 @@ import numpy as np  # noqa: E402
 
 from spectool.core.evidence import Agreement, Evidence, Source, bucket
 from spectool.core.grammar import Constraint
-from spectool.core.protocol import EMPTY, Draft, Drafter, Estimate, no_grammar
+from spectool.core.protocol import EMPTY, Branch, Draft, Drafter, Estimate, merged, no_grammar
 from spectool.core.verify import Sampling
 from spectool.drafters.lookup import PromptLookup
 
@@ -60,6 +60,7 @@ class PredictionDrafter(Drafter):
         # the last peek's offer where the prediction made it: (its history, that history's length,
         # the tokens); None where the fallback made it
         self._offer: tuple[Sequence[int], int, list[int]] | None = None
+        self._drafted = False  # whether the last proposal was the prediction's
 
     def start(self, history: Sequence[int], constraint: Constraint | None = None) -> str | None:
         no_grammar(constraint)
@@ -152,12 +153,29 @@ class PredictionDrafter(Drafter):
         if offer is not None and not (offer[0] is history and offer[1] == len(history)):
             self.peek(history, k)
             offer = self._offer
-        self._offer = None
+        self._offer, self._drafted = None, offer is not None
         if offer is not None:
             return Draft(offer[2][:k], None, Source.prediction)
         if self.fallback is None:
             return EMPTY
         return self.fallback.propose(history, k, sampling, rng, constraint)
+
+    def branches(self, history: Sequence[int], chain: Sequence[int], width: int) -> list[Branch]:
+        """Beside the chain just proposed: the fallback's siblings (lookup's other followers), and
+        where the fallback drafted it, the prediction's own token at each depth where it differs,
+        from the place the chain so far leads to, at a share of 1/2 (one follower, seen once, as
+        lookup counts one)."""
+        theirs = self.fallback.branches(history, chain, width) if self.fallback is not None else []
+        if self._drafted:
+            return merged([theirs], width)
+        ours, place, anchor, text = [], self.place, self.anchor, [*history, *chain]
+        for d, token in enumerate(chain):
+            if place is None or place.pos >= len(self.prediction):
+                break
+            if self.prediction[place.pos] != token:
+                ours.append(Branch(d, self.prediction[place.pos], 0.5))
+            place, anchor = self.follow(place, anchor, text, len(history) + d, len(history) + d + 1)
+        return merged([theirs, ours], width)
 
     def finish(self, history: Sequence[int]) -> None:
         if self.fallback is not None:
