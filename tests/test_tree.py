@@ -370,7 +370,7 @@ def test_a_wrong_tree_rule_in_the_loop_is_caught(target, trees, monkeypatch):
     """The check above can fail: the loop drawing every node's token from the root's row rejects."""
     import spectool.generate.loop as loop
 
-    monkeypatch.setattr(loop, "accept_tree", lambda token_at, tokens, parents:
+    monkeypatch.setattr(loop, "accept_tree", lambda token_at, tokens, parents, *rest:
                         accept_tree(lambda i: token_at(0), tokens, parents))
     counts, _ = sampled_with_trees(target, trees)
     rejects, stat, crit = chi2_rejects(counts, exact_joint(target, target.tokenize(LOOP), SAMPLING), N_RUNS)
@@ -431,3 +431,55 @@ def test_a_seeded_sample_with_trees_is_the_same_in_a_batch(target, trees, slots)
                                                     (0, config(slots, 7), prompt)])
     assert got[1] == alone_ != got[0] and stats[1].tree_steps > 0, stats[1].to_json()
     assert batch_run(Batch(slots, slots=2), [(0, config(slots, 70), prompt)])[0][0] != alone_
+
+
+# -- a draft model's runner-ups beside its sampled draft: multi-draft rejection sampling ------------------------
+@pytest.fixture(scope="module")
+def draft(tiny):
+    from spectool.llama.engine import Model
+
+    with Model(tiny["draft"], n_ctx=1024, n_threads=2) as m:
+        yield m
+
+
+def sampled_draft_trees(target, trees, draft):
+    """Counts of the first N_JOINT tokens over N_RUNS seeded generations at temperature 1, the first step a tree:
+    the draft model's sampled chain of K_DRAFT tokens and, at each depth, its likeliest other tokens (up to 3);
+    and the runs' summed stats."""
+    from exactness import K_DRAFT
+
+    from spectool.drafters.draft_model import DraftModel
+
+    counts, runs, prompt = {}, [], target.tokenize(LOOP)
+    for seed in range(N_RUNS):
+        st = Stats()
+        g = GenerationConfig(trees, for_generation(DraftModel(draft), False), SAMPLING,
+                             free_rows(k_max=K_DRAFT, adaptive=False), max_tokens=K_DRAFT + 1, seed=seed, draft_tree=4)
+        out = tuple(tokens_of(g, prompt, st)[:N_JOINT])
+        counts[out] = counts.get(out, 0) + 1
+        runs.append(st)
+    return counts, Stats.summed(runs)
+
+
+def test_a_draft_model_s_runner_ups_keep_the_target_distribution(target, trees, draft):
+    """Chi-square over 3,000 seeded runs of the joint distribution of the first three tokens, each first step a tree
+    of the draft model's sampled chain with its runner-ups beside (the chain's token kept with probability
+    min(1, p/q), else the target's drawn from the residual and the runner-up that holds it followed), against the
+    target alone; steps kept the chain in some runs and took a runner-up in others."""
+    counts, st = sampled_draft_trees(target, trees, draft)
+    assert st.tree_steps and 0 < st.tree_taken < st.tree_steps and st.n_accepted > st.tree_taken, st.to_json()
+    rejects, stat, crit = chi2_rejects(counts, exact_joint(target, target.tokenize(LOOP), SAMPLING), N_RUNS)
+    assert not rejects, f"chi2 {stat:.1f} > {crit:.1f}"
+
+
+def test_a_wrong_multi_draft_rule_is_caught(target, trees, draft, monkeypatch):
+    """The check above can fail: the sampled chain's tokens judged against p as if it were q (every one kept) rejects."""
+    import spectool.generate.loop as loop
+
+    def as_if_q_were_p(token_at, tokens, parents, drawn, rng):
+        return accept_tree(token_at, tokens, parents, lambda i: (d := drawn(i)) and (d[0], d[1], d[1]), rng)
+
+    monkeypatch.setattr(loop, "accept_tree", as_if_q_were_p)
+    counts, _ = sampled_draft_trees(target, trees, draft)
+    rejects, stat, crit = chi2_rejects(counts, exact_joint(target, target.tokenize(LOOP), SAMPLING), N_RUNS)
+    assert rejects, f"chi2 {stat:.1f} <= {crit:.1f}"

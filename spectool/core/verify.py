@@ -270,18 +270,34 @@ def accept_greedy(target_argmax, draft: Sequence[int]) -> tuple[int, int]:
 
 
 def accept_tree(target_token: Callable[[int], int], tokens: Sequence[int],
-                parents: Sequence[int]) -> tuple[list[int], int]:
-    """Acceptance on a tree of deterministic branches (node i holds tokens[i] after node
-    parents[i]; node 0 the root): from the root, the target's own token at each node
-    (`target_token(node)`: its argmax, or a draw from the node's row) is followed into the child
-    that holds it, and the first one no child holds ends the step. The nodes taken, the root
-    first, and that token. Every token is the target's own, drawn after the path kept, so this is
-    exactly the target's distribution (for a chain: accept_sampled with one-hot q)."""
+                parents: Sequence[int],
+                drawn: Callable[[int], tuple[int, Dist, Dist] | None] | None = None,
+                rng: np.random.Generator | None = None) -> tuple[list[int], int]:
+    """Acceptance on a draft tree (node i holds tokens[i] after node parents[i]; node 0 the root):
+    from the root, the target's own token at each node (`target_token(node)`: its argmax, or a
+    draw from the node's row) is followed into the child that holds it, and the first one no child
+    holds ends the step. Where a node's child was drawn from a drafter's q (`drawn(node)`: that
+    child, the target's p at the node and the q it was drawn from; None where no child was), it is
+    kept with probability min(1, p/q) (`rng`), else the target's token is drawn from the residual
+    and the other child that holds it followed: multi-draft rejection sampling with deterministic
+    siblings (SpecInfer's rule). The nodes taken, the root first, and the token that ends the step.
+    Every token is then the target's, drawn after the path kept: exactly its distribution (for a
+    chain: accept_sampled)."""
     node, path = 0, [0]
     while True:
-        t = int(target_token(node))
+        d = drawn(node) if drawn is not None else None
+        if d is None:
+            t, held = int(target_token(node)), -1
+        else:
+            held, p, q = d
+            assert rng is not None
+            if rng.random() * q.prob(tokens[held]) < p.prob(tokens[held]):
+                node = held
+                path.append(node)
+                continue
+            t = residual(p, q).sample(rng)
         child = next((c for c in range(node + 1, len(tokens))
-                      if parents[c] == node and tokens[c] == t), None)
+                      if parents[c] == node and tokens[c] == t and c != held), None)
         if child is None:
             return path, t
         node = child

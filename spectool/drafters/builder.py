@@ -297,9 +297,9 @@ class Drafting(Drafter):
             return Draft([], None, Source.none, notice=self.fall_back(history, e))
 
     def branches(self, history: Sequence[int], chain: Sequence[int], width: int) -> list[Branch]:
-        """Prompt lookup's (its corpus's too), and the request's prediction's beside them, where no
-        grammar or draft model drafts."""
-        if not isinstance(self.inner, (PromptLookup, PredictionDrafter)):
+        """Prompt lookup's (its corpus's too), the request's prediction's beside them, and a draft
+        model's runner-ups beside its sampled draft, where no grammar drafts."""
+        if not isinstance(self.inner, (PromptLookup, PredictionDrafter, DraftModel)):
             return []
         return self.inner.branches(history, chain, width)
 

@@ -16,7 +16,7 @@ from spectool.core.grammar import Constraint
 from spectool.core.evidence import DRAFT, Evidence
 from spectool.core.evidence import Source
 from spectool.core.verify import Dist, Sampling, backend_chain
-from spectool.core.protocol import EMPTY, Draft, Drafter, Estimate, no_grammar
+from spectool.core.protocol import EMPTY, Branch, Draft, Drafter, Estimate, no_grammar
 from spectool.drafters.draw import draw
 
 
@@ -61,6 +61,8 @@ class DraftModel(Drafter):
         self.map = VocabMap.between(model.n_vocab, self.n_target, ids)
         self._seen: list[int] = []  # history in target ids ...
         self._mapped: list[int] = []  # ... and in draft ids
+        # the last draft: the history's length, its tokens and the q each was drawn from (sampled)
+        self._drawn: tuple[int, list[int], list[Dist]] = (-1, [], [])
 
     def _map(self, history: Sequence[int]) -> list[int]:
         if self.map is None:
@@ -110,7 +112,22 @@ class DraftModel(Drafter):
         if self.map is not None:  # back to the target's ids
             tokens = self.map.to_target[tokens].tolist()
             qs = [self._on_target(q, self.map) for q in qs]
+        self._drawn = (len(history), tokens, qs)
         return Draft(tokens, None if sampling.greedy else qs, Source.draft, catch_up)
+
+    def branches(self, history: Sequence[int], chain: Sequence[int], width: int) -> list[Branch]:
+        """Beside a draft just drawn from q (sampled): at each depth the likeliest other tokens of
+        that depth's q (EAGLE-2's runner-ups), at most width - 1, each at its share of q beyond the
+        drawn token; none beside a greedy draft (its rows were sampled in llama.cpp's graph)."""
+        n, tokens, qs = self._drawn
+        if n != len(history) or list(chain) != tokens[: len(chain)]:
+            return []
+        out: list[Branch] = []
+        for d, (token, q) in enumerate(zip(chain, qs)):
+            rest = max(1e-9, 1.0 - q.prob(token))
+            best = [j for j in np.argsort(-q.p, kind="stable") if q.ids[j] != token][: width - 1]
+            out += [Branch(d, int(q.ids[j]), float(q.p[j]) / rest) for j in best]
+        return out
 
     def _on_target(self, q: Dist, vocab_map: VocabMap) -> Dist:
         ids = vocab_map.to_target[q.ids]

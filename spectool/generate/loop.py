@@ -25,7 +25,7 @@ from spectool.core.evidence import Evidence, Source
 from spectool.core.grammar import Constraint, Grammar, NothingAllowed, dist_under, token_under
 from spectool.core.protocol import EMPTY, Draft, Drafter
 from spectool.core.stats import Stats
-from spectool.core.verify import (Sampling, TokenLogprob, accept_greedy, accept_sampled,
+from spectool.core.verify import (Dist, Sampling, TokenLogprob, accept_greedy, accept_sampled,
                                   accept_tree, backend_chain, dist_at,
                                   greedy_rows, token_at, token_logprob)
 from spectool.generate.prompt import calibrate, freeze_startup_objects, prefill
@@ -292,8 +292,7 @@ class Loop:
               tree: bool = True) -> Plan:
         """The plan for the controller's `keys` of offer `o`: where the audit (`audited`: the
         decode is this sequence's alone) finds a fixed length faster on this text, that length;
-        then the drafter's tokens, and a draft tree where its siblings pay (`tree_of`; `tree`
-        False: a batch asks once every sequence's chain is drafted, generate/batch.py)."""
+        then the drafter's tokens, and a tree where siblings pay (`tree`: a batch grows its own)."""
         if self.drafter is None:
             return Plan([], EMPTY, 0.0)
         if self.audit is not None and audited and hasattr(o.keys, "take"):  # lookup's: known
@@ -314,10 +313,10 @@ class Loop:
 
     def tree_of(self, p: Plan, room: int, beside: Beside | None = None) -> Tree | None:
         """The draft tree the controller prices above the chain `p` drafted (None: the chain is
-        best, or trees are off): at most `room` siblings, each a leaf after the chain's node before
-        it; `beside`: the rest of the decode, where other sequences share it."""
+        best): at most `room` siblings, each a leaf after the chain's node before it; `beside`: the
+        rest of the decode, where other sequences share it."""
         d, cap = p.draft, min(self.tree_cap, room)
-        if cap <= 0 or not d.tokens or d.q is not None or not p.keys:
+        if cap <= 0 or not d.tokens or not p.keys:
             return None
         assert self.drafter is not None
         k, keys = len(d.tokens), p.keys[: len(d.tokens)]
@@ -351,16 +350,18 @@ class Loop:
             p.logprob_seconds = time.perf_counter() - t0
 
     def accept_tree(self, rows, p: Plan) -> None:
-        """Acceptance on the draft tree's rows (verify.accept_tree: its branches are
-        deterministic): the path along the target's own tokens, kept in the cache; how far along
-        the chain it went is what the controller learns of the chain's keys."""
-        assert p.tree is not None
-        s, tree = self.sampling, p.tree
+        """Acceptance on the draft tree's rows (verify.accept_tree: deterministic siblings, a chain
+        drawn from q by rejection sampling): the path taken, kept in the cache."""
+        s, tree, q, k = self.sampling, cast(Tree, p.tree), p.draft.q or [], len(p.draft.tokens)
 
         def token_of(i: int) -> int:
             return token_at(rows, i, s) if s.greedy else dist_at(rows, i, s).sample(self.rng)
 
-        p.path, p.token = accept_tree(token_of, tree.tokens, tree.parents)
+        def drawn(i: int) -> tuple[int, Dist, Dist] | None:  # (chain node i's child is node i + 1)
+            q_i = q[i] if i < min(k, len(q)) else None
+            return None if q_i is None else (i + 1, dist_at(rows, i, s), q_i)
+
+        p.path, p.token = accept_tree(token_of, tree.tokens, tree.parents, drawn, self.rng)
         rows.keep_path(p.path)
         p.n_acc = len(p.path) - 1
 
