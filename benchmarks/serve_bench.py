@@ -16,9 +16,10 @@ and without them in turn (which first alternates), so that both see the same loa
 
 `--parallel N` measures the batch instead: N clients at once, each sending its share of the prompts one after
 another, against the one-sequence lookup server (which queues them), `--parallel N` with lookup (and with
-`--kv-unified`), and `--parallel N --spec none`; the servers are up together and take turns, round after round (`--repeats`), so that each round
-sees the same machine. Throughput is all completion tokens over the round's wall clock, prompts included: each
-round's prompts start with its number, so that no server finds one cached from an earlier round.
+`--kv-unified`; with `--trees T`, with `--draft-tree T` too), and `--parallel N --spec none`; the servers are up
+together and take turns, round after round (`--repeats`), so that each round sees the same machine. Throughput is
+all completion tokens over the round's wall clock, prompts included: each round's prompts start with its number,
+so that no server finds one cached from an earlier round.
 """
 
 from __future__ import annotations
@@ -114,6 +115,9 @@ def batch_rounds(model: Path, texts: list[str], args) -> None:
               f"--parallel {n}, lookup": ("lookup", str(n), ()),
               f"--parallel {n} --kv-unified, lookup": ("lookup", str(n), ("--kv-unified",)),
               f"--parallel {n} --spec none": ("none", str(n), ())}
+    if args.trees:  # each slot's draft trees in the batch's one decode (one KV buffer)
+        shapes[f"--parallel {n} --draft-tree {args.trees}, lookup"] = ("lookup", str(n),
+                                                                        ("--draft-tree", str(args.trees)))
     servers = {name: start(model, spec, args.threads, "--parallel", par, "-c", str(2048 * int(par)), *extra)
                for name, (spec, par, extra) in shapes.items()}
     rates: dict[str, list[float]] = {name: [] for name in shapes}
@@ -148,6 +152,8 @@ def main() -> None:
     ap.add_argument("--logprobs", type=int, default=None, help="also measure lookup with logprobs: N")
     ap.add_argument("--parallel", type=int, default=None, help="measure N clients at once (module docstring)")
     ap.add_argument("--repeats", type=int, default=3, help="rounds of --parallel's comparison")
+    ap.add_argument("--trees", type=int, default=0, help="--parallel's comparison gains its server with "
+                    "--draft-tree N")
     ap.add_argument("--set", default=next(iter(common.SETS)), choices=list(common.SETS),
                     help="the prompts' set (default: code editing)")
     common.sample_options(ap)

@@ -238,7 +238,9 @@ def load_models(o: Options, stack: contextlib.ExitStack, refs: Refs, want_draft:
         # the generating sequences (generate/batch.py's spares)
         n_seq = o.parallel * tree_seqs(o.draft_tree)
         kind = engine.Model if n_seq == 1 else parallel.ParallelModel
-        unified = {"kv_unified": True} if o.draft_tree or (o.kv_unified and n_seq > 1) else {}
+        unified: dict = {"kv_unified": True} if o.draft_tree or (o.kv_unified and n_seq > 1) else {}
+        if o.draft_tree and o.parallel > 1 and not o.kv_unified:  # (each slot -c / N, as without)
+            unified["slots"] = o.parallel
         target = stack.enter_context(kind(path, n_ctx=o.ctx_size, n_threads=o.threads,
                                           n_gpu_layers=o.gpu_layers, load_mtp=load_mtp,
                                           progress=bar.fraction, n_seq_max=n_seq, **unified,
@@ -384,7 +386,9 @@ def load_stage(o: Options, stack: contextlib.ExitStack, refs: Refs, w: Wish, hoo
         except (hub.HubError, RegistryError):
             return None
 
-    kind, head = head_file(refs.draft, fetch) or (None, None)
+    # (only an -md of the user's, where a head could draft: a pair's draft model is no head)
+    may_head = o.model_draft and w.n_seq == 1 and o.spec not in (Mode.none, Mode.lookup, Mode.mtp)
+    kind, head = head_file(refs.draft, fetch if may_head else None) or (None, None)
     want_draft, use_mtp, use_head = loads(w, refs.draft is not None and head is None, kind)
     m = load_models(o, stack, refs if head is None else refs._replace(draft=None),
                     want_draft=want_draft, hooks=hooks, load_mtp=use_mtp)

@@ -254,7 +254,7 @@ def test_a_head_with_its_own_embeddings_a_fused_norm_and_a_smaller_vocabulary_dr
 
 def test_a_head_on_the_hub_is_a_head(tiny, head_path, tmp_path):
     """`-md hf:OWNER/REPO/HEAD.gguf` (a local server standing in for the Hub): the file is downloaded, found to be an
-    EAGLE-3 head and drafts as one (`--spec auto`), the text plain decoding's."""
+    EAGLE-3 head and drafts as one (`--spec auto`), the text plain decoding's; `--spec lookup` downloads nothing."""
     import json
     import os
 
@@ -265,6 +265,9 @@ def test_a_head_on_the_hub_is_a_head(tiny, head_path, tmp_path):
         env = dict(os.environ, HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf"))
         base = ["run", "-m", tiny["target"], "-n", "40", "-t", "2", "-c", "512", "-ngl", "0", LOOP]
         plain = spectool(*base, "--spec", "none", "-q", env=env)
+        # a mode that drafts with no head downloads none
+        r = spectool(*base, "--spec", "lookup", "-md", "hf:someone/tiny-eagle3/head.gguf", "-q", env=env)
+        assert r.returncode == 0 and r.stdout == plain.stdout and not hub.gets("head.gguf"), r.stderr
         stats = tmp_path / "s.json"
         r = spectool(*base, "-md", "hf:someone/tiny-eagle3/head.gguf", "--stats-json", stats, "-q", env=env)
         assert r.returncode == 0 and r.stdout == plain.stdout, r.stderr

@@ -384,7 +384,7 @@ def test_the_batch_s_cost_table_is_kept_for_the_next_server(tiny, tmp_path):
 
     env = {**os.environ, "SPECTOOL_CACHE": str(tmp_path)}
     server = Server(tiny["target"], "-c", "2048", "--parallel", "2", env=env)
-    out: list = [None] * 2
+    out: list = [None] * 4  # (indexed by the prompts 1 and 3)
     threads = [threading.Thread(target=complete, args=(server, i, out),
                                 kwargs=dict(max_tokens=200, temperature=0)) for i in (1, 3)]
     for t in threads:

@@ -122,12 +122,14 @@ def test_draft_trees_serve_the_same_text_and_are_counted(server, tiny):
 
 def test_draft_trees_under_parallel_serve_each_client_plain_text(server, tiny):
     """`serve --parallel 2 --draft-tree 4`: two slots (each with a spare sequence for every leaf of its trees, one
-    KV buffer); two clients at once get the greedy texts of the server without trees, and each slot's counts
-    include its trees."""
+    KV buffer, each slot holding its share of it); two clients at once get the greedy texts of the server without trees, and each slot's tree counts
+    are its request's, summed in /metrics (whether a step drafts a tree is the controller's call on this machine's
+    costs: test_tree.py's batch tests price rows free to make every step one)."""
     trees = Defaults(tiny["target"], "--no-lookup-corpus", "--draft-tree", "4", "--parallel", "2")
-    prompts = ["the dog the fox the dog the fox the dog the fox the dog the", "def add(a, b):\n    return a + b\n"]
+    prompts = ["the dog the fox the dog the fox the dog the fox the dog the cat the", "def add(a, b):\n    return a + b\n"]
     try:
-        assert get(trees, "/props")[1]["total_slots"] == 2
+        props = get(trees, "/props")[1]  # each slot the trained context, as without trees (the buffer holds two)
+        assert props["total_slots"] == 2 and props["default_generation_settings"]["n_ctx"] == 2048
 
         def ask(s, prompt):
             return s.client().completions.create(model="any", max_tokens=30, temperature=0.0, prompt=prompt)
@@ -135,7 +137,11 @@ def test_draft_trees_under_parallel_serve_each_client_plain_text(server, tiny):
         with ThreadPoolExecutor(2) as pool:
             got = list(pool.map(lambda p: ask(trees, p), prompts))
         assert [r.choices[0].text for r in got] == [ask(server, p).choices[0].text for p in prompts]
-        assert all(set(r.usage.model_extra["speculative"]["tree"]) == {"steps", "branches", "taken"} for r in got)
-        assert sorted(slot["id"] for slot in get(trees, "/slots")[1]) == [0, 1]
+        made = [r.usage.model_extra["speculative"]["tree"] for r in got]
+        slots = get(trees, "/slots")[1]
+        assert sorted(slot["id"] for slot in slots) == [0, 1]
+        assert sorted(map(str, made)) == sorted(str(slot["draft_tree"]) for slot in slots)
+        metrics = urllib.request.urlopen(trees.url + "/metrics", timeout=5).read().decode()
+        assert f"spectool_tree_steps_total {sum(t['steps'] for t in made)}" in metrics
     finally:
         stop(trees.proc)

@@ -418,19 +418,23 @@ def test_a_batch_of_trees_is_plain_decoding(target, slots):
 
 
 def test_a_seeded_sample_with_trees_is_the_same_in_a_batch(target, trees, slots):
-    """At temperature 1 with a seed, Runners' trees: the tokens drawn in a batch beside another sampled sequence
-    are those drawn alone (each token is one draw from its row, whatever the tree), and another seed differs."""
-    prompt = target.tokenize(LOOP)
+    """At temperature 1 with a seed, trees on: each token is one draw from its row whatever the step's shape (a tree,
+    a chain, how long), so the tokens drawn are plain sampling's with that seed, alone with every step a tree (rows
+    free) and in a batch beside another sampled sequence with the controller's priors (chains and trees as they
+    price); another seed differs."""
+    prompt = target.tokenize(FORKS)
 
-    def config(model, seed):
-        return GenerationConfig(model, Runners(target), SAMPLING, free_rows(k_max=2, adaptive=False), max_tokens=24,
-                                seed=seed, draft_tree=4)
+    def config(model, seed, ctl):
+        return GenerationConfig(model, Runners(target), SAMPLING, ctl, max_tokens=24, seed=seed, draft_tree=4)
 
-    alone_ = tokens_of(config(trees, 7), prompt)
-    got, stats = batch_run(Batch(slots, slots=2), [(0, config(slots, 8), target.tokenize(PROMPT)),
-                                                    (0, config(slots, 7), prompt)])
-    assert got[1] == alone_ != got[0] and stats[1].tree_steps > 0, stats[1].to_json()
-    assert batch_run(Batch(slots, slots=2), [(0, config(slots, 70), prompt)])[0][0] != alone_
+    plain = tokens_of(GenerationConfig(target, None, SAMPLING, max_tokens=24, seed=7), prompt)
+    st = Stats()
+    assert tokens_of(config(trees, 7, free_rows(k_max=2, adaptive=False)), prompt, st) == plain and st.tree_steps
+    got, stats = batch_run(Batch(slots, slots=2), [(0, config(slots, 8, Controller(timed=False)), prompt[:-3]),
+                                                    (0, config(slots, 7, Controller(timed=False)), prompt)])
+    assert got[1] == plain != got[0] and stats[1].n_accepted > 0, stats[1].to_json()
+    assert stats[1].tree_steps < stats[1].n_steps  # (chains too)
+    assert batch_run(Batch(slots, slots=2), [(0, config(slots, 70, Controller(timed=False)), prompt)])[0][0] != plain
 
 
 # -- a draft model's runner-ups beside its sampled draft: multi-draft rejection sampling ------------------------

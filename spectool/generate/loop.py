@@ -222,9 +222,10 @@ class Loop:
         self.audit = (Audit() if g.sampling.greedy and self.ctl.adaptive and self.ctl.audit
                       and not self.ctl.k_min and g.drafter is not None else None)
         # the most siblings a draft tree may have here (0: chains; a draft tree's row holds the
-        # target's raw row, which a grammar's mask, logprobs and penalties do not read)
+        # target's raw row, which a grammar's mask, logprobs and penalties do not read; a head
+        # that follows the target's decodes hears no tree's)
         tree = (isinstance(g.target, ParallelModel) and g.target.kv_unified and constraint is None
-                and g.logprobs is None and not g.sampling.window)
+                and g.logprobs is None and not g.sampling.window and not g.target.listened)
         # (a spare sequence for each leaf: the siblings' and the chain's end)
         self.tree_cap = max(0, min(g.draft_tree, g.target.n_seq_max - 2)) if tree else 0
 
@@ -337,8 +338,8 @@ class Loop:
         reads them as verify.py reads a model's) make of the drafts: the acceptance rule, then the
         new tokens' logprobs where asked, all read before any roll-back (which drops the decode's
         outputs)."""
-        if p.tree is not None:
-            return self.accept_tree(rows, p)
+        if p.tree is not None or (self.tree_cap and not self.sampling.greedy):
+            return self.accept_tree(rows, p)  # (a chain too: draws that no tree's shape moves)
         try:
             p.n_acc, p.token = self.acceptance(rows, p.draft)
         except NothingAllowed:
@@ -350,9 +351,12 @@ class Loop:
             p.logprob_seconds = time.perf_counter() - t0
 
     def accept_tree(self, rows, p: Plan) -> None:
-        """Acceptance on the draft tree's rows (verify.accept_tree: deterministic siblings, a chain
-        drawn from q by rejection sampling): the path taken, kept in the cache."""
-        s, tree, q, k = self.sampling, cast(Tree, p.tree), p.draft.q or [], len(p.draft.tokens)
+        """Acceptance on the draft tree's rows, or a chain's where trees are on (verify.accept_tree:
+        deterministic siblings, a chain drawn from q by rejection sampling): the path taken, kept
+        in the cache. Each deterministic token is then one draw from its row, however the steps
+        were shaped: a seeded sample is the same beside any other sequences' trees."""
+        s, q, k = self.sampling, p.draft.q or [], len(p.draft.tokens)
+        tree = p.tree or Tree([self.x[-1], *p.draft.tokens], [-1, *range(k)])
 
         def token_of(i: int) -> int:
             return token_at(rows, i, s) if s.greedy else dist_at(rows, i, s).sample(self.rng)
@@ -361,9 +365,11 @@ class Loop:
             q_i = q[i] if i < min(k, len(q)) else None
             return None if q_i is None else (i + 1, dist_at(rows, i, s), q_i)
 
-        p.path, p.token = accept_tree(token_of, tree.tokens, tree.parents, drawn, self.rng)
-        rows.keep_path(p.path)
-        p.n_acc = len(p.path) - 1
+        path, p.token = accept_tree(token_of, tree.tokens, tree.parents, drawn, self.rng)
+        if p.tree is not None:
+            p.path = path
+            rows.keep_path(path)
+        p.n_acc = len(path) - 1
 
     def settle(self, p: Plan, rows, t0: float, alone: bool = True) -> Step:
         """The step after accept: the cache (`rows`) rolled back to x and the accepted drafts (the
@@ -447,7 +453,7 @@ class Loop:
         new, finish = self.cut([*p.accepted_tokens, p.token])
         text, draft_chars = "", 0
         if self.stream is not None:
-            new, finish, text, draft_chars = self.text_of(new, finish, n_acc)
+            new, finish, text, draft_chars = self.stream.step(new, finish, n_acc)
         self.x.extend(new)
         self.n_new += len(new)
         logprobs = None if self.g.logprobs is None else (p.logprobs or [])[: len(new)]
@@ -464,22 +470,6 @@ class Loop:
             self.stats.finish_reason = finish
             self.stats.stop_string = self.stream.stopped if self.stream is not None else None
         return step
-
-    def text_of(self, new: list[int], finish: str | None,
-                n_acc: int) -> tuple[list[int], str | None, str, int]:
-        """The step's text, the tokens and finish reason cut where a stop string appeared, and how
-        many characters of the text came from accepted drafts."""
-        assert self.stream is not None
-        text, draft_chars = "", 0
-        for i, token in enumerate(new):
-            text += self.stream.feed([token])
-            draft_chars = len(text) if i < n_acc else draft_chars
-            if self.stream.stopped:
-                new, finish = new[: i + 1], "stop"
-                break
-        if finish and not self.stream.stopped:
-            text += self.stream.flush()
-        return new, finish, text, draft_chars
 
     def cut(self, new: list[int]) -> tuple[list[int], str | None]:
         """`new` up to the first end-of-generation token ("stop") or the token budget ("length")."""

@@ -40,3 +40,19 @@ class TextStream:
         self.pending = ""
         return out
 
+
+    def step(self, new: list[int], finish: str | None,
+             n_acc: int) -> tuple[list[int], str | None, str, int]:
+        """A step's text: its `new` tokens and finish reason cut where a stop string appeared, the
+        text, and how many of its characters came from the step's first `n_acc` tokens (accepted
+        drafts); the text held back comes out where the step ends the generation."""
+        text, draft_chars = "", 0
+        for i, token in enumerate(new):
+            text += self.feed([token])
+            draft_chars = len(text) if i < n_acc else draft_chars
+            if self.stopped:
+                new, finish = new[: i + 1], "stop"
+                break
+        if finish and not self.stopped:
+            text += self.flush()
+        return new, finish, text, draft_chars

@@ -289,6 +289,11 @@ class Model(Facts):
     def remove_decode_listener(self, listener: DecodeListener) -> None:
         self._listeners = tuple(f for f in self._listeners if f != listener)
 
+    @property
+    def listened(self) -> bool:
+        """Whether anything follows its decodes (a head's context: add_decode_listener)."""
+        return bool(self._listeners)
+
     # -- decoding
     # ------------------------------------------------------------------------------------------
     @property

@@ -56,10 +56,14 @@ class ParallelModel(Model):
     (None: llama.cpp's default, one stream each). Its `n_ctx` is what one sequence may hold, as
     every check made for one generation measures it (the whole context: `n_ctx_total`)."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, slots: int | None = None, **kwargs):
+        """`slots` (with `kv_unified`): that many sequences generate, the others hold draft trees'
+        leaves; each of the first holds at most n_ctx / slots tokens, as one stream each would."""
         super().__init__(*args, **kwargs)
         # each tree's sequence: the tree, and its leaves' sequences, until keep_path
         self._trees: dict[int, tuple[Tree, dict[int, int]]] = {}
+        if slots and kwargs.get("kv_unified"):
+            self.n_ctx_seq = self.n_ctx // slots
         self.n_ctx_total, self.n_ctx = self.n_ctx, self.n_ctx_seq
         self.kv_unified = bool(kwargs.get("kv_unified"))  # (llama.cpp's default: a stream each)
 
