@@ -235,14 +235,11 @@ class Controller:
         if free:  # the others' rows, and their tokens (a decided draft's as expected)
             decided = [c for c in chains if c.decided]
             self._best_lengths(free, others + sum(1 + len(c.keys) for c in decided),
-                               others + sum(map(self._expected, decided)), costs or self.costs)
+                               others + sum(self.expected(c.keys) for c in decided),
+                               costs or self.costs)
         for c in free:
             c.keys = self._probed(c)
         return [c.keys for c in chains]
-
-    def _expected(self, c: _Chain) -> float:
-        """The tokens a step with `c`'s keys drafted makes, as expected."""
-        return self.expected(c.keys)
 
     def expected(self, keys: Sequence[Evidence]) -> float:
         """The tokens a step with a chain drafted under `keys` makes, as expected."""

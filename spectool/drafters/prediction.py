@@ -167,7 +167,7 @@ class PredictionDrafter(Drafter):
         lookup counts one)."""
         theirs = self.fallback.branches(history, chain, width) if self.fallback is not None else []
         if self._drafted:
-            return merged([theirs], width)
+            return theirs
         ours, place, anchor, text = [], self.place, self.anchor, [*history, *chain]
         for d, token in enumerate(chain):
             if place is None or place.pos >= len(self.prediction):

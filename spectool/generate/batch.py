@@ -229,16 +229,19 @@ class Batch:
         target = self.target
         rows = sum(p.rows for p in plans.values())
         cells = target.n_ctx_total - sum(len(target.seqs[s]) for s in range(self.slots)) - rows
+        expected: dict[int, dict[int, float]] = {}  # by controller: each plan's tokens as expected
         for seq, p in plans.items():
             loop = self.active[seq]
             if not loop.tree_cap:
                 continue
-            others = sum(loop.ctl.expected(q.keys[: len(q.draft.tokens)])
-                         for s, q in plans.items() if s != seq)
-            beside = Beside(rows - p.rows, others, self.table(len(plans), loop.ctl))
+            if id(loop.ctl) not in expected:
+                expected[id(loop.ctl)] = {s: loop.ctl.expected(q.chain_keys)
+                                          for s, q in plans.items()}
+            mine = expected[id(loop.ctl)]
+            beside = Beside(rows - p.rows, sum(mine.values()) - mine[seq],
+                            self.table(len(plans), loop.ctl))
             p.tree = loop.tree_of(p, min(target.n_batch - rows, cells), beside)
-            siblings = p.rows - len(p.draft.tokens) - 1
-            rows, cells = rows + siblings, cells - siblings
+            rows, cells = rows + p.siblings, cells - p.siblings
 
     def by_controller(self, seqs: Iterable[int]) -> list[tuple[Controller, list[int]]]:
         """The sequences `seqs` by the controller that picks their drafts."""

@@ -177,7 +177,17 @@ class Plan:
     @property
     def rows(self) -> int:
         """The rows the target's pass decodes for it."""
-        return len(self.tree.tokens) if self.tree is not None else len(self.draft.tokens) + 1
+        return len(self.draft.tokens) + 1 + self.siblings
+
+    @property
+    def siblings(self) -> int:
+        """The rows of its draft tree beside the chain (0: a chain)."""
+        return len(self.tree.tokens) - len(self.draft.tokens) - 1 if self.tree is not None else 0
+
+    @property
+    def chain_keys(self) -> list[Evidence]:
+        """The keys of the tokens drafted (the controller may have picked more than were)."""
+        return self.keys[: len(self.draft.tokens)]
 
     @property
     def accepted_tokens(self) -> list[int]:
@@ -320,7 +330,7 @@ class Loop:
         if cap <= 0 or not d.tokens or not p.keys:
             return None
         assert self.drafter is not None
-        k, keys = len(d.tokens), p.keys[: len(d.tokens)]
+        k, keys = len(d.tokens), p.chain_keys
         depths = self.ctl.branching(keys, cap, beside)  # (where no sibling could pay, none asked)
         offered = self.drafter.branches(self.x, d.tokens[:depths], WIDTH) if depths else []
         chosen = self.ctl.branch(keys, offered, cap, beside) if offered else []
@@ -443,7 +453,7 @@ class Loop:
         if verify_seconds is not None and p.tree is None:  # (a tree's decode does more than rows)
             self.ctl.observe_verify(p.rows, verify_seconds)
         if d.tokens and p.keys:  # (the audit's own drafts have no keys: core/audit.py)
-            self.ctl.observe_draft(p.keys[: len(d.tokens)], p.draft_seconds - d.catch_up_seconds)
+            self.ctl.observe_draft(p.chain_keys, p.draft_seconds - d.catch_up_seconds)
             self.ctl.observe_accept(p.keys, len(d.tokens), p.chain_acc)
 
     def emit(self, p: Plan, verify_seconds: float) -> Step:
@@ -457,12 +467,11 @@ class Loop:
         self.x.extend(new)
         self.n_new += len(new)
         logprobs = None if self.g.logprobs is None else (p.logprobs or [])[: len(new)]
-        branches = p.rows - 1 - len(d.tokens)
         step = Step(tokens=new, drafted=len(d.tokens), accepted=n_acc,
                     source=d.source, draft_seconds=p.draft_seconds,
                     verify_seconds=verify_seconds, text=text, draft_chars=draft_chars,
                     finish_reason=finish, notice=self.notice, forced=d.forced, logprobs=logprobs,
-                    rejected=list(d.tokens[p.chain_acc :]), branches=branches,
+                    rejected=list(d.tokens[p.chain_acc :]), branches=p.siblings,
                     off_chain=p.chain_acc < n_acc)
         self.notice = None
         if self.stats is not None:

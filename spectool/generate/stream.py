@@ -40,7 +40,6 @@ class TextStream:
         self.pending = ""
         return out
 
-
     def step(self, new: list[int], finish: str | None,
              n_acc: int) -> tuple[list[int], str | None, str, int]:
         """A step's text: its `new` tokens and finish reason cut where a stop string appeared, the
