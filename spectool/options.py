@@ -140,8 +140,8 @@ class Options:
                           help="Draft trees: up to this many other tokens (lookup's other "
                           "followers, a prediction's, a sampled draft model's runner-ups) verified "
                           "beside the draft in one decode, "
-                          "where the controller prices them above the chain alone (no grammar, "
-                          "logprobs or penalties). 0 = chains only.")
+                          "where the controller prices them above the chain alone (under a "
+                          "grammar, those it takes; no logprobs or penalties). 0 = chains only.")
     draft_vocab: int = opt(0, "--draft-vocab", group=DRAFTING, min=0,
                            help="Prune the draft to this many tokens, its most likely ones (made "
                            "once, cached): a faster draft when its vocabulary is large. 0 = off.")

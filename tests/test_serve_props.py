@@ -123,7 +123,8 @@ def test_draft_trees_serve_the_same_text_and_are_counted(server, tiny):
 def test_draft_trees_under_parallel_serve_each_client_plain_text(server, tiny):
     """`serve --parallel 2 --draft-tree 4`: two slots (each with a spare sequence for every leaf of its trees, one
     KV buffer, each slot holding its share of it); two clients at once get the greedy texts of the server without trees, and each slot's tree counts
-    are its request's, summed in /metrics (whether a step drafts a tree is the controller's call on this machine's
+    are its request's, summed in /metrics; a request under a grammar beside a free one gets the constrained text of the
+    server without trees (whether a step drafts a tree is the controller's call on this machine's
     costs: test_tree.py's batch tests price rows free to make every step one)."""
     trees = Defaults(tiny["target"], "--no-lookup-corpus", "--draft-tree", "4", "--parallel", "2")
     prompts = ["the dog the fox the dog the fox the dog the fox the dog the cat the", "def add(a, b):\n    return a + b\n"]
@@ -131,8 +132,8 @@ def test_draft_trees_under_parallel_serve_each_client_plain_text(server, tiny):
         props = get(trees, "/props")[1]  # each slot the trained context, as without trees (the buffer holds two)
         assert props["total_slots"] == 2 and props["default_generation_settings"]["n_ctx"] == 2048
 
-        def ask(s, prompt):
-            return s.client().completions.create(model="any", max_tokens=30, temperature=0.0, prompt=prompt)
+        def ask(s, prompt, **kw):
+            return s.client().completions.create(model="any", max_tokens=30, temperature=0.0, prompt=prompt, **kw)
 
         with ThreadPoolExecutor(2) as pool:
             got = list(pool.map(lambda p: ask(trees, p), prompts))
@@ -143,5 +144,12 @@ def test_draft_trees_under_parallel_serve_each_client_plain_text(server, tiny):
         assert sorted(map(str, made)) == sorted(str(slot["draft_tree"]) for slot in slots)
         metrics = urllib.request.urlopen(trees.url + "/metrics", timeout=5).read().decode()
         assert f"spectool_tree_steps_total {sum(t['steps'] for t in made)}" in metrics
+        # under a grammar (llama-server's field), beside a free request: trees under it, the same constrained text
+        record = 'root ::= "{\\"name\\": \\"" [a-z ]{1,10} "\\", \\"n\\": " [0-9]{1,3} "}"'
+        under = dict(prompt='{"name": "ann lee", "n": 42} {"name": "bob lee", "n": 7} ', extra_body={"grammar": record})
+        with ThreadPoolExecutor(2) as pool:
+            got = list(pool.map(lambda kw: ask(trees, **kw), [under, dict(prompt=prompts[0])]))
+        assert got[0].choices[0].text == ask(server, **under).choices[0].text
+        assert got[0].choices[0].text.startswith('{"name": "')
     finally:
         stop(trees.proc)

@@ -319,10 +319,13 @@ class Runners(Drafter):
         if key not in self.cache:
             chain, seconds = [], []
             for _ in range(k):
-                first, second = top(self.target, [*history, *chain])[:: -1 if self.swap else 1]
+                first, second = self.top([*history, *chain])[:: -1 if self.swap else 1]
                 chain.append(first), seconds.append(second)
             self.cache[key] = chain, seconds
         return self.cache[key]
+
+    def top(self, history):
+        return top(self.target, history)
 
     def propose(self, history, k, sampling, rng, constraint=None):
         return Draft(self.chain(history, k)[0], None, Source.lookup)
@@ -487,3 +490,144 @@ def test_a_wrong_multi_draft_rule_is_caught(target, trees, draft, monkeypatch):
     counts, _ = sampled_draft_trees(target, trees, draft)
     rejects, stat, crit = chi2_rejects(counts, exact_joint(target, target.tokenize(LOOP), SAMPLING), N_RUNS)
     assert rejects, f"chi2 {stat:.1f} <= {crit:.1f}"
+
+
+# -- draft trees under a grammar: each node's row masked by the grammar after its path ---------------------------
+def grammar_run(model, drafter, prompt, gbnf, s=Sampling(), n=40, draft_tree=4, seed=0, ctl=None):
+    from spectool.core.grammar import Grammar
+
+    st = Stats()
+    g = GenerationConfig(model, for_generation(drafter, grammar=True), s, ctl or free_rows(), max_tokens=n,
+                         seed=seed, grammar=Grammar.gbnf(gbnf), draft_tree=draft_tree)
+    return tokens_of(g, prompt, st), st
+
+
+def test_greedy_trees_under_a_grammar_are_llama_cpps_constrained_decoding(target, trees):
+    """llama.cpp's constrained greedy decoding (its grammar sampler, the oracle) with trees: Runners' (second choices
+    drafted, first beside, the siblings the grammar rejects left out) under lowercase words, each path through a
+    sibling; lookup's on repeated records, with the forced keys a trunk under siblings in some steps."""
+    from test_grammar import RECORD, WORDS, llama_cpp_greedy
+
+    from spectool.core.grammar import Grammar
+
+    prompt = target.tokenize(FORKS)
+    got, st = grammar_run(trees, Runners(target, swap=True), prompt, WORDS, ctl=free_rows(k_max=2, adaptive=False))
+    assert got == llama_cpp_greedy(target, prompt, WORDS, 40) and st.tree_taken > 1, st.to_json()
+    prompt = target.tokenize('{"name": "ann lee", "n": 42} {"name": "bob lee", "n": 42} {"name": "ann lee", "n": 7} ')
+    g = GenerationConfig(trees, for_generation(PromptLookup(), grammar=True), Sampling(), free_rows(), max_tokens=40,
+                         grammar=Grammar.gbnf(RECORD), draft_tree=4)
+    steps = list(speculative_generate(g, prompt))
+    assert [t for s in steps for t in s.tokens] == llama_cpp_greedy(target, prompt, RECORD, 40)
+    assert any(s.forced and s.branches for s in steps) and steps[-1].finish_reason == "stop"
+
+
+def test_a_tree_s_siblings_are_those_the_grammar_takes_after_the_chain_so_far(target):
+    """GrammarDrafter.branches, after each of the first 12 tokens of the constrained output: Runners' siblings (the
+    target's first choices beside its second) at each depth of its chain cut where the grammar rejects it, less those
+    the grammar in that state (after the chain's tokens before it) rejects; the grammar back where it was."""
+    from test_grammar import WORDS, llama_cpp_greedy
+
+    from spectool.core.grammar import Grammar
+    from spectool.drafters.grammar import GrammarDrafter
+
+    prompt = target.tokenize(FORKS)
+    output, kept, dropped = llama_cpp_greedy(target, prompt, WORDS, 12), 0, 0
+    for n in range(1, len(output)):
+        history, c = prompt + output[:n], Grammar.gbnf(WORDS).matcher(target)
+        assert c.push(output[:n])
+        drafter = GrammarDrafter(Runners(target, swap=True), c)
+        keys = list(drafter.peek(history, 4))
+        chain = drafter.propose(history, len(keys), Sampling(), np.random.default_rng(0)).tokens
+        got, allowed = drafter.branches(history, chain, 4), []
+        offered = Runners(target, swap=True).branches(history, chain, 4)
+        for b in offered:
+            assert c.push(chain[: b.depth])
+            allowed += [b] if c.allows(b.token) else []
+            c.pop(b.depth)
+        assert got == allowed and c.valid(chain) == len(chain)
+        kept, dropped = kept + len(got), dropped + len(offered) - len(got)
+    assert kept and dropped, (kept, dropped)
+
+
+class UnderWords(Runners):
+    """Runners of the target's likeliest tokens among those lowercase words allow after the prompt's `n` tokens (its
+    chain, then its second choices beside): trees whose every node the grammar takes."""
+
+    def __init__(self, target, n):
+        super().__init__(target)
+        self.n = n
+
+    def top(self, history):
+        from test_grammar import WORDS
+
+        from spectool.core.grammar import Grammar, mask_for
+
+        c = Grammar.gbnf(WORDS).matcher(self.target)
+        assert c.push(history[self.n :])
+        self.target.sync(history)
+        return [int(t) for t in np.argsort(-np.where(mask_for(c), -np.inf, self.target.logits()))[:2]]
+
+
+def sampled_under_grammar(target, trees):
+    """Counts of the first N_JOINT tokens over N_RUNS seeded runs at temperature 1 under lowercase words, each step a
+    tree of UnderWords' chain of 2 and its 2 siblings, and the runs' summed stats."""
+    from test_grammar import WORDS
+
+    counts, runs, prompt = {}, [], target.tokenize(LOOP)
+    drafter = UnderWords(target, len(prompt))
+    for seed in range(N_RUNS):
+        out, st = grammar_run(trees, drafter, prompt, WORDS, SAMPLING, N_JOINT, seed=seed,
+                              ctl=free_rows(k_max=2, adaptive=False))
+        counts[tuple(out)] = counts.get(tuple(out), 0) + 1
+        runs.append(st)
+    return counts, Stats.summed(runs)
+
+
+def test_sampled_trees_under_a_grammar_follow_the_constrained_target(target, trees):
+    """Chi-square over 3,000 seeded runs of the first three tokens' joint distribution, against the target's
+    under llama.cpp's grammar sampler."""
+    from test_grammar import WORDS, llama_cpp_banned
+
+    prompt = target.tokenize(LOOP)
+    joint = exact_joint(target, prompt, SAMPLING, banned=llama_cpp_banned(target, WORDS))
+    counts, st = sampled_under_grammar(target, trees)
+    assert 0 < st.tree_taken < st.tree_steps and st.n_accepted > st.tree_taken, st.to_json()
+    rejects, stat, crit = chi2_rejects(counts, joint, N_RUNS)
+    assert not rejects, f"chi2 {stat:.1f} > {crit:.1f}"
+
+
+def test_a_tree_masked_at_its_root_s_state_is_caught(target, trees, monkeypatch):
+    """The check above can fail: every node's row masked by the grammar's state at the root (its path not followed)
+    rejects."""
+    import spectool.generate.loop as loop
+    from test_grammar import WORDS, llama_cpp_banned
+
+    monkeypatch.setattr(loop, "follow", lambda c, tree, held, i: list(held))
+    prompt = target.tokenize(LOOP)
+    joint = exact_joint(target, prompt, SAMPLING, banned=llama_cpp_banned(target, WORDS))
+    rejects, stat, crit = chi2_rejects(sampled_under_grammar(target, trees)[0], joint, N_RUNS)
+    assert rejects, f"chi2 {stat:.1f} <= {crit:.1f}"
+
+
+def test_a_seeded_sample_with_trees_under_a_grammar_is_plain_constrained_sampling(target, trees, slots):
+    """At temperature 1 with a seed, under lowercase words: each token is one draw from its masked row, so the
+    tokens are plain constrained sampling's with that seed, alone and in a batch beside a sequence under no grammar;
+    another seed differs."""
+    from test_grammar import WORDS
+
+    from spectool.core.grammar import Grammar
+
+    prompt = target.tokenize(FORKS)
+    plain = tokens_of(GenerationConfig(target, None, SAMPLING, max_tokens=24, seed=7, grammar=Grammar.gbnf(WORDS)),
+                      prompt)
+    got, st = grammar_run(trees, UnderWords(target, len(prompt)), prompt, WORDS, SAMPLING, 24, seed=7,
+                          ctl=free_rows(k_max=2, adaptive=False))
+    assert got == plain and st.tree_steps, st.to_json()
+    free = GenerationConfig(slots, Runners(target), SAMPLING, Controller(timed=False), max_tokens=24, seed=7,
+                            draft_tree=4)
+    under = GenerationConfig(slots, for_generation(UnderWords(target, len(prompt)), grammar=True), SAMPLING,
+                             free_rows(k_max=2, adaptive=False),
+                             max_tokens=24, seed=7, grammar=Grammar.gbnf(WORDS), draft_tree=4)
+    got, stats = batch_run(Batch(slots, slots=2), [(0, free, prompt), (0, under, prompt)])
+    assert got[1] == plain != got[0] and stats[1].tree_steps and stats[1].n_accepted > 0, stats[1].to_json()
+    assert grammar_run(trees, UnderWords(target, len(prompt)), prompt, WORDS, SAMPLING, 24, seed=70)[0] != plain

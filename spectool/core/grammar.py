@@ -451,6 +451,16 @@ class Constraint:
         return self.m.is_stopped()
 
 
+def follow(c: Constraint, tree, held: Sequence[int], i: int) -> list[int]:
+    """Move `c` from the state after the draft tree's nodes `held` (a path from the root, the root
+    left out) to the state after node i's path, which it returns."""
+    path = tree.path(i)[1:]
+    n = next((j for j, (a, b) in enumerate(zip(held, path)) if a != b), min(len(held), len(path)))
+    c.pop(len(held) - n)
+    c.push([tree.tokens[j] for j in path[n:]])
+    return path
+
+
 class NothingAllowed(GrammarError):
     """The grammar admits no token here (a state it cannot leave): the generation ends."""
 

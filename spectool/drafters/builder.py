@@ -298,8 +298,9 @@ class Drafting(Drafter):
 
     def branches(self, history: Sequence[int], chain: Sequence[int], width: int) -> list[Branch]:
         """Prompt lookup's (its corpus's too), the request's prediction's beside them, and a draft
-        model's runner-ups beside its sampled draft, where no grammar drafts."""
-        if not isinstance(self.inner, (PromptLookup, PredictionDrafter, DraftModel)):
+        model's runner-ups beside its sampled draft, under the grammar where there is one."""
+        if not isinstance(self.inner, (PromptLookup, PredictionDrafter, DraftModel,
+                                       GrammarDrafter)):
             return []
         return self.inner.branches(history, chain, width)
 

@@ -13,7 +13,7 @@ from spectool.core.grammar import Constraint
 from spectool.core.evidence import GRAMMAR, Evidence
 from spectool.core.evidence import Source
 from spectool.core.verify import Sampling
-from spectool.core.protocol import EMPTY, Draft, Drafter, Estimate
+from spectool.core.protocol import EMPTY, Branch, Draft, Drafter, Estimate
 from spectool.drafters.lookup import PromptLookup
 
 
@@ -119,3 +119,23 @@ class GrammarDrafter(Drafter):
         q = None if d.q is None else [*[None] * len(ff), *d.q[:n]]
         return Draft(tokens, q, d.source if n else Source.grammar, d.catch_up_seconds,
                      forced=len(ff))
+
+    def branches(self, history: Sequence[int], chain: Sequence[int], width: int) -> list[Branch]:
+        """The inner drafter's siblings beside the chain just proposed (its own part of it: the
+        forced tokens ahead of another drafter's are a trunk, verified free of any choice), each
+        where the grammar takes it after the chain so far: a draft tree under the grammar."""
+        if self.inner is None:
+            return []
+        ahead = history if self._ahead is None else self._ahead
+        skip = len(ahead) - len(history)  # (the forced tokens ahead of the inner drafter's)
+        offered = [Branch(b.depth + skip, b.token, b.share)
+                   for b in self.inner.branches(ahead, chain[skip:], width)]
+        c, out, at = self.constraint, [], 0
+        try:
+            for b in sorted(offered, key=lambda b: b.depth):  # (stable: the likeliest first)
+                c.push(chain[at : b.depth])
+                at = max(at, b.depth)
+                out += [b] if c.allows(b.token) else []
+        finally:
+            c.pop(at)
+        return out

@@ -24,7 +24,8 @@ from typing import Callable, Iterable, Sequence
 from spectool.core.stats import Stats
 from spectool.core.controller import Beside, Controller
 from spectool.core.costs import Costs
-from spectool.generate.loop import GenerationConfig, Loop, Offered, Plan, Step, never
+from spectool.generate.loop import GenerationConfig, Loop, Step, never
+from spectool.generate.plan import Offered, Plan
 from spectool.generate.prompt import freeze_startup_objects
 from spectool.generate.stream import TextStream
 from spectool.llama.engine import EngineError, shared_prefix

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Generator, Iterable, Iterator, Sequence, cast
+from typing import Callable, Generator, Iterator, Sequence, cast
 
 from spectool.llama import native  # noqa: F401, I001 - llama.cpp before numpy (native.py)
 import numpy as np  # noqa: E402
@@ -22,12 +22,14 @@ import numpy as np  # noqa: E402
 from spectool.core.audit import HORIZON, Audit, Offer
 from spectool.core.controller import Beside, Controller
 from spectool.core.evidence import Evidence, Source
-from spectool.core.grammar import Constraint, Grammar, NothingAllowed, dist_under, token_under
+from spectool.core.grammar import (Constraint, Grammar, NothingAllowed, dist_under, follow,
+                                   token_under)
 from spectool.core.protocol import EMPTY, Draft, Drafter
 from spectool.core.stats import Stats
 from spectool.core.verify import (Dist, Sampling, TokenLogprob, accept_greedy, accept_sampled,
                                   accept_tree, backend_chain, dist_at,
                                   greedy_rows, token_at, token_logprob)
+from spectool.generate.plan import Offered, Plan
 from spectool.generate.prompt import calibrate, freeze_startup_objects, prefill
 from spectool.generate.stream import TextStream
 from spectool.llama.engine import Model
@@ -86,7 +88,7 @@ class GenerationConfig:
     draft_max: int | None = None
     # the most siblings a step's draft tree may verify beside its chain (0: chains only); trees
     # need a target with a unified KV cache and a spare sequence for each leaf (llama/parallel.py),
-    # and no grammar, logprobs or penalties
+    # and no logprobs or penalties
     draft_tree: int = 0
 
     def random(self) -> np.random.Generator:
@@ -146,64 +148,6 @@ def generate_text(g: GenerationConfig, prompt: Sequence[int], stop: Sequence[str
         yield step.text, step
 
 
-@dataclass(slots=True)
-class Offered:
-    """A step's offer before the controller's pick: the drafter's keys (lazy), the most the step
-    may draft, and when planning began."""
-
-    keys: Iterable[Evidence]
-    limit: int
-    t0: float
-
-
-@dataclass(slots=True)
-class Plan:
-    """One step under way: the drafts the controller chose (their keys, the draft, what choosing
-    and drafting took), then what the target's rows made of them (accept): how many drafts hold,
-    the target's own next token (-1: the grammar admits none) and, where asked, their logprobs."""
-
-    keys: list[Evidence]
-    draft: Draft
-    draft_seconds: float
-    n_acc: int = 0
-    token: int = -1
-    logprobs: list[TokenLogprob] | None = None
-    logprob_seconds: float = 0.0
-    # a draft tree: the chain `draft`, then its siblings (Controller.branch), and the accepted
-    # path's nodes (the root first)
-    tree: Tree | None = None
-    path: list[int] | None = None
-
-    @property
-    def rows(self) -> int:
-        """The rows the target's pass decodes for it."""
-        return len(self.draft.tokens) + 1 + self.siblings
-
-    @property
-    def siblings(self) -> int:
-        """The rows of its draft tree beside the chain (0: a chain)."""
-        return len(self.tree.tokens) - len(self.draft.tokens) - 1 if self.tree is not None else 0
-
-    @property
-    def chain_keys(self) -> list[Evidence]:
-        """The keys of the tokens drafted (the controller may have picked more than were)."""
-        return self.keys[: len(self.draft.tokens)]
-
-    @property
-    def accepted_tokens(self) -> list[int]:
-        """The drafted tokens accepted."""
-        if self.tree is None or self.path is None:
-            return self.draft.tokens[: self.n_acc]
-        return [self.tree.tokens[i] for i in self.path[1:]]
-
-    @property
-    def chain_acc(self) -> int:
-        """How far along the chain `draft` the accepted path went (a tree's may then take a
-        sibling)."""
-        if self.path is None:
-            return self.n_acc
-        return sum(i <= len(self.draft.tokens) for i in self.path[1:])
-
 
 class Loop:
     """One generation's state between steps: the history x, the tokens made so far, what the user is
@@ -231,10 +175,9 @@ class Loop:
         # (not under a floor the user set: --draft-min is a policy of its own)
         self.audit = (Audit() if g.sampling.greedy and self.ctl.adaptive and self.ctl.audit
                       and not self.ctl.k_min and g.drafter is not None else None)
-        # the most siblings a draft tree may have here (0: chains; a draft tree's row holds the
-        # target's raw row, which a grammar's mask, logprobs and penalties do not read; a head
-        # that follows the target's decodes hears no tree's)
-        tree = (isinstance(g.target, ParallelModel) and g.target.kv_unified and constraint is None
+        # the most siblings a draft tree may have here (0: chains; logprobs and penalties read a
+        # chain's rows; a head that follows the target's decodes hears no tree's)
+        tree = (isinstance(g.target, ParallelModel) and g.target.kv_unified
                 and g.logprobs is None and not g.sampling.window and not g.target.listened)
         # (a spare sequence for each leaf: the siblings' and the chain's end)
         self.tree_cap = max(0, min(g.draft_tree, g.target.n_seq_max - 2)) if tree else 0
@@ -348,9 +291,9 @@ class Loop:
         reads them as verify.py reads a model's) make of the drafts: the acceptance rule, then the
         new tokens' logprobs where asked, all read before any roll-back (which drops the decode's
         outputs)."""
-        if p.tree is not None or (self.tree_cap and not self.sampling.greedy):
-            return self.accept_tree(rows, p)  # (a chain too: draws that no tree's shape moves)
         try:
+            if p.tree is not None or (self.tree_cap and not self.sampling.greedy):
+                return self.accept_tree(rows, p)  # (a chain too: draws no tree's shape moves)
             p.n_acc, p.token = self.acceptance(rows, p.draft)
         except NothingAllowed:
             p.token = -1
@@ -364,18 +307,33 @@ class Loop:
         """Acceptance on the draft tree's rows, or a chain's where trees are on (verify.accept_tree:
         deterministic siblings, a chain drawn from q by rejection sampling): the path taken, kept
         in the cache. Each deterministic token is then one draw from its row, however the steps
-        were shaped: a seeded sample is the same beside any other sequences' trees."""
-        s, q, k = self.sampling, p.draft.q or [], len(p.draft.tokens)
+        were shaped: a seeded sample is the same beside any other sequences' trees. Under a
+        grammar each node's row is masked by its state after the node's path, and it then holds x,
+        the path and the target's token."""
+        s, q, k, c = self.sampling, p.draft.q or [], len(p.draft.tokens), self.constraint
         tree = p.tree or Tree([self.x[-1], *p.draft.tokens], [-1, *range(k)])
+        held: list[int] = []  # the path whose tokens the grammar holds (the root's left out)
+
+        def row(i: int, plain, under):  # node i's row, masked by the grammar after its path
+            if c is None:
+                return plain(rows, i, s)
+            held[:] = follow(c, tree, held, i)
+            return under(rows, i, s, (), c)
 
         def token_of(i: int) -> int:
-            return token_at(rows, i, s) if s.greedy else dist_at(rows, i, s).sample(self.rng)
+            if s.greedy:
+                return row(i, token_at, token_under)
+            return row(i, dist_at, dist_under).sample(self.rng)
 
         def drawn(i: int) -> tuple[int, Dist, Dist] | None:  # (chain node i's child is node i + 1)
             q_i = q[i] if i < min(k, len(q)) else None
-            return None if q_i is None else (i + 1, dist_at(rows, i, s), q_i)
+            return None if q_i is None else (i + 1, row(i, dist_at, dist_under), q_i)
 
         path, p.token = accept_tree(token_of, tree.tokens, tree.parents, drawn, self.rng)
+        if c is not None:  # (it then holds x, the path and the target's token)
+            follow(c, tree, held, path[-1])
+            if not c.push([p.token]):
+                raise NothingAllowed("the grammar admits no token here")
         if p.tree is not None:
             p.path = path
             rows.keep_path(path)
