@@ -138,7 +138,7 @@ class Options:
                              help="Stop drafting below this draft probability.")
     draft_tree: int = opt(0, "--draft-tree", group=DRAFTING, min=0, max=64,
                           help="Draft trees: up to this many other tokens (lookup's other "
-                          "followers, a prediction's, a sampled draft model's runner-ups) verified "
+                          "followers, a prediction's, a draft model's runner-ups) verified "
                           "beside the draft in one decode, "
                           "where the controller prices them above the chain alone (under a "
                           "grammar, those it takes; no logprobs or penalties). 0 = chains only.")

@@ -332,7 +332,8 @@ def plan(o: Options) -> Plan:
                         f"sequences: llama.cpp holds at most {MAX_SEQ}", code=2)
     prediction = (read_text(Path(o.prediction), "--prediction", "prediction")
                   if o.prediction is not None else None)
-    return Plan(grammar, refs, Wish(o.spec, k_max, o.draft_min, o.draft_p_min, o.parallel),
+    return Plan(grammar, refs, Wish(o.spec, k_max, o.draft_min, o.draft_p_min, o.parallel,
+                                    o.draft_tree > 0),
                 prediction)
 
 

@@ -46,8 +46,8 @@ def test_run_with_an_argument(tiny, tmp_path):
 
 def test_draft_trees_give_the_same_greedy_text(tiny, tmp_path, monkeypatch):
     """`--draft-tree N` loads the target with a sequence for each leaf in one KV buffer and drafts trees where they
-    pay: the text is plain decoding's, the stats count its trees; more sequences than llama.cpp holds is a one-line
-    usage error."""
+    pay: the text is plain decoding's (with a draft model's runner-ups too), the stats count its trees; more sequences
+    than llama.cpp holds is a one-line usage error."""
     monkeypatch.setenv("SPECTOOL_CACHE", str(tmp_path / "cache"))
     args = ["-m", str(tiny["target"]), "-n", "40", "-q", "-ngl", "0"]
     prompt = "the dog the fox the dog the fox the dog the fox the dog the"
@@ -56,6 +56,10 @@ def test_draft_trees_give_the_same_greedy_text(tiny, tmp_path, monkeypatch):
     assert r.exit_code == 0 and r.stdout == plain.stdout
     j = json.loads((tmp_path / "s.json").read_text())
     assert j["n_accepted"] > 0 and set(j["tree"]) == {"steps", "branches", "taken"}
+    # a greedy draft model's runner-ups beside its draft, and lookup's, in a hybrid
+    for spec in ("draft", "hybrid"):
+        r = run(["run", *args, "-md", str(tiny["draft"]), "-ngld", "0", "--spec", spec, "--draft-tree", "4", prompt])
+        assert r.exit_code == 0 and r.stdout == plain.stdout, (spec, r.output)
     # --parallel 4 with trees of 64 siblings: 4 x 66 sequences, more than llama.cpp's 256
     r = run(["serve", "-m", str(tiny["target"]), "--draft-tree", "64", "--parallel", "4"])
     assert r.exit_code == 2 and r.output.count("\n") == 1 and "264 sequences" in r.output

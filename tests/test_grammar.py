@@ -310,3 +310,21 @@ def test_gemma_masks_and_greedy_output_match_llama_cpp(gemma_f16):
         if first_divergence_is_a_near_tie(m, prompt, want, got, max_gap=0.05):
             assert st.finish_reason == "stop"
         assert st.by_source.get("grammar", 0) > 0
+
+
+def test_after_an_end_of_generation_token_only_another_may_follow(target):
+    """A draft may end with an end-of-generation token where the grammar may end but need not (lowercase text, here
+    after "the cat"): the row after it, read where the target accepts it, is masked to end-of-generation tokens alone
+    (the output ends at the first), so the target's token there is one, never a letter the grammar took before the
+    end and now refuses (which ended the step as if the grammar admitted nothing, its accepted tokens lost)."""
+    c = Grammar.gbnf('root ::= [a-z ]+').matcher(target)
+    assert c.push(target.tokenize("the cat", add_special=False))
+    eog = sorted(c.eog)
+    before = mask_for(c)
+    assert not before[eog].any() and (~before).sum() > len(eog)  # letters or the end
+    assert c.push(eog[:1])
+    after = mask_for(c)
+    assert set(np.flatnonzero(~after)) == set(eog)
+    assert not c.push(target.tokenize(" a", add_special=False)) and c.push(eog[:1])
+    c.pop(2)
+    assert (mask_for(c) == before).all()

@@ -128,3 +128,21 @@ def test_real_gemma_rows_agree_between_the_graph_and_the_host(gemma_q4):
             for i, row in enumerate(host):
                 a, b = distribution(row, s), dist_at(graph, i, s)
                 assert np.array_equal(a.ids, b.ids) and np.array_equal(a.p, b.p), (s, i)
+
+
+def test_a_greedy_draft_s_runner_ups_from_the_graph_are_the_rows(target, draft, graph_draft):
+    """With trees on, a greedy draft model on a graph-sampling model asks llama.cpp's graph for each row's top 4
+    (not the argmax alone): the same chain and the same runner-ups, at the same shares, as drafting over whole rows."""
+    from spectool.drafters.draft_model import DraftModel
+
+    prompt = target.tokenize("the dog the fox the dog the fox the dog the cat the")
+    made = []
+    for model in (draft, graph_draft):
+        dm = DraftModel(model, runner_ups=True)
+        dm.start(prompt)
+        chain = dm.propose(prompt, 4, Sampling(), np.random.default_rng(0)).tokens
+        made.append((chain, dm.branches(prompt, chain, 4), model.output))
+    (chain, rows, how), (graph_chain, graph, graph_how) = made
+    assert how is ROWS and graph_how == Output.top_k(4)
+    assert graph_chain == chain and [(b.depth, b.token) for b in graph] == [(b.depth, b.token) for b in rows]
+    assert np.allclose([b.share for b in graph], [b.share for b in rows], atol=1e-4) and len(rows) == 3 * len(chain)

@@ -17,6 +17,7 @@ from spectool.core.protocol import Branch, Draft, Drafter
 from spectool.core.stats import Stats
 from spectool.core.verify import Sampling, accept_tree, distribution, greedy_token
 from spectool.drafters.builder import for_generation
+from spectool.drafters.hybrid import Hybrid
 from spectool.drafters.lookup import PromptLookup
 from spectool.generate.batch import Batch
 from spectool.generate.loop import GenerationConfig, speculative_generate
@@ -631,3 +632,79 @@ def test_a_seeded_sample_with_trees_under_a_grammar_is_plain_constrained_samplin
     got, stats = batch_run(Batch(slots, slots=2), [(0, free, prompt), (0, under, prompt)])
     assert got[1] == plain != got[0] and stats[1].tree_steps and stats[1].n_accepted > 0, stats[1].to_json()
     assert grammar_run(trees, UnderWords(target, len(prompt)), prompt, WORDS, SAMPLING, 24, seed=70)[0] != plain
+
+
+# -- a greedy draft model's runner-ups, and a hybrid's siblings -------------------------------------------------
+def test_a_greedy_draft_model_s_runner_ups_are_its_top_tokens_after_each_depth(target, trees, draft):
+    """With trees on, a greedy draft keeps each depth's top 4 from llama.cpp's graph: its siblings are the draft
+    model's next three likeliest after the history and the chain before them (the draft model's whole rows, decoded
+    alone, the oracle), each at its softmax share beyond the drafted token; the chain is its argmax's. The
+    generation is plain greedy decoding, with trees from the runner-ups."""
+    from spectool.drafters.draft_model import DraftModel
+
+    prompt = target.tokenize(FORKS)
+    dm = DraftModel(draft, runner_ups=True)
+    dm.start(prompt)
+    chain = dm.propose(prompt, 3, Sampling(), np.random.default_rng(0)).tokens
+    got = dm.branches(prompt, chain, 4)
+    for d in range(len(chain)):
+        row = alone(draft, [*prompt, *chain[:d]])
+        best = [int(t) for t in np.argsort(-row, kind="stable")[:4]]
+        assert chain[d] == best[0] and [b.token for b in got if b.depth == d] == best[1:]
+        p = np.exp(row.astype(np.float64) - row.max())
+        share = p[best[1]] / (p[best].sum() - p[best[0]])
+        assert abs(next(b.share for b in got if b.depth == d) - share) < 1e-3
+    assert DraftModel(draft).branches(prompt, chain, 4) == []  # (trees off: argmax alone, no runner-ups)
+    plain = tokens_of(GenerationConfig(target, None, max_tokens=40), prompt)
+    for drafter in (DraftModel(draft, runner_ups=True), Hybrid(PromptLookup(), DraftModel(draft, runner_ups=True))):
+        st = Stats()
+        g = GenerationConfig(trees, for_generation(drafter, False), Sampling(), free_rows(k_max=3, adaptive=False),
+                             max_tokens=40, draft_tree=4)
+        assert tokens_of(g, prompt, st) == plain and st.tree_steps and st.tree_branches, st.to_json()
+
+
+def test_a_hybrid_s_siblings_are_lookup_s_and_its_draft_model_s(target, draft):
+    """Hybrid.branches: lookup's other followers along the whole chain, merged with the draft model's runner-ups
+    beside its part of the chain (after lookup's): at each of its depths, the draft model's next likeliest after
+    the history and the chain before them."""
+    from spectool.core.protocol import merged
+    from spectool.drafters.draft_model import DraftModel
+
+    prompt = target.tokenize(FORKS)
+    lookup, dm = PromptLookup(), DraftModel(draft, runner_ups=True)
+    h = Hybrid(lookup, dm)
+    h.start(prompt)
+    # lookup's first two tokens (their key worth more than the draft model's), then the draft model's
+    keys = h.peek(prompt, 5, lambda key: 1.0 if str(key).startswith("lookup:1?") else
+                  0.5 if key.source is Source.draft else 0.0)
+    chain = h.propose(prompt, len(keys), Sampling(), np.random.default_rng(0)).tokens
+    theirs = dm.branches(prompt, chain, 4)
+    assert len(chain) == 5 and {b.depth for b in theirs} == {2, 3, 4}, (chain, theirs)
+    for d in (2, 3, 4):
+        assert [b.token for b in theirs if b.depth == d] == top(draft, [*prompt, *chain[:d]], 4)[1:]
+    assert h.branches(prompt, chain, 4) == merged([lookup.branches(prompt, chain, 4), theirs], 4)
+
+
+def test_a_draft_model_after_forced_tokens_offers_siblings_beside_its_own(target, draft):
+    """Under a record's grammar a greedy draft model drafts after the tokens the grammar forces (a trunk): its
+    siblings sit beside its own tokens alone, at each depth the draft model's likeliest others among those the
+    grammar takes after the chain before them (its masked row, read alone, the oracle)."""
+    from test_grammar import RECORD
+
+    from spectool.core.grammar import Grammar, mask_for
+    from spectool.drafters.draft_model import DraftModel
+    from spectool.drafters.grammar import GrammarDrafter
+
+    prompt = target.tokenize('{"name": "ann lee", "n": 42} {"name": "bob lee", "n": 7} ')
+    dm = DraftModel(draft, runner_ups=True)
+    dm.start(prompt)
+    g = GrammarDrafter(dm, Grammar.gbnf(RECORD).matcher(target))
+    d = g.propose(prompt, len(list(g.peek(prompt, 10))), Sampling(), np.random.default_rng(0))
+    got = g.branches(prompt, d.tokens, 4)
+    assert 0 < d.forced < len(d.tokens) and got and min(b.depth for b in got) == d.forced, (d, got)
+    for depth in range(d.forced, len(d.tokens)):
+        c = Grammar.gbnf(RECORD).matcher(target)
+        assert c.push(d.tokens[:depth])
+        row = np.where(mask_for(c), -np.inf, alone(draft, [*prompt, *d.tokens[:depth]]))
+        best = [int(t) for t in np.argsort(-row, kind="stable")[:4] if np.isfinite(row[t])]
+        assert best[0] == d.tokens[depth] and [b.token for b in got if b.depth == depth] == best[1:]

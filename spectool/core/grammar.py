@@ -399,7 +399,11 @@ class Constraint:
         return answer
 
     def banned(self) -> np.ndarray:
-        """A boolean row, true for each token the grammar does not allow next."""
+        """A boolean row, true for each token the grammar does not allow next (after an
+        end-of-generation token, all but those: the output ends at the first)."""
+        if self._banned is None and self._ended:
+            self._banned = np.ones(self.n_vocab, bool)
+            self._banned[list(self.eog)] = False
         if self._banned is None:
             bits = np.frombuffer(self.m.compute_bitmask(), np.uint8)
             allowed = np.unpackbits(bits, count=self.n_vocab, bitorder="little").view(bool)

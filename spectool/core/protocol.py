@@ -43,6 +43,9 @@ class Draft:
 EMPTY = Draft([], None, Source.none)
 
 
+WIDTH = 4  # the most tokens a draft tree holds at one node (ngram-map-k keeps as many)
+
+
 class Branch(NamedTuple):
     """A token a deterministic drafter offers beside its draft's token at `depth` (a sibling in a
     draft tree, issue 59), with `share`: its estimated chance of being the target's token there

@@ -214,7 +214,27 @@ def token_at(model, i: int, s: Sampling, recent: Sequence[int] = (), banned=None
     """The chain's token at temperature 0 for output i of the model's last decode."""
     if model.output is IDS:
         return model.sampled_token(i)
+    if model.output.kind is Kind.TOP_K:  # (the lowest id of a tie, as the row's argmax)
+        ids, z = model.candidates(i)
+        return int(ids[z == z.max()].min())
     return greedy_token(model.logits(i), s, recent, banned)
+
+
+def likeliest(model, i: int, k: int, s: Sampling, recent: Sequence[int] = (),
+              banned=None) -> Dist:
+    """The softmax of output i's k likeliest tokens: the top-k candidates llama.cpp's graph picked,
+    or the penalised row's k best. A greedy draft's runner-ups, each a draft tree's sibling at its
+    share."""
+    if model.output.kind is Kind.TOP_K:
+        ids, z = model.candidates(i)
+    else:
+        row = penalize(model.logits(i), s, recent, banned)
+        ids = _top(row, k)
+        ids = ids[np.isfinite(row[ids])]  # (none that is banned)
+        z = row[ids]
+    order = np.argsort(ids)
+    p = np.exp(z[order].astype(np.float64) - float(z.max()))
+    return Dist(ids[order].astype(np.int64), p / p.sum(), model.n_vocab)
 
 
 def dist_at(model, i: int, s: Sampling, recent: Sequence[int] = (), banned=None) -> Dist:

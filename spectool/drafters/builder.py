@@ -43,14 +43,16 @@ class PolicyError(ValueError):
 
 @dataclass(frozen=True)
 class Wish:
-    """What the user asks of drafting (--spec, --draft-max, --draft-min, --draft-p-min) and the
-    serving shape: one sequence, or `n_seq` decoded together (--parallel)."""
+    """What the user asks of drafting (--spec, --draft-max, --draft-min, --draft-p-min, whether
+    --draft-tree drafts trees) and the serving shape: one sequence, or `n_seq` decoded together
+    (--parallel)."""
 
     spec: Mode = Mode.auto
     k_max: int = DRAFT_MAX
     k_min: int = 0
     p_min: float = 0.0
     n_seq: int = 1
+    tree: bool = False
 
 
 def resolve(spec: Mode, draft_model: bool, mtp: bool, eagle3: bool = False,
@@ -98,10 +100,11 @@ def drafter_for(spec: Mode, draft_model: Model | None, p_min: float = 0.0,
                 n_target: int = 0, mtp: MtpContext | None = None,
                 text_of: Facts | None = None,
                 eagle3: Eagle3Context | None = None, dflash: DflashContext | None = None,
-                k_max: int = 0) -> tuple[Drafter | None, Mode]:
+                k_max: int = 0, tree: bool = False) -> tuple[Drafter | None, Mode]:
     """(drafter, the Mode it drafts by, see resolve) for a mode (run, chat, serve, bench, the
     tests). `mtp` is the target's MTP head when it has one, `eagle3` the EAGLE-3 head, `dflash`
-    the DFlash head (its block's masks: `k_max`, --draft-max, at most its own); `text_of` the
+    the DFlash head (its block's masks: `k_max`, --draft-max, at most its own); `tree`: steps may
+    verify trees (a greedy draft model keeps its runner-ups); `text_of` the
     target where the draft
     model's vocabulary is another (it drafts through text). A mode that cannot have what it needs is
     a PolicyError when the user demanded it (draft, mtp), else prompt lookup with a notice."""
@@ -122,7 +125,7 @@ def drafter_for(spec: Mode, draft_model: Model | None, p_min: float = 0.0,
     if mode is Mode.dflash and dflash is not None:
         return Dflash(dflash, p_min=p_min, n_max=k_max), mode
     return build(Source(mode.value), draft_model, mtp, p_min, ids, n_target, text_of,
-                 eagle3), mode
+                 eagle3, tree), mode
 
 
 @dataclass
@@ -172,7 +175,7 @@ def choose(w: Wish, target: Model, draft_model: Model | None = None,
                           "rejected drafts: spectool cannot draft from its MTP heads (llama.cpp "
                           "restores checkpoints instead)")
     drafter, mode = drafter_for(w.spec, draft_model, w.p_min, notices, ids, target.n_vocab, mtp,
-                                target if through_text else None, eagle3, dflash, w.k_max)
+                                target if through_text else None, eagle3, dflash, w.k_max, w.tree)
     if not target.can_rollback and drafter is not None:
         notices.append(f"{target.architecture} cannot roll back its cache: plain decoding")
         drafter, mode = None, Mode.none
@@ -184,12 +187,14 @@ def choose(w: Wish, target: Model, draft_model: Model | None = None,
 
 def build(kind: Source, draft_model: Model | None = None, mtp: MtpContext | None = None,
           p_min: float = 0.0, ids: np.ndarray | None = None, n_target: int = 0,
-          text_of: Facts | None = None, eagle3: Eagle3Context | None = None) -> Drafter:
+          text_of: Facts | None = None, eagle3: Eagle3Context | None = None,
+          tree: bool = False) -> Drafter:
     """The session's drafter of `kind` (one of KINDS): prompt lookup, the draft model (`ids`: a
     pruned draft's kept target ids, see prune.py; `text_of`: the target, where the draft's
     vocabulary is another and it drafts through text, text.py), the target's MTP head, or a hybrid
     of prompt lookup and the draft model, or, without one, of prompt lookup and a head (the
-    EAGLE-3 head `eagle3`, else the MTP head). Its parts are shared by the session's generations."""
+    EAGLE-3 head `eagle3`, else the MTP head; `tree`: a greedy draft model keeps its runner-ups for
+    draft trees). Its parts are shared by the session's generations."""
     if kind is Source.lookup:
         return PromptLookup()
     if kind in (Source.mtp, Source.eagle3) or (kind is Source.hybrid and draft_model is None):
@@ -203,7 +208,7 @@ def build(kind: Source, draft_model: Model | None = None, mtp: MtpContext | None
     if kind not in (Source.draft, Source.hybrid) or draft_model is None:
         raise ValueError(f"no drafter of kind {kind} with a draft model {draft_model}")
     dm = (TextDraft(draft_model, text_of) if text_of is not None else
-          DraftModel(draft_model, p_min=p_min, ids=ids, n_target=n_target))
+          DraftModel(draft_model, p_min=p_min, ids=ids, n_target=n_target, runner_ups=tree))
     return dm if kind is Source.draft else Hybrid(PromptLookup(), dm)
 
 
@@ -297,12 +302,10 @@ class Drafting(Drafter):
             return Draft([], None, Source.none, notice=self.fall_back(history, e))
 
     def branches(self, history: Sequence[int], chain: Sequence[int], width: int) -> list[Branch]:
-        """Prompt lookup's (its corpus's too), the request's prediction's beside them, and a draft
-        model's runner-ups beside its sampled draft, under the grammar where there is one."""
-        if not isinstance(self.inner, (PromptLookup, PredictionDrafter, DraftModel,
-                                       GrammarDrafter)):
-            return []
-        return self.inner.branches(history, chain, width)
+        """Prompt lookup's (its corpus's too), the request's prediction's beside them, a draft
+        model's runner-ups beside its sampled draft, both beside a hybrid's, under the grammar where
+        there is one (a head's: none)."""
+        return self.inner.branches(history, chain, width) if self.inner is not None else []
 
     def finish(self, history: Sequence[int]) -> None:
         if self.corpus is not None:

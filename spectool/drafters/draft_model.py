@@ -11,12 +11,12 @@ from spectool.llama import native  # noqa: F401, I001 - llama.cpp before numpy (
 import numpy as np  # noqa: E402
 
 from spectool.llama.engine import Model
-from spectool.llama.outputs import ROWS
+from spectool.llama.outputs import IDS, ROWS, Output
 from spectool.core.grammar import Constraint
 from spectool.core.evidence import DRAFT, Evidence
 from spectool.core.evidence import Source
 from spectool.core.verify import Dist, Sampling, backend_chain
-from spectool.core.protocol import EMPTY, Branch, Draft, Drafter, Estimate, no_grammar
+from spectool.core.protocol import EMPTY, WIDTH, Branch, Draft, Drafter, Estimate, no_grammar
 from spectool.drafters.draw import draw
 
 
@@ -54,9 +54,12 @@ class DraftModel(Drafter):
     another one)."""
 
     def __init__(self, model: Model, p_min: float = 0.0, ids: np.ndarray | None = None,
-                 n_target: int = 0):
+                 n_target: int = 0, runner_ups: bool = False):
+        """`runner_ups`: steps may verify draft trees, and a greedy draft keeps each depth's WIDTH
+        likeliest tokens (llama.cpp's graph picks them instead of the argmax alone)."""
         self.model = model
         self.p_min = p_min
+        self.runner_ups = runner_ups
         self.n_target = n_target or model.n_vocab
         self.map = VocabMap.between(model.n_vocab, self.n_target, ids)
         self._seen: list[int] = []  # history in target ids ...
@@ -99,6 +102,8 @@ class DraftModel(Drafter):
         # llama.cpp samples in the graph, but p_min at temperature 0 needs the whole row's softmax
         on_graph = ROWS if (sampling.greedy and self.p_min > 0) or constraint is not None else \
             backend_chain(sampling, banned)  # a grammar's mask needs the whole row too
+        if self.runner_ups and on_graph is IDS:
+            on_graph = Output.top_k(WIDTH)
         # usually 1-2 new tokens (the target's own, after the accepted drafts); many after steps
         # without drafts
         mapped = self._map(history)
@@ -108,7 +113,8 @@ class DraftModel(Drafter):
         tokens, qs = draw(m, -1, k, lambda t, i: m.eval([t], output=on_graph), sampling, rng,
                           recent, self.p_min,
                           # in the draft's ids
-                          banned, constraint, None if self.map is None else self.map.to_target)
+                          banned, constraint, None if self.map is None else self.map.to_target,
+                          WIDTH if self.runner_ups else 0)
         if self.map is not None:  # back to the target's ids
             tokens = self.map.to_target[tokens].tolist()
             qs = [self._on_target(q, self.map) for q in qs]
@@ -116,14 +122,16 @@ class DraftModel(Drafter):
         return Draft(tokens, None if sampling.greedy else qs, Source.draft, catch_up)
 
     def branches(self, history: Sequence[int], chain: Sequence[int], width: int) -> list[Branch]:
-        """Beside a draft just drawn from q (sampled): at each depth the likeliest other tokens of
-        that depth's q (EAGLE-2's runner-ups), at most width - 1, each at its share of q beyond the
-        drawn token; none beside a greedy draft (its rows were sampled in llama.cpp's graph)."""
+        """Beside a draft just drawn from q (sampled), or a greedy one that kept its runner-ups (the
+        softmax of each depth's top WIDTH): at each depth the likeliest other tokens (EAGLE-2's
+        runner-ups), at most width - 1, each at its share of q beyond the drafted token. Its draft
+        may follow other tokens of the chain (a hybrid's lookup, a grammar's forced tokens)."""
         n, tokens, qs = self._drawn
-        if n != len(history) or list(chain) != tokens[: len(chain)]:
+        at = n - len(history)  # (the chain's tokens ahead of its draft)
+        if at < 0 or list(chain[at:]) != tokens[: len(chain) - at]:
             return []
         out: list[Branch] = []
-        for d, (token, q) in enumerate(zip(chain, qs)):
+        for d, (token, q) in enumerate(zip(chain[at:], qs), at):
             rest = max(1e-9, 1.0 - q.prob(token))
             best = [j for j in np.argsort(-q.p, kind="stable") if q.ids[j] != token][: width - 1]
             out += [Branch(d, int(q.ids[j]), float(q.p[j]) / rest) for j in best]

@@ -34,6 +34,9 @@ class GrammarDrafter(Drafter):
         self._keys: list[Evidence] = []
         # the history the inner drafter peeked at: the real one + forced
         self._ahead: Sequence[int] | None = None
+        # whether the last draft holds the inner drafter's tokens (lookup's turns, or its own after
+        # the forced ones): its siblings are offered beside it
+        self._inner_drafted = False
 
     def start(self, history: Sequence[int], constraint: Constraint | None = None) -> None:
         """(It drafts under its own grammar state: `constraint` is the same one, or None.)"""
@@ -93,6 +96,7 @@ class GrammarDrafter(Drafter):
                 constraint: Constraint | None = None) -> Draft:
         taken = self._taken[:k]
         forced = sum(f for _, f in taken)
+        self._inner_drafted = isinstance(self.inner, PromptLookup)
         if k <= len(taken) or self._ahead is None or self.inner is None:
             tokens = [t for t, _ in taken]
             # lookup in earlier requests' text
@@ -110,6 +114,7 @@ class GrammarDrafter(Drafter):
         c.push(ff)
         try:
             d = self.inner.propose(self._ahead, k - len(ff), sampling, rng, c)
+            self._inner_drafted = True
             n = c.valid(d.tokens)
         finally:
             c.pop(len(ff))
@@ -121,20 +126,19 @@ class GrammarDrafter(Drafter):
                      forced=len(ff))
 
     def branches(self, history: Sequence[int], chain: Sequence[int], width: int) -> list[Branch]:
-        """The inner drafter's siblings beside the chain just proposed (its own part of it: the
-        forced tokens ahead of another drafter's are a trunk, verified free of any choice), each
-        where the grammar takes it after the chain so far: a draft tree under the grammar."""
-        if self.inner is None:
+        """The inner drafter's siblings beside the chain just proposed, where it drafted some of it,
+        each where the grammar takes it after the chain before it: a draft tree under the grammar.
+        The tokens the grammar forces are a trunk, free to draft (beside them it takes only other
+        spellings of the same text); lookup, which takes turns with them, offers its siblings at any
+        depth, a draft model beside its own tokens after them, a prediction along the chain."""
+        if self.inner is None or not self._inner_drafted:
             return []
-        ahead = history if self._ahead is None else self._ahead
-        skip = len(ahead) - len(history)  # (the forced tokens ahead of the inner drafter's)
-        offered = [Branch(b.depth + skip, b.token, b.share)
-                   for b in self.inner.branches(ahead, chain[skip:], width)]
+        offered = self.inner.branches(history, chain, width)
         c, out, at = self.constraint, [], 0
         try:
             for b in sorted(offered, key=lambda b: b.depth):  # (stable: the likeliest first)
                 c.push(chain[at : b.depth])
-                at = max(at, b.depth)
+                at = b.depth
                 out += [b] if c.allows(b.token) else []
         finally:
             c.pop(at)

@@ -24,7 +24,7 @@ from spectool.core.controller import Beside, Controller
 from spectool.core.evidence import Evidence, Source
 from spectool.core.grammar import (Constraint, Grammar, NothingAllowed, dist_under, follow,
                                    token_under)
-from spectool.core.protocol import EMPTY, Draft, Drafter
+from spectool.core.protocol import EMPTY, WIDTH, Draft, Drafter
 from spectool.core.stats import Stats
 from spectool.core.verify import (Dist, Sampling, TokenLogprob, accept_greedy, accept_sampled,
                                   accept_tree, backend_chain, dist_at,
@@ -35,9 +35,6 @@ from spectool.generate.stream import TextStream
 from spectool.llama.engine import Model
 from spectool.llama.outputs import ROWS, Output
 from spectool.llama.parallel import ParallelModel, Tree
-
-WIDTH = 4  # the most tokens a draft tree holds at one node (ngram-map-k keeps as many)
-
 
 @dataclass(slots=True, kw_only=True)
 class Step:
