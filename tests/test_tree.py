@@ -335,6 +335,38 @@ class Runners(Drafter):
         return [Branch(d, t, 0.5) for d, t in enumerate(self.chain(history, len(chain))[1])]
 
 
+class Wrong(Runners):
+    """Runners of the target's third choices, with its fourth beside: the chain's token refused at its first depth
+    each step, and the sibling there never the target's."""
+
+    def top(self, history):
+        return top(self.target, history, 4)[2:]
+
+
+def test_the_siblings_shares_are_scaled_by_how_they_turned_out(target, trees):
+    """The controller learns from each step how the siblings at the depth where the chain broke turned out: Runners'
+    siblings (offered at 1/2) always taken raise their scale to near 2, Wrong's never taken lower it to near 0; a
+    sibling the untimed controller's prices take at its offered share is then left out (Controller.branch)."""
+    from spectool.core.evidence import Evidence
+
+    prompt = target.tokenize(LOOP)
+    scales = {}
+    for name, drafter in (("right", Runners(target, swap=True)), ("wrong", Wrong(target))):
+        ctl = free_rows(k_max=2, adaptive=False)
+        assert ctl.share_scale == 1.0
+        g = GenerationConfig(trees, drafter, Sampling(), ctl, max_tokens=40, draft_tree=4)
+        st = Stats()
+        tokens_of(g, prompt, st)
+        assert st.tree_steps > 10, st.to_json()
+        scales[name] = ctl.share_scale
+    assert scales["right"] > 1.6 and scales["wrong"] < 0.2, scales
+    ctl, keys, sibling = Controller(timed=False), [Evidence.lookup(2)] * 3, [Branch(0, 7, 0.9)]
+    assert ctl.branch(keys, sibling, 1) == sibling
+    for _ in range(40):
+        ctl.observe_siblings(0.9, False)
+    assert ctl.branch(keys, sibling, 1) == []
+
+
 def test_a_tree_as_wide_as_the_sequences_allow(target, trees):
     """`draft_tree` above what the target's sequences hold: a spare sequence for each leaf, the siblings' and the
     chain's end, so at most n_seq_max - 2 siblings a step, and the text stays plain decoding's."""

@@ -133,6 +133,10 @@ class Controller:
     # timings count (the cost table's to say)
     _acc: dict[Evidence, _Acceptance] = field(default_factory=dict)
     _memo: dict[Evidence, float] = field(default_factory=dict)
+    # draft trees' siblings at stake (the path reached their depth and the chain's token there was
+    # refused): their shares summed (tries) and how many the target took (hits), decayed; the prior:
+    # the shares as offered, worth 2 siblings sure to be right
+    _siblings: _Acceptance = field(default_factory=lambda: _Acceptance(1.0, 2.0))
 
     def __post_init__(self):
         if not self.timed:
@@ -163,6 +167,20 @@ class Controller:
             a = self._acc.get(keys[i]) or self._stats(keys[i])
             a.tries = a.tries * self.decay + 1.0
             a.hits = a.hits * self.decay + (1.0 if i < accepted else 0.0)
+
+    def observe_siblings(self, shares: float, taken: bool) -> None:
+        """A draft tree's step refused the chain's token at a depth where siblings of these
+        `shares` (summed) stood, and the path `taken` through one or none."""
+        s = self._siblings
+        s.tries = s.tries * self.decay + shares
+        s.hits = s.hits * self.decay + taken
+
+    @property
+    def share_scale(self) -> float:
+        """How the siblings' shares, as the drafters offer them, turned out (hits per share): what
+        the controller multiplies them by."""
+        s = self._siblings
+        return (s.hits + s.weight * s.prior) / (s.tries + s.weight)
 
     # -- estimates
     # -----------------------------------------------------------------------------------------
@@ -331,11 +349,14 @@ class Controller:
         """Which of the siblings `offered` beside a chain drafted under `keys` (each key at the
         step's temperature) to verify with it in one decode, at most `cap` of them: best first by
         what each adds, the chance that the path reaches its depth with the chain's token there
-        refused and it the target's token (Branch.share), while that raises the expected tokens
-        per second of the decode (a row more each, at the cost table's prices; `beside`: the
-        decode's other sequences' rows and tokens, at their table's); none where a chain is best."""
+        refused and it the target's token (Branch.share, as the siblings' shares turned out:
+        share_scale), while that raises the expected tokens per second of the decode (a row more
+        each, at the cost table's prices; `beside`: the decode's other sequences' rows and tokens,
+        at their table's); none where a chain is best."""
         reach, expected, prices, rows = self._chain_reach(keys, cap, beside)
-        gains = sorted(((reach[b.depth] * (1.0 - self.acceptance(keys[b.depth])) * b.share, i)
+        scale = self.share_scale
+        gains = sorted(((reach[b.depth] * (1.0 - self.acceptance(keys[b.depth]))
+                         * min(1.0, b.share * scale), i)
                         for i, b in enumerate(offered) if b.depth < len(keys)), reverse=True)
         chosen = []
         for gain, i in gains[:cap]:

@@ -225,7 +225,7 @@ class Batch:
 
     def grow(self, plans: dict[int, Plan]) -> None:
         """Each sequence's chain made a draft tree where its controller prices siblings worth their
-        rows in the batch's decode (Loop.tree_of, beside the other sequences' rows), within the
+        rows in the batch's decode (Loop.grow, beside the other sequences' rows), within the
         batch's n_batch and the cells the one KV buffer has left."""
         target = self.target
         rows = sum(p.rows for p in plans.values())
@@ -241,7 +241,7 @@ class Batch:
             mine = expected[id(loop.ctl)]
             beside = Beside(rows - p.rows, sum(mine.values()) - mine[seq],
                             self.table(len(plans), loop.ctl))
-            p.tree = loop.tree_of(p, min(target.n_batch - rows, cells), beside)
+            loop.grow(p, min(target.n_batch - rows, cells), beside)
             rows, cells = rows + p.siblings, cells - p.siblings
 
     def by_controller(self, seqs: Iterable[int]) -> list[tuple[Controller, list[int]]]:

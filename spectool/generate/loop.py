@@ -257,27 +257,26 @@ class Loop:
             self.notice = d.notice
         p = Plan(keys, d, 0.0)
         if tree and self.tree_cap:  # (a cell for each node in the KV buffer: it holds len(x) - 1)
-            p.tree = self.tree_of(p, cast(ParallelModel, self.target).n_ctx_total - len(self.x)
-                                  - len(d.tokens))
+            self.grow(p, cast(ParallelModel, self.target).n_ctx_total - len(self.x) - len(d.tokens))
         p.draft_seconds = time.perf_counter() - o.t0
         return p
 
-    def tree_of(self, p: Plan, room: int, beside: Beside | None = None) -> Tree | None:
-        """The draft tree the controller prices above the chain `p` drafted (None: the chain is
-        best): at most `room` siblings, each a leaf after the chain's node before it; `beside`: the
-        rest of the decode, where other sequences share it."""
+    def grow(self, p: Plan, room: int, beside: Beside | None = None) -> None:
+        """The chain `p` drafted made the draft tree the controller prices above it (p.tree and its
+        siblings, p.branches; none where the chain is best): at most `room` siblings, each a leaf
+        after the chain's node before it; `beside`: the rest of the decode, where other sequences
+        share it."""
         d, cap = p.draft, min(self.tree_cap, room)
         if cap <= 0 or not d.tokens or not p.keys:
-            return None
+            return
         assert self.drafter is not None
         k, keys = len(d.tokens), p.chain_keys
         depths = self.ctl.branching(keys, cap, beside)  # (where no sibling could pay, none asked)
         offered = self.drafter.branches(self.x, d.tokens[:depths], WIDTH) if depths else []
-        chosen = self.ctl.branch(keys, offered, cap, beside) if offered else []
-        if not chosen:
-            return None
-        return Tree([self.x[-1], *d.tokens, *(b.token for b in chosen)],
-                    [-1, *range(k), *(b.depth for b in chosen)])
+        p.branches = self.ctl.branch(keys, offered, cap, beside) if offered else []
+        if p.branches:
+            p.tree = Tree([self.x[-1], *d.tokens, *(b.token for b in p.branches)],
+                          [-1, *range(k), *(b.depth for b in p.branches)])
 
     def batch(self, p: Plan) -> list[int] | Tree:
         """What the target's pass decodes for this sequence: [x[-1], d_1..d_k], or its tree."""
@@ -410,6 +409,9 @@ class Loop:
         if d.tokens and p.keys:  # (the audit's own drafts have no keys: core/audit.py)
             self.ctl.observe_draft(p.chain_keys, p.draft_seconds - d.catch_up_seconds)
             self.ctl.observe_accept(p.keys, len(d.tokens), p.chain_acc)
+        at = [b.share for b in p.branches if b.depth == p.chain_acc]  # (the chain refused there)
+        if at:
+            self.ctl.observe_siblings(sum(at), p.n_acc > p.chain_acc)
 
     def emit(self, p: Plan, verify_seconds: float) -> Step:
         """The step, its tokens cut at end-of-generation, the token budget or a stop string, then

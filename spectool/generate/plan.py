@@ -4,11 +4,11 @@ sequence or for each of a batch's (generate/batch.py)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable
 
 from spectool.core.evidence import Evidence
-from spectool.core.protocol import Draft
+from spectool.core.protocol import Branch, Draft
 from spectool.core.verify import TokenLogprob
 from spectool.llama.parallel import Tree
 
@@ -36,9 +36,10 @@ class Plan:
     token: int = -1
     logprobs: list[TokenLogprob] | None = None
     logprob_seconds: float = 0.0
-    # a draft tree: the chain `draft`, then its siblings (Controller.branch), and the accepted
-    # path's nodes (the root first)
+    # a draft tree: the chain `draft`, then its siblings (Controller.branch: `branches`), and the
+    # accepted path's nodes (the root first)
     tree: Tree | None = None
+    branches: list[Branch] = field(default_factory=list)
     path: list[int] | None = None
 
     @property
