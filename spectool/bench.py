@@ -60,7 +60,8 @@ class Contender:
         the draft's vocabulary is another, so it drafts through text (drafters/text.py)."""
         model, ids = drafts.get(self.draft_vocab, (None, None))
         drafter, _ = drafter_for(Mode(self.mode), model, ids=ids, n_target=target.n_vocab,
-                                 text_of=target if through_text and model is not None else None)
+                                 text_of=target if through_text and model is not None else None,
+                                 tree=self.tree > 0)
         ctl = Controller(k_max=self.k_max, k_min=self.k_max if self.fixed else 0,
                          adaptive=not self.fixed,
                          costs=costs if costs is not None else Costs())
