@@ -65,8 +65,10 @@ def cases(family: str, target, n: int, seed: int) -> list[tuple[list[int], Gramm
 
 def gap(target, prompt: list[int], a: list[int], b: list[int]) -> float:
     """The target's logit gap, after a plain prefill, between the two tokens where greedy texts `a` and `b` first
-    differ (docs/exactness.md bounds a near-tie's)."""
-    j = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+    differ (docs/exactness.md bounds a near-tie's); nan where one is the other's start (one ended there)."""
+    j = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    if j is None:
+        return float("nan")
     target.reset()
     target.eval([*prompt, *a[:j]])
     row = target.logits(-1)
@@ -84,7 +86,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--temp", type=float, default=0.0)
     ap.add_argument("--spec", default="lookup", choices=["lookup", "draft", "hybrid"],
-                    help="draft and hybrid: the Q4_K_M drafts for the F16 (its runner-ups beside its chain)")
+                    help="draft and hybrid: Gemma's Q4_K_M drafts (its runner-ups beside its chain): "
+                    "--models gemma-f16")
     args = ap.parse_args()
     sampling = Sampling() if args.temp <= 0 else replace(llama_cpp_sampling(), temp=args.temp)
     seed = common.fresh_seed(args.seed)
@@ -99,7 +102,8 @@ def main() -> None:
         with contextlib.ExitStack() as stack:
             target = stack.enter_context(ParallelModel(common.real_model(name), n_ctx=CTX_SIZE, n_threads=2,
                                                        n_seq_max=tree_seqs(args.trees), kv_unified=True, ctx_seqs=1))
-            drafts = common.open_drafts(stack, common.real_model("gemma-q4"), contenders, 2)
+            drafts = common.open_drafts(stack, common.real_model("gemma-q4"), contenders, 2) if args.spec != "lookup" \
+                else {}
             for fam in args.families.split(","):
                 texts = cases(fam, target, args.prompts, seed)
                 speed = {c.name: [] for c in contenders}

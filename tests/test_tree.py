@@ -345,8 +345,10 @@ class Wrong(Runners):
 
 def test_the_siblings_shares_are_scaled_by_how_they_turned_out(target, trees):
     """The controller learns from each step how the siblings at the depth where the chain broke turned out: Runners'
-    siblings (offered at 1/2) always taken raise their scale to near 2, Wrong's never taken lower it to near 0; a
-    sibling the untimed controller's prices take at its offered share is then left out (Controller.branch)."""
+    siblings (offered at 1/2) always taken raise their scale to near 2, Wrong's never taken lower it to its floor
+    (SHARE_FLOOR, where a sure sibling still pays on a machine where rows are cheap); a sibling the untimed
+    controller's prices take at its offered share is then left out (Controller.branch)."""
+    from spectool.core.controller import SHARE_FLOOR
     from spectool.core.evidence import Evidence
 
     prompt = target.tokenize(LOOP)
@@ -359,7 +361,7 @@ def test_the_siblings_shares_are_scaled_by_how_they_turned_out(target, trees):
         tokens_of(g, prompt, st)
         assert st.tree_steps > 10, st.to_json()
         scales[name] = ctl.share_scale
-    assert scales["right"] > 1.6 and scales["wrong"] < 0.2, scales
+    assert scales["right"] > 1.6 and scales["wrong"] == SHARE_FLOOR, scales
     ctl, keys, sibling = Controller(timed=False), [Evidence.lookup(2)] * 3, [Branch(0, 7, 0.9)]
     assert ctl.branch(keys, sibling, 1) == sibling
     for _ in range(40):
@@ -715,6 +717,21 @@ def test_a_hybrid_s_siblings_are_lookup_s_and_its_draft_model_s(target, draft):
     for d in (2, 3, 4):
         assert [b.token for b in theirs if b.depth == d] == top(draft, [*prompt, *chain[:d]], 4)[1:]
     assert h.branches(prompt, chain, 4) == merged([lookup.branches(prompt, chain, 4), theirs], 4)
+    # after another history, or in the next generation, the last draft's runner-ups are not offered
+    assert dm.branches([*prompt[:-1], prompt[-1] + 1], chain, 4) == []
+    h.start(prompt)
+    assert dm.branches(prompt, chain, 4) == []
+
+
+def test_the_session_s_draft_model_keeps_runner_ups_where_trees_are_on(target, draft):
+    """--draft-tree above 0 (Wish.tree) builds a draft model that keeps its runner-ups, alone and in a hybrid;
+    without trees, the argmax alone."""
+    from spectool.drafters.builder import Wish, choose
+    from spectool.options import Mode
+
+    for tree in (True, False):
+        assert choose(Wish(Mode.draft, tree=tree), target, draft).drafter.runner_ups is tree
+        assert choose(Wish(Mode.hybrid, tree=tree), target, draft).drafter.draft.runner_ups is tree
 
 
 def test_a_draft_model_after_forced_tokens_offers_siblings_beside_its_own(target, draft):

@@ -44,6 +44,10 @@ DRAFT_MAX = 32
 # that read the text for free (lookup, a grammar's forced tokens, a request's prediction)
 PAID = (Source.draft, Source.mtp, Source.eagle3, Source.dflash)
 
+# the least the siblings' shares are scaled by (Controller.share_scale): a sibling the drafter is
+# sure of still pays on a machine where a row is cheap, and so goes on being checked
+SHARE_FLOOR = 0.25
+
 
 # Prompt lookup's prior acceptance by agreement, for each match length of BUCKETS (see
 # PromptLookup.key): the acceptance of a drafted token, given that the tokens before it were
@@ -178,9 +182,10 @@ class Controller:
     @property
     def share_scale(self) -> float:
         """How the siblings' shares, as the drafters offer them, turned out (hits per share): what
-        the controller multiplies them by."""
+        the controller multiplies them by, at least SHARE_FLOOR (a scale so low that no sibling is
+        chosen would learn nothing more)."""
         s = self._siblings
-        return (s.hits + s.weight * s.prior) / (s.tries + s.weight)
+        return max(SHARE_FLOOR, (s.hits + s.weight * s.prior) / (s.tries + s.weight))
 
     # -- estimates
     # -----------------------------------------------------------------------------------------

@@ -215,6 +215,7 @@ def token_at(model, i: int, s: Sampling, recent: Sequence[int] = (), banned=None
     if model.output is IDS:
         return model.sampled_token(i)
     if model.output.kind is Kind.TOP_K:  # (the lowest id of a tie, as the row's argmax)
+        assert banned is None and not s.window, "a top-k output holds no penalties or bans"
         ids, z = model.candidates(i)
         return int(ids[z == z.max()].min())
     return greedy_token(model.logits(i), s, recent, banned)
@@ -226,6 +227,7 @@ def likeliest(model, i: int, k: int, s: Sampling, recent: Sequence[int] = (),
     or the penalised row's k best. A greedy draft's runner-ups, each a draft tree's sibling at its
     share."""
     if model.output.kind is Kind.TOP_K:
+        assert banned is None and not s.window, "a top-k output holds no penalties or bans"
         ids, z = model.candidates(i)
     else:
         row = penalize(model.logits(i), s, recent, banned)

@@ -303,8 +303,8 @@ class Drafting(Drafter):
 
     def branches(self, history: Sequence[int], chain: Sequence[int], width: int) -> list[Branch]:
         """Prompt lookup's (its corpus's too), the request's prediction's beside them, a draft
-        model's runner-ups beside its sampled draft, both beside a hybrid's, under the grammar where
-        there is one (a head's: none)."""
+        model's runner-ups beside its draft, both beside a hybrid's, under the grammar where there
+        is one (a head's, a draft through text's: none)."""
         return self.inner.branches(history, chain, width) if self.inner is not None else []
 
     def finish(self, history: Sequence[int]) -> None:

@@ -47,6 +47,9 @@ class VocabMap:
         return cls(to_target, to_draft, np.flatnonzero(to_target < 0))
 
 
+SEEN = 8  # the history's last tokens a draft's runner-ups are kept with, to know it again
+
+
 class DraftModel(Drafter):
     """A small model with its own KV cache, kept in step with the accepted tokens by `Model.sync`.
     Its rows go through the same sampler chain as the target's, penalties included, so q is the
@@ -64,8 +67,9 @@ class DraftModel(Drafter):
         self.map = VocabMap.between(model.n_vocab, self.n_target, ids)
         self._seen: list[int] = []  # history in target ids ...
         self._mapped: list[int] = []  # ... and in draft ids
-        # the last draft: the history's length, its tokens and the q each was drawn from (sampled)
-        self._drawn: tuple[int, list[int], list[Dist]] = (-1, [], [])
+        # the last draft: the history's length and its last tokens, the draft's tokens and the q
+        # each was drawn from (sampled), or its runner-ups' (greedy, runner_ups)
+        self._drawn: tuple[int, list[int], list[int], list[Dist]] = (-1, [], [], [])
 
     def _map(self, history: Sequence[int]) -> list[int]:
         if self.map is None:
@@ -80,6 +84,7 @@ class DraftModel(Drafter):
 
     def start(self, history: Sequence[int], constraint: Constraint | None = None) -> None:
         no_grammar(constraint)
+        self._drawn = (-1, [], [], [])
         h = self._map(history)  # the prompt is prompt processing, not drafting
         if len(h) > 1:
             self.model.sync(h[:-1], logits="none")
@@ -118,7 +123,7 @@ class DraftModel(Drafter):
         if self.map is not None:  # back to the target's ids
             tokens = self.map.to_target[tokens].tolist()
             qs = [self._on_target(q, self.map) for q in qs]
-        self._drawn = (len(history), tokens, qs)
+        self._drawn = (len(history), list(history[-SEEN:]), tokens, qs)
         return Draft(tokens, None if sampling.greedy else qs, Source.draft, catch_up)
 
     def branches(self, history: Sequence[int], chain: Sequence[int], width: int) -> list[Branch]:
@@ -126,10 +131,11 @@ class DraftModel(Drafter):
         softmax of each depth's top WIDTH): at each depth the likeliest other tokens (EAGLE-2's
         runner-ups), at most width - 1, each at its share of q beyond the drafted token. Its draft
         may follow other tokens of the chain (a hybrid's lookup, a grammar's forced tokens)."""
-        n, tokens, qs = self._drawn
+        n, seen, tokens, qs = self._drawn
         at = n - len(history)  # (the chain's tokens ahead of its draft)
-        if at < 0 or list(chain[at:]) != tokens[: len(chain) - at]:
-            return []
+        if not 0 <= at <= len(chain) or [*history, *chain[:at]][-SEEN:] != seen \
+                or list(chain[at:]) != tokens[: len(chain) - at]:
+            return []  # (its last draft followed another history)
         out: list[Branch] = []
         for d, (token, q) in enumerate(zip(chain[at:], qs), at):
             rest = max(1e-9, 1.0 - q.prob(token))
