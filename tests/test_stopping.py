@@ -1,5 +1,6 @@
 """Stopping: at a stop string (also inside a step's accepted run, and in the count of generated tokens), at an
-end-of-generation token, when the context is full, and on an interruption, without losing held-back text."""
+end-of-generation token, when the context is full, and on an interruption, without losing held-back text; and a
+draft that ends where the generation would (at a stop string or an end-of-generation token it holds)."""
 
 from spectool_lab.helpers import tokens_of
 
@@ -24,6 +25,13 @@ def test_stop_string_inside_an_accepted_run(target):
     assert st.finish_reason == "stop"
 
 
+def ends_at(monkeypatch, target, eog: int) -> None:
+    """`target`'s vocabulary with `eog` an end-of-generation token (Model.is_eog, Model.first_eog)."""
+    monkeypatch.setattr(target, "is_eog", lambda t: t == eog)
+    monkeypatch.setattr(target, "first_eog", lambda tokens: next((i for i, t in enumerate(tokens) if t == eog),
+                                                                 len(tokens)))
+
+
 def test_end_of_generation_token_stops(target, draft, monkeypatch):
     """A token the vocabulary marks as end-of-generation (Model.is_eog, Model.first_eog) ends the output before
     it, finish reason "stop", also where the target accepted it as a drafted token in the middle of a step."""
@@ -31,9 +39,7 @@ def test_end_of_generation_token_stops(target, draft, monkeypatch):
     plain = tokens_of(GenerationConfig(target, None, max_tokens=30), prompt)
     eog = plain[10]
     # a vocabulary in which plain decoding's 11th token ends generation
-    monkeypatch.setattr(target, "is_eog", lambda t: t == eog)
-    monkeypatch.setattr(target, "first_eog", lambda tokens: next((i for i, t in enumerate(tokens) if t == eog),
-                                                                 len(tokens)))
+    ends_at(monkeypatch, target, eog)
     for drafter in (PromptLookup(), DraftModel(draft)):
         st = Stats()
         g = GenerationConfig(target, drafter, max_tokens=30, controller=Controller(k_max=4, adaptive=False))
@@ -82,3 +88,48 @@ def test_an_interruption_keeps_the_text_held_back_for_a_stop_string(target):
     text = "".join(t for t, _ in out)
     assert out[-1][1].finish_reason == "interrupted" and len(out) == 11
     assert text == target.detokenize(plain[:10]) and len(text) > 5
+
+
+
+def last_step(target, prompt, drafter, stop=None, k_max=16):
+    """The last step of a greedy generation of drafts of `k_max` (under `stop` strings), and its text."""
+    g = GenerationConfig(target, drafter, max_tokens=80, controller=Controller(k_max=k_max, adaptive=False))
+    steps = list(generate_text(g, prompt, stop=stop or []))
+    return steps[-1][1], "".join(t for t, _ in steps)
+
+
+def test_a_draft_ends_where_its_stop_string_would(target, monkeypatch):
+    """A draft that holds a stop string ends with the token that completes it (Loop.ended): whatever follows would
+    be cut from the output. The text is plain decoding's up to the stop; without the cut (the negative control),
+    the last step verifies drafts past it. (The tiny target loops on " so oft" here, and lookup drafts the loop.)"""
+    import spectool.generate.loop as loop
+
+    prompt = target.tokenize("the dog the fox the dog the fox the dog the fox the dog the")
+    full = target.detokenize(tokens_of(GenerationConfig(target, None, max_tokens=80), prompt))
+    stop = " so oft so oft so oft so oft"
+    assert full.count(" so oft") > 6
+    last, text = last_step(target, prompt, PromptLookup(), [stop])
+    assert text == full[: full.index(stop)] and last.finish_reason == "stop"
+    # all of the last draft was accepted and ends at the stop: the step's tokens are the draft
+    assert last.drafted == last.accepted == len(last.tokens) > 1, last
+    monkeypatch.setattr(loop.Loop, "ended", lambda self, d: d)
+    uncut, text = last_step(target, prompt, PromptLookup(), [stop])
+    assert text == full[: full.index(stop)] and uncut.drafted > len(uncut.tokens), uncut
+
+
+def test_a_draft_ends_at_its_first_end_of_generation_token(target, draft, monkeypatch):
+    """A draft ends with its first end-of-generation token (nothing may follow it: Loop.ended), here a token plain
+    decoding makes, made end-of-generation, which the draft model drafts; without the cut, the last step verifies
+    drafts past it."""
+    import spectool.generate.loop as loop
+
+    prompt = target.tokenize("The quick brown fox")
+    plain = tokens_of(GenerationConfig(target, None, max_tokens=30), prompt)
+    eog = plain[10]
+    ends_at(monkeypatch, target, eog)
+    last, text = last_step(target, prompt, DraftModel(draft), k_max=8)
+    assert text == target.detokenize(plain[:10]) and last.finish_reason == "stop"
+    assert last.drafted == last.accepted == len(last.tokens) + 1 > 1, last  # (the end drafted, nothing after)
+    monkeypatch.setattr(loop.Loop, "ended", lambda self, d: d)
+    uncut, _ = last_step(target, prompt, DraftModel(draft), k_max=8)
+    assert uncut.accepted > len(uncut.tokens) + 1, uncut  # (drafts past the end, accepted too)

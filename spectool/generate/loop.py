@@ -13,7 +13,7 @@ rule keeps the target's distribution.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Generator, Iterator, Sequence, cast
 
 from spectool.llama import native  # noqa: F401, I001 - llama.cpp before numpy (native.py)
@@ -250,9 +250,11 @@ class Loop:
             known = cast(Offer, o.keys)
             k, theirs = self.audit.choose(len(keys), known, o.limit, self.x)
             if theirs is not None:  # llama-lookup's rule drafts, and the controller learns nothing
-                return Plan([], Draft(theirs, None, Source.lookup), time.perf_counter() - o.t0)
+                return Plan([], self.ended(Draft(theirs, None, Source.lookup)),
+                            time.perf_counter() - o.t0)
             keys = known.keys[:k]
-        d = self.drafter.propose(self.x, len(keys), self.sampling, self.rng) if keys else EMPTY
+        d = self.ended(self.drafter.propose(self.x, len(keys), self.sampling, self.rng)
+                       if keys else EMPTY)
         if d.notice:
             self.notice = d.notice
         p = Plan(keys, d, 0.0)
@@ -260,6 +262,18 @@ class Loop:
             self.grow(p, cast(ParallelModel, self.target).n_ctx_total - len(self.x) - len(d.tokens))
         p.draft_seconds = time.perf_counter() - o.t0
         return p
+
+    def ended(self, d: Draft) -> Draft:
+        """`d` up to where the generation would end, were it accepted: its first end-of-generation
+        token, or the token that completes a stop string. What follows would be cut from the
+        output, so it is not verified."""
+        n = min(len(d.tokens), self.target.first_eog(d.tokens) + 1)
+        if self.stream is not None:
+            n = self.stream.ending(d.tokens[:n])
+        if n == len(d.tokens):
+            return d
+        return replace(d, tokens=d.tokens[:n], q=None if d.q is None else d.q[:n],
+                       forced=min(d.forced, n))
 
     def grow(self, p: Plan, room: int, beside: Beside | None = None) -> None:
         """The chain `p` drafted made the draft tree the controller prices above it (p.tree and its

@@ -40,6 +40,18 @@ class TextStream:
         self.pending = ""
         return out
 
+    def ending(self, tokens: Sequence[int]) -> int:
+        """How many of `tokens`, were they to come next, reach the end of the first stop string they
+        complete (all of them where none does); the stream is left as it was."""
+        if not self.stop:
+            return len(tokens)
+        text = self.pending
+        for i, piece in enumerate(self.detok.ahead(tokens)):
+            text += piece
+            if any(s in text for s in self.stop):
+                return i + 1
+        return len(tokens)
+
     def step(self, new: list[int], finish: str | None,
              n_acc: int) -> tuple[list[int], str | None, str, int]:
         """A step's text: its `new` tokens and finish reason cut where a stop string appeared, the

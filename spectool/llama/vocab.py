@@ -72,6 +72,15 @@ class Detokenizer:
     def flush(self) -> str:
         return self._dec.decode(b"", final=True)
 
+    def ahead(self, tokens: Iterable[int]) -> list[str]:
+        """The text each of `tokens` would add, fed one at a time after what was fed so far; nothing
+        is fed (what a draft would read as, were it accepted)."""
+        state = self._dec.getstate()
+        try:
+            return [self._dec.decode(self._piece(t)) for t in tokens]
+        finally:
+            self._dec.setstate(state)
+
 
 class Facts:
     """What a loaded model's file says, outside decoding: text to tokens and back, end-of-generation
