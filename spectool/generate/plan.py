@@ -36,8 +36,8 @@ class Plan:
     token: int = -1
     logprobs: list[TokenLogprob] | None = None
     logprob_seconds: float = 0.0
-    # a draft tree: the chain `draft`, then its siblings (Controller.branch: `branches`), and the
-    # accepted path's nodes (the root first)
+    # a draft tree: the chain `draft`, then its siblings (Controller.branch: `branches`; the tree
+    # is set where there are any), and the accepted path's nodes (the root first)
     tree: Tree | None = None
     branches: list[Branch] = field(default_factory=list)
     path: list[int] | None = None
@@ -50,7 +50,7 @@ class Plan:
     @property
     def siblings(self) -> int:
         """The rows of its draft tree beside the chain (0: a chain)."""
-        return len(self.tree.tokens) - len(self.draft.tokens) - 1 if self.tree is not None else 0
+        return len(self.branches)
 
     @property
     def chain_keys(self) -> list[Evidence]:
