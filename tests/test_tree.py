@@ -7,7 +7,7 @@ untouched."""
 import numpy as np
 import pytest
 from exactness import N_JOINT, N_RUNS, SAMPLING, chi2_rejects, exact_joint
-from spectool_lab.helpers import tokens_of
+from spectool_lab.helpers import SplitHybrid, tokens_of
 
 from spectool.cli.display import summary_line
 from spectool.core.controller import Controller
@@ -484,10 +484,10 @@ def draft(tiny):
         yield m
 
 
-def sampled_draft_trees(target, trees, draft):
+def sampled_draft_trees(target, trees, draft, make=None):
     """Counts of the first N_JOINT tokens over N_RUNS seeded generations at temperature 1, the first step a tree:
-    the draft model's sampled chain of K_DRAFT tokens and, at each depth, its likeliest other tokens (up to 3);
-    and the runs' summed stats."""
+    the draft model's sampled chain of K_DRAFT tokens and, at each depth, its likeliest other tokens (up to 3), or
+    `make(draft_model)`'s tree; and the runs' summed stats."""
     from exactness import K_DRAFT
 
     from spectool.drafters.draft_model import DraftModel
@@ -495,7 +495,8 @@ def sampled_draft_trees(target, trees, draft):
     counts, runs, prompt = {}, [], target.tokenize(LOOP)
     for seed in range(N_RUNS):
         st = Stats()
-        g = GenerationConfig(trees, for_generation(DraftModel(draft), False), SAMPLING,
+        dm = DraftModel(draft)
+        g = GenerationConfig(trees, for_generation(make(dm) if make else dm, False), SAMPLING,
                              free_rows(k_max=K_DRAFT, adaptive=False), max_tokens=K_DRAFT + 1, seed=seed, draft_tree=4)
         out = tuple(tokens_of(g, prompt, st)[:N_JOINT])
         counts[out] = counts.get(out, 0) + 1
@@ -503,18 +504,40 @@ def sampled_draft_trees(target, trees, draft):
     return counts, Stats.summed(runs)
 
 
-def test_a_draft_model_s_runner_ups_keep_the_target_distribution(target, trees, draft):
+class MixedSiblings(SplitHybrid):
+    """SplitHybrid (lookup's first token of each stretch, then the draft model's sampled tokens) that counts the
+    trees whose siblings were lookup's (deterministic) and the draft model's (runner-ups of a sampled chain) at once."""
+
+    mixed = 0
+
+    def branches(self, history, chain, width):
+        theirs = self.lookup.branches(history, chain, width), self.draft.branches(history, chain, width)
+        MixedSiblings.mixed += all(theirs)
+        return super().branches(history, chain, width)
+
+
+# the first step's tree: the draft model's sampled chain and runner-ups; or lookup's token, its other followers beside
+# it, then the draft model's (a hybrid's: deterministic and sampled nodes in one tree)
+MAKERS = {"draft model": None, "hybrid": lambda dm: MixedSiblings(PromptLookup(), dm)}
+
+
+@pytest.mark.parametrize("siblings", MAKERS)
+def test_a_draft_model_s_runner_ups_keep_the_target_distribution(target, trees, draft, siblings):
     """Chi-square over 3,000 seeded runs of the joint distribution of the first three tokens, each first step a tree
     of the draft model's sampled chain with its runner-ups beside (the chain's token kept with probability
     min(1, p/q), else the target's drawn from the residual and the runner-up that holds it followed), against the
-    target alone; steps kept the chain in some runs and took a runner-up in others."""
-    counts, st = sampled_draft_trees(target, trees, draft)
+    target alone; steps kept the chain in some runs and took a runner-up in others. In a hybrid's tree, lookup's
+    siblings stand beside the same chain, at once with the runner-ups in some steps."""
+    MixedSiblings.mixed = 0
+    counts, st = sampled_draft_trees(target, trees, draft, MAKERS[siblings])
     assert st.tree_steps and 0 < st.tree_taken < st.tree_steps and st.n_accepted > st.tree_taken, st.to_json()
+    assert (MixedSiblings.mixed > 0) == (siblings == "hybrid")
     rejects, stat, crit = chi2_rejects(counts, exact_joint(target, target.tokenize(LOOP), SAMPLING), N_RUNS)
     assert not rejects, f"chi2 {stat:.1f} > {crit:.1f}"
 
 
-def test_a_wrong_multi_draft_rule_is_caught(target, trees, draft, monkeypatch):
+@pytest.mark.parametrize("siblings", MAKERS)
+def test_a_wrong_multi_draft_rule_is_caught(target, trees, draft, monkeypatch, siblings):
     """The check above can fail: the sampled chain's tokens judged against p as if it were q (every one kept) rejects."""
     import spectool.generate.loop as loop
 
@@ -522,7 +545,7 @@ def test_a_wrong_multi_draft_rule_is_caught(target, trees, draft, monkeypatch):
         return accept_tree(token_at, tokens, parents, lambda i: (d := drawn(i)) and (d[0], d[1], d[1]), rng)
 
     monkeypatch.setattr(loop, "accept_tree", as_if_q_were_p)
-    counts, _ = sampled_draft_trees(target, trees, draft)
+    counts, _ = sampled_draft_trees(target, trees, draft, MAKERS[siblings])
     rejects, stat, crit = chi2_rejects(counts, exact_joint(target, target.tokenize(LOOP), SAMPLING), N_RUNS)
     assert rejects, f"chi2 {stat:.1f} <= {crit:.1f}"
 
