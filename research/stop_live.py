@@ -40,7 +40,7 @@ STOPS = {"qa": ["Question:"], "instruction": ["###"], "raw": ["\n\n"], "chat": [
 def uncut():
     """Loop.ended undone: drafts run past where the output would end."""
     ended = loop.Loop.ended
-    loop.Loop.ended = lambda self, d: d  # type: ignore[method-assign]
+    loop.Loop.ended = lambda self, d, keys: d  # type: ignore[method-assign]
     try:
         yield
     finally:

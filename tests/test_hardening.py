@@ -349,6 +349,32 @@ def test_stop_strings_fuzz(target, tokens, stops, chunk):
     assert got == expect
 
 
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(5, 634), max_size=40), st.lists(st.text("ab ch\nxé", min_size=1, max_size=4),
+                                                               max_size=3), st.integers(0, 40))
+def test_a_draft_ends_where_the_stream_would_stop(target, tokens, stops, cut):
+    """TextStream.ending(rest), after a prefix fed: how many of rest's tokens, fed one at a time, it takes to stop
+    the stream (all where none does), the text held back included; and the stream is left as it was (what it then
+    makes of rest is what a twin that never looked ahead makes)."""
+    from hypothesis import assume
+
+    from spectool.generate.stream import TextStream
+
+    head, rest = tokens[:cut], tokens[cut:]
+    looked, fed, twin = (TextStream(target, stops) for _ in range(3))
+    for stream in (looked, fed, twin):
+        stream.feed(head)
+    assume(not looked.stopped)
+    n, expect = looked.ending(rest), len(rest)
+    for i, token in enumerate(rest):
+        fed.feed([token])
+        if fed.stopped:
+            expect = i + 1
+            break
+    assert n == expect
+    assert looked.feed(rest) == twin.feed(rest) and looked.stopped == twin.stopped
+
+
 # -- issue 31: bad values found by hand, each answered before anything loads where it can be -------------------
 def test_serve_without_its_libraries_says_so_before_loading(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "uvicorn", None)  # as if not installed: importing it raises ImportError

@@ -91,45 +91,70 @@ def test_an_interruption_keeps_the_text_held_back_for_a_stop_string(target):
 
 
 
-def last_step(target, prompt, drafter, stop=None, k_max=16):
+def last_step(target, prompt, drafter, stop=None, k_max=16, ctl=None):
     """The last step of a greedy generation of drafts of `k_max` (under `stop` strings), and its text."""
-    g = GenerationConfig(target, drafter, max_tokens=80, controller=Controller(k_max=k_max, adaptive=False))
-    steps = list(generate_text(g, prompt, stop=stop or []))
+    ctl = ctl or Controller(k_max=k_max, adaptive=False)
+    steps = list(generate_text(GenerationConfig(target, drafter, max_tokens=80, controller=ctl), prompt,
+                               stop=stop or []))
     return steps[-1][1], "".join(t for t, _ in steps)
 
 
 def test_a_draft_ends_where_its_stop_string_would(target, monkeypatch):
     """A draft that holds a stop string ends with the token that completes it (Loop.ended): whatever follows would
     be cut from the output. The text is plain decoding's up to the stop; without the cut (the negative control),
-    the last step verifies drafts past it. (The tiny target loops on " so oft" here, and lookup drafts the loop.)"""
+    the last step verifies drafts past it. (The tiny target loops here, as test_tree's LOOP says, and lookup drafts
+    the loop.)"""
     import spectool.generate.loop as loop
 
     prompt = target.tokenize("the dog the fox the dog the fox the dog the fox the dog the")
-    full = target.detokenize(tokens_of(GenerationConfig(target, None, max_tokens=80), prompt))
-    stop = " so oft so oft so oft so oft"
-    assert full.count(" so oft") > 6
+    plain = tokens_of(GenerationConfig(target, None, max_tokens=80), prompt)
+    full = target.detokenize(plain)
+    # four turns of the loop, as its text first holds them (a loop of 2 tokens here)
+    period, at = next((p, a) for a in range(len(plain)) for p in (1, 2, 3, 4)
+                      if plain[a: a + 8 * p] == plain[a: a + p] * 8)
+    stop = target.detokenize(plain[at: at + 4 * period])
     last, text = last_step(target, prompt, PromptLookup(), [stop])
     assert text == full[: full.index(stop)] and last.finish_reason == "stop"
     # all of the last draft was accepted and ends at the stop: the step's tokens are the draft
     assert last.drafted == last.accepted == len(last.tokens) > 1, last
-    monkeypatch.setattr(loop.Loop, "ended", lambda self, d: d)
+    monkeypatch.setattr(loop.Loop, "ended", lambda self, d, keys: d)
     uncut, text = last_step(target, prompt, PromptLookup(), [stop])
     assert text == full[: full.index(stop)] and uncut.drafted > len(uncut.tokens), uncut
 
 
 def test_a_draft_ends_at_its_first_end_of_generation_token(target, draft, monkeypatch):
     """A draft ends with its first end-of-generation token (nothing may follow it: Loop.ended), here a token plain
-    decoding makes, made end-of-generation, which the draft model drafts; without the cut, the last step verifies
-    drafts past it."""
+    decoding makes, made end-of-generation, which the draft model drafts; the time it took is charged to all 8 tokens
+    drawn; without the cut, the last step verifies drafts past it."""
     import spectool.generate.loop as loop
 
     prompt = target.tokenize("The quick brown fox")
     plain = tokens_of(GenerationConfig(target, None, max_tokens=30), prompt)
     eog = plain[10]
     ends_at(monkeypatch, target, eog)
-    last, text = last_step(target, prompt, DraftModel(draft), k_max=8)
+
+    class Heard(Controller):  # what the drafting time is charged to: every token drawn, the cut ones too
+        def observe_draft(self, keys, seconds):
+            self.charged = len(keys)
+            super().observe_draft(keys, seconds)
+
+    ctl = Heard(k_max=8, adaptive=False)
+    last, text = last_step(target, prompt, DraftModel(draft), ctl=ctl)
     assert text == target.detokenize(plain[:10]) and last.finish_reason == "stop"
     assert last.drafted == last.accepted == len(last.tokens) + 1 > 1, last  # (the end drafted, nothing after)
-    monkeypatch.setattr(loop.Loop, "ended", lambda self, d: d)
+    assert ctl.charged == 8 > last.drafted
+    monkeypatch.setattr(loop.Loop, "ended", lambda self, d, keys: d)
     uncut, _ = last_step(target, prompt, DraftModel(draft), k_max=8)
     assert uncut.accepted > len(uncut.tokens) + 1, uncut  # (drafts past the end, accepted too)
+
+
+def test_a_draft_ends_at_a_stop_string_begun_in_the_text_held_back(target):
+    """The stream holds back "... a" (it could begin the stop string "ab"); a draft whose first token starts with "b"
+    completes the stop string there, so it ends after that token (TextStream.ending reads the held-back text too)."""
+    from spectool.generate.stream import TextStream
+
+    stream = TextStream(target, ["ab"])
+    out = stream.feed(target.tokenize("Hello xa", add_special=False))
+    rest = target.tokenize("bcd efg", add_special=False)
+    assert stream.pending == "a" and not out.endswith("a") and len(rest) > 1
+    assert stream.ending(rest) == 1 and stream.pending == "a"

@@ -506,7 +506,8 @@ def sampled_draft_trees(target, trees, draft, make=None):
 
 class MixedSiblings(SplitHybrid):
     """SplitHybrid (lookup's first token of each stretch, then the draft model's sampled tokens) that counts the
-    trees whose siblings were lookup's (deterministic) and the draft model's (runner-ups of a sampled chain) at once."""
+    steps where both offered siblings at once: lookup's (deterministic) and the draft model's (runner-ups of a sampled
+    chain); with free_rows' prices the controller verifies every sibling offered."""
 
     mixed = 0
 

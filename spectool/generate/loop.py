@@ -250,30 +250,31 @@ class Loop:
             known = cast(Offer, o.keys)
             k, theirs = self.audit.choose(len(keys), known, o.limit, self.x)
             if theirs is not None:  # llama-lookup's rule drafts, and the controller learns nothing
-                return Plan([], self.ended(Draft(theirs, None, Source.lookup)),
+                return Plan([], self.ended(Draft(theirs, None, Source.lookup), []),
                             time.perf_counter() - o.t0)
             keys = known.keys[:k]
-        d = self.ended(self.drafter.propose(self.x, len(keys), self.sampling, self.rng)
-                       if keys else EMPTY)
+        drawn = self.drafter.propose(self.x, len(keys), self.sampling, self.rng) if keys else EMPTY
+        d = self.ended(drawn, keys)
         if d.notice:
             self.notice = d.notice
-        p = Plan(keys, d, 0.0)
+        p = Plan(keys, d, 0.0, drawn=len(drawn.tokens))
         if tree and self.tree_cap:  # (a cell for each node in the KV buffer: it holds len(x) - 1)
             self.grow(p, cast(ParallelModel, self.target).n_ctx_total - len(self.x) - len(d.tokens))
         p.draft_seconds = time.perf_counter() - o.t0
         return p
 
-    def ended(self, d: Draft) -> Draft:
-        """`d` up to where the generation would end, were it accepted: its first end-of-generation
-        token, or the token that completes a stop string. What follows would be cut from the
-        output, so it is not verified."""
+    def ended(self, d: Draft, keys: Sequence[Evidence]) -> Draft:
+        """`d` (drafted under `keys`) up to where the generation would end, were it accepted: its
+        first end-of-generation token, or the token that completes a stop string. What follows
+        would be cut from the output, so it is not verified."""
         n = min(len(d.tokens), self.target.first_eog(d.tokens) + 1)
         if self.stream is not None:
             n = self.stream.ending(d.tokens[:n])
         if n == len(d.tokens):
             return d
-        return replace(d, tokens=d.tokens[:n], q=None if d.q is None else d.q[:n],
-                       forced=min(d.forced, n))
+        # (a grammar's forced tokens, under its key, may take turns with lookup's)
+        forced = sum(key.source is Source.grammar for key in keys[:n]) if d.forced else 0
+        return replace(d, tokens=d.tokens[:n], q=None if d.q is None else d.q[:n], forced=forced)
 
     def grow(self, p: Plan, room: int, beside: Beside | None = None) -> None:
         """The chain `p` drafted made the draft tree the controller prices above it (p.tree and its
@@ -421,7 +422,8 @@ class Loop:
         if verify_seconds is not None and p.tree is None:  # (a tree's decode does more than rows)
             self.ctl.observe_verify(p.rows, verify_seconds)
         if d.tokens and p.keys:  # (the audit's own drafts have no keys: core/audit.py)
-            self.ctl.observe_draft(p.chain_keys, p.draft_seconds - d.catch_up_seconds)
+            # (the drafter's time went into every token it drew, also those cut: Loop.ended)
+            self.ctl.observe_draft(p.keys[: p.drawn], p.draft_seconds - d.catch_up_seconds)
             self.ctl.observe_accept(p.keys, len(d.tokens), p.chain_acc)
         at = [b.share for b in p.branches if b.depth == p.chain_acc]  # (the chain refused there)
         if at:

@@ -32,6 +32,7 @@ class Plan:
     keys: list[Evidence]
     draft: Draft
     draft_seconds: float
+    drawn: int = 0  # the tokens the drafter drew (the draft may end before: Loop.ended)
     n_acc: int = 0
     token: int = -1
     logprobs: list[TokenLogprob] | None = None
