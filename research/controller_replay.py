@@ -208,15 +208,22 @@ def best_k(a: list[float], cost: list[float]) -> int:
     return k_best
 
 
-def hindsight_seconds(pos: list[tuple[int, list[dict]]], cost: list[float], fn: Callable[[dict], object]) -> float:
-    """Seconds of the chooser over one prompt's positions `pos`, told each feature combination's (`fn`) acceptance
-    over the same positions."""
+def rates(prompts: list[list[tuple[int, list[dict]]]], fn: Callable[[dict], object]) -> dict[object, float]:
+    """Each feature combination's (`fn`) acceptance over the positions of `prompts` (each prompt's `features`)."""
     counts: dict[object, list[int]] = {}
-    for m, feats in pos:
-        for i in range(min(len(feats), m + 1)):
-            c = counts.setdefault(fn(feats[i]), [0, 0])
-            c[0], c[1] = c[0] + 1, c[1] + (i < m)
-    rate = {f: hits / tries for f, (tries, hits) in counts.items()}
+    for pos in prompts:
+        for m, feats in pos:
+            for i in range(min(len(feats), m + 1)):
+                c = counts.setdefault(fn(feats[i]), [0, 0])
+                c[0], c[1] = c[0] + 1, c[1] + (i < m)
+    return {f: hits / tries for f, (tries, hits) in counts.items()}
+
+
+def hindsight_seconds(pos: list[tuple[int, list[dict]]], cost: list[float], fn: Callable[[dict], object],
+                      rate: dict[object, float] | None = None) -> float:
+    """Seconds of the chooser over one prompt's positions `pos`, told each feature combination's (`fn`) acceptance
+    over the same positions (or `rate`: over others)."""
+    rate = rates([pos], fn) if rate is None else rate
     j, total = 0, 0.0
     while j < len(pos):
         m, feats = pos[j]
@@ -238,16 +245,26 @@ def online_seconds(pos: list[tuple[int, list[dict]]], cost: list[float], fn: Cal
         c = fine.get(fn(f)) if fn is not None else None
         return coarse if c is None else (c[1] + weight * coarse) / (c[0] + weight)
 
+    def learn(feats: list[dict], k: int, m: int) -> None:
+        ctl.observe_accept([f["key"] for f in feats[:k]], k, min(k, m))
+        for i, f in enumerate(feats[: min(k, m + 1)] if fn is not None else ()):
+            c = fine.setdefault(fn(f), [0.0, 0.0])
+            c[0], c[1] = c[0] * ctl.decay + 1.0, c[1] * ctl.decay + (i < m)
+
+    return learnt_seconds(pos, cost, chance, learn)
+
+
+def learnt_seconds(pos: list[tuple[int, list[dict]]], cost: list[float], chance: Callable[[dict], float],
+                   learn: Callable[[list[dict], int, int], None]) -> float:
+    """Seconds of the chooser over one prompt's positions `pos`, told each drafted token's `chance` as it stands, and
+    after each step of k drafts, m of its offer right, `learn(features, k, m)`."""
     j, total = 0, 0.0
     while j < len(pos):
         m, feats = pos[j]
         k = best_k([chance(f) for f in feats], cost)
         total += cost[k + 1]
         if k:
-            ctl.observe_accept([f["key"] for f in feats[:k]], k, min(k, m))
-            for i, f in enumerate(feats[: min(k, m + 1)] if fn is not None else ()):
-                c = fine.setdefault(fn(f), [0.0, 0.0])
-                c[0], c[1] = c[0] * ctl.decay + 1.0, c[1] * ctl.decay + (i < m)
+            learn(feats, k, m)
         j += min(k, m) + 1
     return total
 
