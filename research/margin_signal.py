@@ -122,7 +122,9 @@ def main() -> None:
             others = [ps for f, (p, _, _) in measured.items() if f != fam for ps in p]
             for fn in (TODAY, SIGNALS["key, last margin"]):  # the rates of the other families
                 fine, coarse = rates(others, fn), rates(others, TODAY)
-                cells.append(f"{bound / sum(hindsight_seconds(ps, cost, lambda f: fn(f) if fn(f) in fine else TODAY(f), {**coarse, **fine}) for ps in pos):.1%}")
+                told = lambda f, fn=fn, fine=fine: fn(f) if fn(f) in fine else TODAY(f)  # noqa: E731
+                seconds = sum(hindsight_seconds(ps, cost, told, {**coarse, **fine}) for ps in pos)
+                cells.append(f"{bound / seconds:.1%}")
             carried: dict = {}
             cells.append(f"{bound / sum(factored_seconds(ps, cost, 'last') for ps in pos):.1%} / "
                          f"{bound / sum(factored_seconds(ps, cost, 'last', carried) for ps in pos):.1%}")
