@@ -5,6 +5,7 @@ from itertools import islice
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from spectool.core.evidence import Source
 from spectool.drafters.lookup import NGramIndex, PromptLookup
 
 
@@ -156,16 +157,18 @@ def brute_followers(history, seq, n_min, n_max, docs=None):
 
 def brute_branches(history, chain, width, docs):
     """What PromptLookup.branches should offer beside `chain` (brute force): each depth's other followers in the
-    history (and in the corpus's `docs`), the likeliest first, each at its larger share."""
+    history (and in the corpus's `docs`), the likeliest first, each at its larger share, with where it comes from (ties:
+    the request's own text)."""
     want = []
     for d, token in enumerate(chain):
         shares = {}
-        for where in [None] + ([docs] if docs else []):
+        for where, source in [(None, Source.lookup)] + ([(docs, Source.corpus)] if docs else []):
             others = {t: c for t, c in brute_followers(history, history + chain[:d], 1, 3, where).items() if t != token}
             total = sum(c for c, _ in others.values()) + 1
             for t in sorted(others, key=lambda t: (-others[t][0], -others[t][1][0], -others[t][1][1])):
-                shares[t] = max(shares.get(t, 0.0), others[t][0] / total)
-        want += [(d, t, share) for t, share in sorted(shares.items(), key=lambda ts: -ts[1])[: width - 1]]
+                if others[t][0] / total > shares.get(t, (0.0,))[0]:
+                    shares[t] = (others[t][0] / total, source)
+        want += [(d, t, *ss) for t, ss in sorted(shares.items(), key=lambda ts: -ts[1][0])[: width - 1]]
     return want
 
 

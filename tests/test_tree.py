@@ -344,10 +344,11 @@ class Wrong(Runners):
 
 
 def test_the_siblings_shares_are_scaled_by_how_they_turned_out(target, trees):
-    """The controller learns from each step how the siblings at the depth where the chain broke turned out: Runners'
-    siblings (offered at 1/2) always taken raise their scale to near 2, Wrong's never taken lower it to its floor
-    (SHARE_FLOOR, where a sure sibling still pays on a machine where rows are cheap); a sibling the untimed
-    controller's prices take at its offered share is then left out (Controller.branch)."""
+    """The controller learns from each step how the siblings at the depth where the chain broke turned out, for each
+    source apart: Runners' siblings (offered at 1/2, as lookup's) always taken raise lookup's scale to near 2, Wrong's
+    never taken lower it to its floor (SHARE_FLOOR, where a sure sibling still pays on a machine where rows are cheap),
+    and a draft model's scale stays as it was; a sibling the untimed controller's prices take at its offered share is
+    then left out (Controller.branch), and beside it another source's is still taken."""
     from spectool.core.controller import SHARE_FLOOR
     from spectool.core.evidence import Evidence
 
@@ -355,18 +356,20 @@ def test_the_siblings_shares_are_scaled_by_how_they_turned_out(target, trees):
     scales = {}
     for name, drafter in (("right", Runners(target, swap=True)), ("wrong", Wrong(target))):
         ctl = free_rows(k_max=2, adaptive=False)
-        assert ctl.share_scale == 1.0
+        assert ctl.share_scale(Source.lookup) == 1.0
         g = GenerationConfig(trees, drafter, Sampling(), ctl, max_tokens=40, draft_tree=4)
         st = Stats()
         tokens_of(g, prompt, st)
         assert st.tree_steps > 10, st.to_json()
-        scales[name] = ctl.share_scale
+        scales[name] = ctl.share_scale(Source.lookup)
+        assert ctl.share_scale(Source.draft) == 1.0
     assert scales["right"] > 1.6 and scales["wrong"] == SHARE_FLOOR, scales
-    ctl, keys, sibling = Controller(timed=False), [Evidence.lookup(2)] * 3, [Branch(0, 7, 0.9)]
-    assert ctl.branch(keys, sibling, 1) == sibling
+    ctl, keys = Controller(timed=False), [Evidence.lookup(2)] * 3
+    sibling, other = Branch(0, 7, 0.9, Source.draft), Branch(0, 8, 0.9, Source.lookup)
+    assert ctl.branch(keys, [sibling], 1) == [sibling]
     for _ in range(40):
-        ctl.observe_siblings(0.9, False)
-    assert ctl.branch(keys, sibling, 1) == []
+        ctl.observe_siblings({Source.draft: 0.9}, None)
+    assert ctl.branch(keys, [sibling], 1) == [] and ctl.branch(keys, [sibling, other], 1) == [other]
 
 
 def test_a_tree_as_wide_as_the_sequences_allow(target, trees):
@@ -781,3 +784,16 @@ def test_a_draft_model_after_forced_tokens_offers_siblings_beside_its_own(target
         row = np.where(mask_for(c), -np.inf, alone(draft, [*prompt, *d.tokens[:depth]]))
         best = [int(t) for t in np.argsort(-row, kind="stable")[:4] if np.isfinite(row[t])]
         assert best[0] == d.tokens[depth] and [b.token for b in got if b.depth == depth] == best[1:]
+
+
+def test_the_sibling_a_path_took_is_known_with_its_source():
+    """Plan.taken: the sibling the accepted path went through (node len(chain) + 1 + its index among the branches), so
+    the controller hears which source's sibling was right; none where the path stayed on the chain."""
+    from spectool.generate.plan import Plan
+
+    branches = [Branch(0, 5, 0.5, Source.lookup), Branch(1, 6, 0.5, Source.draft)]
+    p = Plan([Evidence.lookup(2)] * 2, Draft([1, 2], None, Source.hybrid), 0.0, branches=branches)
+    p.path, p.n_acc = [0, 1, 4], 2  # the chain's first token, then the draft model's sibling beside its second
+    assert p.chain_acc == 1 and p.taken == branches[1]
+    p.path, p.n_acc = [0, 1], 1
+    assert p.taken is None

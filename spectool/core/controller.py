@@ -138,9 +138,9 @@ class Controller:
     _acc: dict[Evidence, _Acceptance] = field(default_factory=dict)
     _memo: dict[Evidence, float] = field(default_factory=dict)
     # draft trees' siblings at stake (the path reached their depth and the chain's token there was
-    # refused): their shares summed (tries) and how many the target took (hits), decayed; the prior:
-    # the shares as offered, worth 2 siblings sure to be right
-    _siblings: _Acceptance = field(default_factory=lambda: _Acceptance(1.0, 2.0))
+    # refused), by the source that offered them: their shares summed (tries) and how many the target
+    # took (hits), decayed; the prior: the shares as offered, worth 2 siblings sure to be right
+    _siblings: dict[Source, _Acceptance] = field(default_factory=dict)
 
     def __post_init__(self):
         if not self.timed:
@@ -172,20 +172,24 @@ class Controller:
             a.tries = a.tries * self.decay + 1.0
             a.hits = a.hits * self.decay + (1.0 if i < accepted else 0.0)
 
-    def observe_siblings(self, shares: float, taken: bool) -> None:
-        """A draft tree's step refused the chain's token at a depth where siblings of these
-        `shares` (summed) stood, and the path `taken` through one or none."""
-        s = self._siblings
-        s.tries = s.tries * self.decay + shares
-        s.hits = s.hits * self.decay + taken
+    def observe_siblings(self, shares: dict[Source, float], taken: Source | None) -> None:
+        """A draft tree's step refused the chain's token at a depth where siblings stood, of these
+        `shares` summed by source, and the path went through one of source `taken`, or none."""
+        for source, share in shares.items():
+            s = self._sibling(source)
+            s.tries = s.tries * self.decay + share
+            s.hits = s.hits * self.decay + (source is taken)
 
-    @property
-    def share_scale(self) -> float:
-        """How the siblings' shares, as the drafters offer them, turned out (hits per share): what
-        the controller multiplies them by, at least SHARE_FLOOR (a scale so low that no sibling is
-        chosen would learn nothing more)."""
-        s = self._siblings
+    def share_scale(self, source: Source) -> float:
+        """How the shares of the siblings `source` offers turned out (hits per share): what the
+        controller multiplies them by, at least SHARE_FLOOR (a scale so low that no sibling is
+        chosen would learn nothing more). Each source's apart: a draft model's runner-ups share its
+        top 4's softmax, lookup's its followers' counts."""
+        s = self._sibling(source)
         return max(SHARE_FLOOR, (s.hits + s.weight * s.prior) / (s.tries + s.weight))
+
+    def _sibling(self, source: Source) -> _Acceptance:
+        return self._siblings.setdefault(source, _Acceptance(1.0, 2.0))
 
     # -- estimates
     # -----------------------------------------------------------------------------------------
@@ -359,9 +363,9 @@ class Controller:
         each, at the cost table's prices; `beside`: the decode's other sequences' rows and tokens,
         at their table's); none where a chain is best."""
         reach, expected, prices, rows = self._chain_reach(keys, cap, beside)
-        scale = self.share_scale
+        scale = {source: self.share_scale(source) for source in {b.source for b in offered}}
         gains = sorted(((reach[b.depth] * (1.0 - self.acceptance(keys[b.depth]))
-                         * min(1.0, b.share * scale), i)
+                         * min(1.0, b.share * scale[b.source]), i)
                         for i, b in enumerate(offered) if b.depth < len(keys)), reverse=True)
         chosen = []
         for gain, i in gains[:cap]:

@@ -47,26 +47,29 @@ WIDTH = 4  # the most tokens a draft tree holds at one node (ngram-map-k keeps a
 
 
 class Branch(NamedTuple):
-    """A token a deterministic drafter offers beside its draft's token at `depth` (a sibling in a
-    draft tree, issue 59), with `share`: its estimated chance of being the target's token there
-    where the draft's is not."""
+    """A token a drafter offers beside its draft's token at `depth` (a sibling in a draft tree,
+    issue 59), with `share`: its estimated chance of being the target's token there where the
+    draft's is not, as its `source` estimates it (the controller learns each source's shares apart:
+    Controller.share_scale)."""
 
     depth: int
     token: int
     share: float
+    source: Source = Source.lookup
 
 
 def merged(offers: Iterable[Iterable[Branch]], width: int) -> list[Branch]:
     """Siblings from several sources beside one chain, by depth: each token once at a depth, at the
     largest of its shares, the likeliest first (ties: in the order offered), at most width - 1."""
-    shares: dict[tuple[int, int], float] = {}
+    best: dict[tuple[int, int], Branch] = {}
     for offer in offers:
         for b in offer:
-            shares[b.depth, b.token] = max(shares.get((b.depth, b.token), 0.0), b.share)
+            if (b.depth, b.token) not in best or b.share > best[b.depth, b.token].share:
+                best[b.depth, b.token] = b
     out: list[Branch] = []
-    for depth in sorted({d for d, _ in shares}):
-        here = [(t, s) for (d, t), s in shares.items() if d == depth]
-        out += [Branch(depth, t, s) for t, s in sorted(here, key=lambda ts: -ts[1])[: width - 1]]
+    for depth in sorted({d for d, _ in best}):
+        here = [b for (d, _), b in best.items() if d == depth]
+        out += sorted(here, key=lambda b: -b.share)[: width - 1]
     return out
 
 

@@ -140,7 +140,7 @@ class DraftModel(Drafter):
         for d, (token, q) in enumerate(zip(chain[at:], qs), at):
             rest = max(1e-9, 1.0 - q.prob(token))
             best = [j for j in np.argsort(-q.p, kind="stable") if q.ids[j] != token][: width - 1]
-            out += [Branch(d, int(q.ids[j]), float(q.p[j]) / rest) for j in best]
+            out += [Branch(d, int(q.ids[j]), float(q.p[j]) / rest, Source.draft) for j in best]
         return out
 
     def _on_target(self, q: Dist, vocab_map: VocabMap) -> Dist:

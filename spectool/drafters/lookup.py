@@ -357,17 +357,17 @@ class PromptLookup(Drafter):
         total + 1): the chance that it is the next token where the chain's is not (one unseen
         follower besides). With a corpus, its longest match's followers too, each token at the
         larger of its two shares (ties: the request's own text first)."""
-        indices = [self.index]
+        indices = [(self.index, Source.lookup)]
         if self.corpus is not None and len(self.corpus.index) > 0:
-            indices.append(self.corpus.index)
+            indices.append((self.corpus.index, Source.corpus))
         out: list[Branch] = []
-        seq = "".join(map(chr, history[-max(i.n_max for i in indices) :]))
+        seq = "".join(map(chr, history[-max(i.n_max for i, _ in indices) :]))
         for d, token in enumerate(chain):
-            for index in indices:
+            for index, source in indices:
                 followers = [tc for tc in ranked(index.longest(seq, index.n_max)[1])
                              if tc[0] != token]
                 total = sum(c for _, c in followers) + 1
-                out += [Branch(d, t, c / total) for t, c in followers]
+                out += [Branch(d, t, c / total, source) for t, c in followers]
             seq += chr(token)
         return merged([out], width)
 

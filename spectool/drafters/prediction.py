@@ -173,7 +173,7 @@ class PredictionDrafter(Drafter):
             if place is None or place.pos >= len(self.prediction):
                 break
             if self.prediction[place.pos] != token:
-                ours.append(Branch(d, self.prediction[place.pos], 0.5))
+                ours.append(Branch(d, self.prediction[place.pos], 0.5, Source.prediction))
             place, anchor = self.follow(place, anchor, text, len(history) + d, len(history) + d + 1)
         return merged([theirs, ours], width)
 

@@ -425,9 +425,12 @@ class Loop:
             # (the drafter's time went into every token it drew, also those cut: Loop.ended)
             self.ctl.observe_draft(p.keys[: p.drawn], p.draft_seconds - d.catch_up_seconds)
             self.ctl.observe_accept(p.keys, len(d.tokens), p.chain_acc)
-        at = [b.share for b in p.branches if b.depth == p.chain_acc]  # (the chain refused there)
-        if at:
-            self.ctl.observe_siblings(sum(at), p.n_acc > p.chain_acc)
+        shares: dict[Source, float] = {}
+        for b in p.branches:
+            if b.depth == p.chain_acc:  # (the chain refused there)
+                shares[b.source] = shares.get(b.source, 0.0) + b.share
+        if shares:
+            self.ctl.observe_siblings(shares, p.taken.source if p.taken is not None else None)
 
     def emit(self, p: Plan, verify_seconds: float) -> Step:
         """The step, its tokens cut at end-of-generation, the token budget or a stop string, then

@@ -66,6 +66,14 @@ class Plan:
         return [self.tree.tokens[i] for i in self.path[1:]]
 
     @property
+    def taken(self) -> Branch | None:
+        """The sibling the accepted path went through, if any (a tree's path leaves the chain at
+        most once, where the chain was refused)."""
+        if self.path is None or self.chain_acc == self.n_acc:
+            return None
+        return self.branches[self.path[self.chain_acc + 1] - len(self.draft.tokens) - 1]
+
+    @property
     def chain_acc(self) -> int:
         """How far along the chain `draft` the accepted path went (a tree's may then take a
         sibling)."""
