@@ -462,7 +462,7 @@ def test_a_sibling_is_verified_where_it_adds_more_than_its_row_costs():
     from spectool.core.protocol import Branch
 
     keys = [Evidence.lookup(3, Agreement.mostly)] * 3
-    likely, unlikely = Branch(0, 7, 0.9), Branch(2, 8, 0.001)
+    likely, unlikely = Branch(0, 7, 0.9, Source.lookup), Branch(2, 8, 0.001, Source.lookup)
     cheap = priced(0.05)
     a = cheap.acceptance(keys[0])
     expected = 1 + a + a * a + a ** 3
@@ -475,6 +475,28 @@ def test_a_sibling_is_verified_where_it_adds_more_than_its_row_costs():
     assert priced(1.0).branching(keys, 4) == 1 and priced(1.5).branching(keys, 4) == 0  # 0.5 > 0.47, < 0.51
     assert cheap.branching(keys, 0) == 0
     # at most `cap`, the best first, in depth order; none beyond the chain's depth
-    offered = [Branch(2, 9, 0.9), Branch(1, 5, 0.9), likely, Branch(3, 4, 0.9)]
-    assert priced(0.0001).branch(keys, offered, cap=2) == [Branch(1, 5, 0.9), likely]
+    offered = [Branch(2, 9, 0.9, Source.lookup), Branch(1, 5, 0.9, Source.lookup), likely,
+               Branch(3, 4, 0.9, Source.lookup)]
+    assert priced(0.0001).branch(keys, offered, cap=2) == [offered[1], likely]
     assert priced(0.0001).branch(keys, offered, cap=0) == []
+
+
+def test_each_source_s_siblings_are_weighed_as_its_own_turned_out():
+    """Controller.observe_siblings: where the chain broke, the draft model's siblings were taken and lookup's beside
+    them never, so the draft model's scale rises and lookup's sinks to its floor. Controller.branch then weighs each
+    sibling at its own source's scale: a token both offer counts once, at the better of the two, and one depth takes
+    at most WIDTH - 1 siblings, the best by their scaled shares, not by the shares as offered."""
+    from spectool.core.controller import SHARE_FLOOR
+    from spectool.core.protocol import WIDTH, Branch
+
+    ctl = priced(0.0001)
+    assert ctl.share_scale(Source.draft) == ctl.share_scale(Source.lookup) == 1.0
+    for _ in range(40):
+        ctl.observe_siblings({Source.lookup: 0.5, Source.draft: 0.5}, Source.draft)
+    assert ctl.share_scale(Source.draft) > 1.5 and ctl.share_scale(Source.lookup) == SHARE_FLOOR
+    keys = [Evidence.lookup(3, Agreement.mostly)] * 3
+    offered = [*(Branch(0, t, 0.4, Source.lookup) for t in (1, 2, 3)), Branch(0, 4, 0.3, Source.draft),
+               Branch(0, 5, 0.3, Source.draft), Branch(0, 1, 0.2, Source.draft)]
+    assert ctl.branch(keys, offered, cap=8) == offered[3:] and WIDTH - 1 == 3
+    # the shares as offered, at a fresh controller: lookup's three
+    assert priced(0.0001).branch(keys, offered, cap=8) == offered[:3]

@@ -236,7 +236,8 @@ def test_beside_one_source_s_chain_the_other_offers_its_token():
                                                       [Branch(0, 4, 0.5, Source.prediction)])
     # "1 2 3" was followed by 9 before, as long a match as the prediction's place: the prediction drafts
     draft, siblings = drafted([50, 1, 2, 3, 9, 8, 1, 2, 3], 1)
-    assert (draft.source, draft.tokens[:3], siblings) == (Source.prediction, [4, 5, 6], [Branch(0, 9, 0.5)])
+    assert (draft.source, draft.tokens[:3], siblings) == (Source.prediction, [4, 5, 6],
+                                                      [Branch(0, 9, 0.5, Source.lookup)])
 
 
 def test_trees_beside_a_prediction_keep_the_output_the_targets(tiny, target, plain):

@@ -306,8 +306,9 @@ class Runners(Drafter):
     ...), offering the target's second choice at each depth as a sibling (cached by history): at temperature 1 the
     target draws the chain's token or its sibling often, so both kinds of path are walked."""
 
-    def __init__(self, target, swap=False):
+    def __init__(self, target, swap=False, source=Source.lookup):
         self.target, self.swap, self.cache = target, swap, {}  # swap: the second choices drafted, the first beside
+        self.source = source  # (whose siblings they are, as the controller learns their shares)
 
     def start(self, history, constraint=None):
         pass
@@ -332,7 +333,7 @@ class Runners(Drafter):
         return Draft(self.chain(history, k)[0], None, Source.lookup)
 
     def branches(self, history, chain, width):
-        return [Branch(d, t, 0.5) for d, t in enumerate(self.chain(history, len(chain))[1])]
+        return [Branch(d, t, 0.5, self.source) for d, t in enumerate(self.chain(history, len(chain))[1])]
 
 
 class Wrong(Runners):
@@ -354,16 +355,18 @@ def test_the_siblings_shares_are_scaled_by_how_they_turned_out(target, trees):
 
     prompt = target.tokenize(LOOP)
     scales = {}
-    for name, drafter in (("right", Runners(target, swap=True)), ("wrong", Wrong(target))):
+    for name, drafter, source in (("right", Runners(target, swap=True), Source.lookup),
+                                  ("wrong", Wrong(target), Source.lookup),
+                                  ("right, as a draft model's", Runners(target, True, Source.draft), Source.draft)):
         ctl = free_rows(k_max=2, adaptive=False)
-        assert ctl.share_scale(Source.lookup) == 1.0
         g = GenerationConfig(trees, drafter, Sampling(), ctl, max_tokens=40, draft_tree=4)
         st = Stats()
         tokens_of(g, prompt, st)
         assert st.tree_steps > 10, st.to_json()
-        scales[name] = ctl.share_scale(Source.lookup)
-        assert ctl.share_scale(Source.draft) == 1.0
-    assert scales["right"] > 1.6 and scales["wrong"] == SHARE_FLOOR, scales
+        scales[name] = ctl.share_scale(source)
+        other = Source.draft if source is Source.lookup else Source.lookup
+        assert ctl.share_scale(other) == 1.0  # (the other source's: as offered)
+    assert scales["right"] > 1.6 and scales["right, as a draft model's"] > 1.6 and scales["wrong"] == SHARE_FLOOR
     ctl, keys = Controller(timed=False), [Evidence.lookup(2)] * 3
     sibling, other = Branch(0, 7, 0.9, Source.draft), Branch(0, 8, 0.9, Source.lookup)
     assert ctl.branch(keys, [sibling], 1) == [sibling]
@@ -725,10 +728,9 @@ def test_a_greedy_draft_model_s_runner_ups_are_its_top_tokens_after_each_depth(t
 
 
 def test_a_hybrid_s_siblings_are_lookup_s_and_its_draft_model_s(target, draft):
-    """Hybrid.branches: lookup's other followers along the whole chain, merged with the draft model's runner-ups
-    beside its part of the chain (after lookup's): at each of its depths, the draft model's next likeliest after
-    the history and the chain before them."""
-    from spectool.core.protocol import merged
+    """Hybrid.branches: lookup's other followers along the whole chain, then the draft model's runner-ups beside its
+    part of the chain (after lookup's): at each of its depths, the draft model's next likeliest after the history and
+    the chain before them."""
     from spectool.drafters.draft_model import DraftModel
 
     prompt = target.tokenize(FORKS)
@@ -743,7 +745,7 @@ def test_a_hybrid_s_siblings_are_lookup_s_and_its_draft_model_s(target, draft):
     assert len(chain) == 5 and {b.depth for b in theirs} == {2, 3, 4}, (chain, theirs)
     for d in (2, 3, 4):
         assert [b.token for b in theirs if b.depth == d] == top(draft, [*prompt, *chain[:d]], 4)[1:]
-    assert h.branches(prompt, chain, 4) == merged([lookup.branches(prompt, chain, 4), theirs], 4)
+    assert h.branches(prompt, chain, 4) == [*lookup.branches(prompt, chain, 4), *theirs]
     # after another history, or in the next generation, the last draft's runner-ups are not offered
     assert dm.branches([*prompt[:-1], prompt[-1] + 1], chain, 4) == []
     h.start(prompt)

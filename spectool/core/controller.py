@@ -23,7 +23,7 @@ then depends only on the tokens seen.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import islice, repeat
 from typing import TYPE_CHECKING, Iterable, Iterator, NamedTuple, Sequence
 
@@ -101,6 +101,11 @@ class _Acceptance:
     idle_probes: int = 0  # probes in a row that did not make the controller draft under the key
 
 
+# a source's siblings before any stood where a chain broke: their shares as offered, worth 2
+# siblings sure to be right
+_SIBLINGS_PRIOR = _Acceptance(1.0, 2.0)
+
+
 @dataclass
 class Controller:
     # the most tokens a step may draft (a pair's draft_max where it gives one)
@@ -139,7 +144,7 @@ class Controller:
     _memo: dict[Evidence, float] = field(default_factory=dict)
     # draft trees' siblings at stake (the path reached their depth and the chain's token there was
     # refused), by the source that offered them: their shares summed (tries) and how many the target
-    # took (hits), decayed; the prior: the shares as offered, worth 2 siblings sure to be right
+    # took (hits), decayed, after _SIBLINGS_PRIOR
     _siblings: dict[Source, _Acceptance] = field(default_factory=dict)
 
     def __post_init__(self):
@@ -176,7 +181,7 @@ class Controller:
         """A draft tree's step refused the chain's token at a depth where siblings stood, of these
         `shares` summed by source, and the path went through one of source `taken`, or none."""
         for source, share in shares.items():
-            s = self._sibling(source)
+            s = self._siblings.setdefault(source, replace(_SIBLINGS_PRIOR))
             s.tries = s.tries * self.decay + share
             s.hits = s.hits * self.decay + (source is taken)
 
@@ -185,11 +190,8 @@ class Controller:
         controller multiplies them by, at least SHARE_FLOOR (a scale so low that no sibling is
         chosen would learn nothing more). Each source's apart: a draft model's runner-ups share its
         top 4's softmax, lookup's its followers' counts."""
-        s = self._sibling(source)
+        s = self._siblings.get(source) or _SIBLINGS_PRIOR
         return max(SHARE_FLOOR, (s.hits + s.weight * s.prior) / (s.tries + s.weight))
-
-    def _sibling(self, source: Source) -> _Acceptance:
-        return self._siblings.setdefault(source, _Acceptance(1.0, 2.0))
 
     # -- estimates
     # -----------------------------------------------------------------------------------------
@@ -356,23 +358,33 @@ class Controller:
     def branch(self, keys: Sequence[Evidence], offered: Sequence[Branch], cap: int,
                beside: Beside | None = None) -> list[Branch]:
         """Which of the siblings `offered` beside a chain drafted under `keys` (each key at the
-        step's temperature) to verify with it in one decode, at most `cap` of them: best first by
-        what each adds, the chance that the path reaches its depth with the chain's token there
-        refused and it the target's token (Branch.share, as the siblings' shares turned out:
-        share_scale), while that raises the expected tokens per second of the decode (a row more
-        each, at the cost table's prices; `beside`: the decode's other sequences' rows and tokens,
-        at their table's); none where a chain is best."""
+        step's temperature) to verify with it in one decode, at most `cap` of them and WIDTH - 1 at
+        a depth: best first by what each adds, the chance that the path reaches its depth with the
+        chain's token there refused and it the target's token (Branch.share, as its source's
+        shares turned out: share_scale; a token offered by several sources, at the best), while
+        that raises the expected tokens per second of the decode (a row more each, at the cost
+        table's prices; `beside`: the decode's other sequences' rows and tokens, at their table's);
+        none where a chain is best."""
+        from spectool.core.protocol import WIDTH  # (loaded by then: a tree is being drafted)
+
         reach, expected, prices, rows = self._chain_reach(keys, cap, beside)
-        scale = {source: self.share_scale(source) for source in {b.source for b in offered}}
-        gains = sorted(((reach[b.depth] * (1.0 - self.acceptance(keys[b.depth]))
-                         * min(1.0, b.share * scale[b.source]), i)
-                        for i, b in enumerate(offered) if b.depth < len(keys)), reverse=True)
-        chosen = []
-        for gain, i in gains[:cap]:
-            if (expected + gain) * prices[rows] <= expected * prices[rows + 1]:
+        best: dict[tuple[int, int], tuple[float, int]] = {}  # (depth, token): (gain, index)
+        for i, b in enumerate(offered):
+            if b.depth < len(keys):
+                gain = (reach[b.depth] * (1.0 - self.acceptance(keys[b.depth]))
+                        * min(1.0, b.share * self.share_scale(b.source)))
+                if (b.depth, b.token) not in best or gain > best[b.depth, b.token][0]:
+                    best[b.depth, b.token] = gain, i
+        chosen: list[int] = []
+        at: dict[int, int] = {}  # siblings chosen at each depth
+        for gain, i in sorted(best.values(), reverse=True):
+            if len(chosen) == cap or (expected + gain) * prices[rows] \
+                    <= expected * prices[rows + 1]:
                 break
-            chosen.append(i)
-            expected, rows = expected + gain, rows + 1
+            if at.get(offered[i].depth, 0) < WIDTH - 1:
+                chosen.append(i)
+                at[offered[i].depth] = at.get(offered[i].depth, 0) + 1
+                expected, rows = expected + gain, rows + 1
         return [offered[i] for i in sorted(chosen)]
 
     def _chain_reach(self, keys: Sequence[Evidence], more: int, beside: Beside | None = None

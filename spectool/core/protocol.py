@@ -55,12 +55,14 @@ class Branch(NamedTuple):
     depth: int
     token: int
     share: float
-    source: Source = Source.lookup
+    source: Source
 
 
 def merged(offers: Iterable[Iterable[Branch]], width: int) -> list[Branch]:
-    """Siblings from several sources beside one chain, by depth: each token once at a depth, at the
-    largest of its shares, the likeliest first (ties: in the order offered), at most width - 1."""
+    """Siblings from several offers of like shares (prompt lookup's own text and the corpus: counts
+    of followers) beside one chain, by depth: each token once at a depth, at the largest of its
+    shares, the likeliest first (ties: in the order offered), at most width - 1. Offers of unlike
+    shares are the controller's to weigh (Controller.branch)."""
     best: dict[tuple[int, int], Branch] = {}
     for offer in offers:
         for b in offer:

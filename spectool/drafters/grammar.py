@@ -123,7 +123,7 @@ class GrammarDrafter(Drafter):
             return EMPTY
         q = None if d.q is None else [*[None] * len(ff), *d.q[:n]]
         return Draft(tokens, q, d.source if n else Source.grammar, d.catch_up_seconds,
-                     forced=len(ff))
+                     forced=forced)
 
     def branches(self, history: Sequence[int], chain: Sequence[int], width: int) -> list[Branch]:
         """The inner drafter's siblings beside the chain just proposed, where it drafted some of it,

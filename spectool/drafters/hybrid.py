@@ -12,7 +12,7 @@ from spectool.core.grammar import Constraint
 from spectool.core.evidence import Evidence
 from spectool.core.evidence import Source
 from spectool.core.verify import Sampling
-from spectool.core.protocol import EMPTY, Branch, Draft, Drafter, Estimate, merged, no_grammar
+from spectool.core.protocol import EMPTY, Branch, Draft, Drafter, Estimate, no_grammar
 from spectool.drafters.draft_model import DraftModel
 from spectool.drafters.lookup import PromptLookup
 from spectool.drafters.mtp import Mtp
@@ -71,6 +71,7 @@ class Hybrid(Drafter):
 
     def branches(self, history: Sequence[int], chain: Sequence[int], width: int) -> list[Branch]:
         """Lookup's other followers at every depth of the chain just proposed, and beside the draft
-        model's part of it, its runner-ups (DraftModel.branches)."""
-        return merged([self.lookup.branches(history, chain, width),
-                       self.draft.branches(history, chain, width)], width)
+        model's part of it, its runner-ups (DraftModel.branches): each source's, which the
+        controller weighs as that source's shares turned out (Controller.branch)."""
+        return [*self.lookup.branches(history, chain, width),
+                *self.draft.branches(history, chain, width)]

@@ -22,7 +22,7 @@ import numpy as np  # noqa: E402
 
 from spectool.core.evidence import Agreement, Evidence, Source, bucket
 from spectool.core.grammar import Constraint
-from spectool.core.protocol import EMPTY, Branch, Draft, Drafter, Estimate, merged, no_grammar
+from spectool.core.protocol import EMPTY, Branch, Draft, Drafter, Estimate, no_grammar
 from spectool.core.verify import Sampling
 from spectool.drafters.lookup import PromptLookup
 
@@ -175,7 +175,7 @@ class PredictionDrafter(Drafter):
             if self.prediction[place.pos] != token:
                 ours.append(Branch(d, self.prediction[place.pos], 0.5, Source.prediction))
             place, anchor = self.follow(place, anchor, text, len(history) + d, len(history) + d + 1)
-        return merged([theirs, ours], width)
+        return [*theirs, *ours]  # (each source's: Controller.branch weighs them)
 
     def finish(self, history: Sequence[int]) -> None:
         if self.fallback is not None:

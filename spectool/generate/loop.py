@@ -423,7 +423,8 @@ class Loop:
             self.ctl.observe_verify(p.rows, verify_seconds)
         if d.tokens and p.keys:  # (the audit's own drafts have no keys: core/audit.py)
             # (the drafter's time went into every token it drew, also those cut: Loop.ended)
-            self.ctl.observe_draft(p.keys[: p.drawn], p.draft_seconds - d.catch_up_seconds)
+            self.ctl.observe_draft(p.keys[: max(p.drawn, len(d.tokens))],
+                                   p.draft_seconds - d.catch_up_seconds)
             self.ctl.observe_accept(p.keys, len(d.tokens), p.chain_acc)
         shares: dict[Source, float] = {}
         for b in p.branches:
