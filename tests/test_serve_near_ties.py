@@ -34,11 +34,14 @@ def margin(entry: dict, a: str, b: str) -> float:
 @pytest.mark.parametrize("weights", sorted(NEAR_TIE))
 def test_greedy_under_parallel_differs_only_at_near_ties(request, weights):
     """In three runs on this project's 2-core AMD EPYC (2026-12-03, the machine busy), Q4_K_M's greedy texts
-    differed on 6 of 8, 7 of 8 and 4 of 6 prompts, at margins up to 0.229; F16's on 0 of 8 and 1 of 6 (0.002)."""
+    differed on 6 of 8, 7 of 8 and 4 of 6 prompts, at margins up to 0.229; F16's on 0 of 8 and 1 of 6 (0.002).
+    A clean-clone CI on 2026-12-05 saw --parallel's Q4_K_M token outside the one-sequence server's top 2 (" things"
+    for " toys"), a margin the top 2 could not measure: the top 5 are read."""
     model = request.getfixturevalue(weights)
     one, four = Server(model, "-c", "4096"), Server(model, "-c", "16384", "--parallel", "4")
     try:
-        body = {"max_tokens": 32, "temperature": 0, "logprobs": 2}
+        # (the top 5: a quantized target's batch rows may lift the third or fourth token to the top)
+        body = {"max_tokens": 32, "temperature": 0, "logprobs": 5}
         alone = [one.client().completions.create(model="m", prompt=p, **body).choices[0] for p in PROMPTS]
         together: list = [None] * len(PROMPTS)
 
