@@ -365,16 +365,13 @@ class Controller:
         that raises the expected tokens per second of the decode (a row more each, at the cost
         table's prices; `beside`: the decode's other sequences' rows and tokens, at their table's);
         none where a chain is best."""
-        from spectool.core.protocol import WIDTH  # (loaded by then: a tree is being drafted)
+        # (loaded by then: a tree is being drafted)
+        from spectool.core.protocol import WIDTH, at_best
 
         reach, expected, prices, rows = self._chain_reach(keys, cap, beside)
-        best: dict[tuple[int, int], tuple[float, int]] = {}  # (depth, token): (gain, index)
-        for i, b in enumerate(offered):
-            if b.depth < len(keys):
-                gain = (reach[b.depth] * (1.0 - self.acceptance(keys[b.depth]))
-                        * min(1.0, b.share * self.share_scale(b.source)))
-                if (b.depth, b.token) not in best or gain > best[b.depth, b.token][0]:
-                    best[b.depth, b.token] = gain, i
+        offered = [b for b in offered if b.depth < len(keys)]
+        best = at_best(offered, lambda b: reach[b.depth] * (1.0 - self.acceptance(keys[b.depth]))
+                       * min(1.0, b.share * self.share_scale(b.source)))
         chosen: list[int] = []
         at: dict[int, int] = {}  # siblings chosen at each depth
         for gain, i in sorted(best.values(), reverse=True):

@@ -58,19 +58,27 @@ class Branch(NamedTuple):
     source: Source
 
 
-def merged(offers: Iterable[Iterable[Branch]], width: int) -> list[Branch]:
-    """Siblings from several offers of like shares (prompt lookup's own text and the corpus: counts
-    of followers) beside one chain, by depth: each token once at a depth, at the largest of its
-    shares, the likeliest first (ties: in the order offered), at most width - 1. Offers of unlike
-    shares are the controller's to weigh (Controller.branch)."""
-    best: dict[tuple[int, int], Branch] = {}
-    for offer in offers:
-        for b in offer:
-            if (b.depth, b.token) not in best or b.share > best[b.depth, b.token].share:
-                best[b.depth, b.token] = b
+def at_best(offered: Sequence[Branch], value: Callable[[Branch], float]
+            ) -> dict[tuple[int, int], tuple[float, int]]:
+    """Each (depth, token) of `offered` once, at the largest of its values: (value, the index in
+    `offered` of the sibling that has it), in the order first offered."""
+    best: dict[tuple[int, int], tuple[float, int]] = {}
+    for i, b in enumerate(offered):
+        v = value(b)
+        if (b.depth, b.token) not in best or v > best[b.depth, b.token][0]:
+            best[b.depth, b.token] = v, i
+    return best
+
+
+def merged(offered: Sequence[Branch], width: int) -> list[Branch]:
+    """Siblings of like shares (prompt lookup's own text and the corpus: counts of followers)
+    beside one chain, by depth: each token once at a depth, at the largest of its shares, the
+    likeliest first (ties: in the order offered), at most width - 1. Siblings of unlike shares are
+    the controller's to weigh (Controller.branch)."""
+    best = at_best(offered, lambda b: b.share)
     out: list[Branch] = []
     for depth in sorted({d for d, _ in best}):
-        here = [b for (d, _), b in best.items() if d == depth]
+        here = [offered[i] for (d, _), (_, i) in best.items() if d == depth]
         out += sorted(here, key=lambda b: -b.share)[: width - 1]
     return out
 

@@ -369,7 +369,7 @@ class PromptLookup(Drafter):
                 total = sum(c for _, c in followers) + 1
                 out += [Branch(d, t, c / total, source) for t, c in followers]
             seq += chr(token)
-        return merged([out], width)
+        return merged(out, width)
 
     @staticmethod
     def key(n: int, count: int, total: int, source: Source = Source.lookup) -> Evidence:
