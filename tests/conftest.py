@@ -35,6 +35,18 @@ def target(tiny):
 
 
 @pytest.fixture(scope="session")
+def lookup_prompt(target):
+    """A prompt that ends inside the loop the target's greedy text falls into: lookup drafts 3 tokens at once,
+    and at temperature 1 the target accepts the first about half the time, all three about 1 time in 6."""
+    from spectool_lab.helpers import tokens_of
+
+    from spectool.generate.loop import GenerationConfig
+
+    prompt = target.tokenize("the dog the fox the dog the fox the dog the fox the dog the")
+    return prompt + tokens_of(GenerationConfig(target, None, max_tokens=20), prompt)
+
+
+@pytest.fixture(scope="session")
 def draft(tiny):
     from spectool.llama.engine import Model
 

@@ -3,12 +3,14 @@ to show each case; and in the loop, on the generated tiny model, where a control
 (every lookup key believed worthless, as a bad run or a foreign table might leave them) still drafts about as well
 as the best fixed length, and without the audit it does not (the negative control)."""
 
+import pytest
 from spectool_lab.helpers import tokens_of
 
 from spectool.core.audit import LENGTHS, Audit
 from spectool.core.controller import Controller
 from spectool.core.costs import Costs
 from spectool.core.stats import Stats
+from spectool.core.verify import Sampling
 from spectool.drafters.lookup import PromptLookup
 from spectool.generate.loop import GenerationConfig, speculative_generate
 
@@ -132,12 +134,13 @@ def poisoned(audit: bool) -> Controller:
     return ctl
 
 
-def priced(target, prompt: list[int], ctl: Controller) -> tuple[float, list[int]]:
-    """A greedy lookup generation under `ctl`: its steps priced by the controller's (untimed) cost table, and its
-    tokens."""
+def priced(target, prompt: list[int], ctl: Controller, s: Sampling = Sampling(), seed: int = 0
+           ) -> tuple[float, list[int]]:
+    """A lookup generation under `ctl` (greedy, or sampled by `s` with `seed`): its steps priced by the controller's
+    (untimed) cost table, and its tokens."""
     st, prices = Stats(), ctl.costs.verify_costs(40)
-    steps = list(speculative_generate(GenerationConfig(target, PromptLookup(), controller=ctl, max_tokens=120),
-                                      prompt, st))
+    g = GenerationConfig(target, PromptLookup(), s, controller=ctl, max_tokens=120, seed=seed)
+    steps = list(speculative_generate(g, prompt, st))
     return sum(prices[s.drafted + 1] for s in steps if s.tokens), [t for s in steps for t in s.tokens]
 
 
@@ -155,6 +158,50 @@ def test_poisoned_priors_draft_as_well_as_the_best_fixed_length(target):
     assert text == text_alone == plain
     assert best / audited >= 0.9, (best, audited)
     assert best / alone < 0.6, (best, alone)  # the control: without the audit the poison costs most of it
+
+
+def test_sampled_the_audit_still_catches_poisoned_priors(target):
+    """Sampled, the audit judges the lengths by how far each offer matched the sampled text (what drafting it would
+        have kept, in expectation). At temperature 0.05, where the tiny model's sampled text still echoes the prompt
+    (the best fixed length makes 2.2-2.3x plain decoding by the table), over 10 seeded runs: a controller told every
+    key is worthless makes, audited, at least 75% of the best fixed length's tokens a second (87-92% over three sets
+    of seeds: its first MIN_STEPS steps undrafted, then one draw's evidence); alone it makes under 60% (46-48%: the
+    control)."""
+    start = target.tokenize("The quick brown fox")
+    prompt = start + tokens_of(GenerationConfig(target, None, max_tokens=150), start) + start
+    s, seeds = Sampling(temp=0.05), range(10)
+
+    def rate(make) -> float:  # tokens a second, by the table, over the seeds' runs
+        runs = [priced(target, prompt, make(), s, seed) for seed in seeds]
+        return sum(len(tokens) for _, tokens in runs) / sum(seconds for seconds, _ in runs)
+
+    best = max(rate(lambda: Controller(k_max=k, k_min=k, adaptive=False, timed=False)) for k in LENGTHS)
+    audited, alone = rate(lambda: poisoned(audit=True)), rate(lambda: poisoned(audit=False))
+    assert audited / best >= 0.75, (audited, best)
+    assert alone / best < 0.6, (alone, best)
+
+
+@pytest.mark.parametrize("lead", ["length", "rule"])
+def test_sampled_the_audits_drafts_follow_the_target_distribution(target, lookup_prompt, monkeypatch, lead):
+    """Drafts the audit chose (a fixed length of lookup's offer, or llama-lookup's rule's tokens), sampled at
+    temperature 1: the first tokens' joint distribution is the target's by chi-square (exactness.py), with the
+    audit made to take over as soon as one step is judged, as it did in many of the runs. test_speculative.py's
+    negative controls show the same test rejects wrong acceptance rules."""
+    import spectool.generate.loop as spec
+    from exactness import N_RUNS, SAMPLING, chi2_rejects, exact_joint, sample_joint
+
+    made: list[Audit] = []
+
+    def eager() -> Audit:
+        made.append(Audit(min_steps=0, margin=-0.9 if lead == "length" else 100.0, plain_margin=100.0,
+                          rule_margin=-0.9 if lead == "rule" else 100.0))
+        return made[-1]
+
+    monkeypatch.setattr(spec, "Audit", eager)
+    counts = sample_joint(target, PromptLookup, lookup_prompt, controller=lambda: poisoned(audit=True))
+    assert sum(a.taken_over > 0 for a in made) > N_RUNS // 4, sum(a.taken_over > 0 for a in made)
+    rejects, stat, crit = chi2_rejects(counts, exact_joint(target, lookup_prompt, SAMPLING), N_RUNS)
+    assert not rejects, f"chi2 {stat:.1f} > {crit:.1f}"
 
 
 def test_the_rules_drafts_in_the_loop_keep_plain_decodings_text(target, monkeypatch):

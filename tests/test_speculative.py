@@ -163,14 +163,6 @@ def test_failing_draft_model_falls_back_to_lookup(target, draft):
 PENALISED = Sampling(temp=1.0, repeat_penalty=1.15, repeat_last_n=8, presence_penalty=0.1, frequency_penalty=0.05)
 
 
-@pytest.fixture(scope="module")
-def lookup_prompt(target):
-    """A prompt that ends inside the loop the target's greedy text falls into: lookup drafts 3 tokens at once,
-    and at temperature 1 the target accepts the first about half the time, all three about 1 time in 6."""
-    prompt = target.tokenize("the dog the fox the dog the fox the dog the fox the dog the")
-    return prompt + tokens_of(GenerationConfig(target, None, max_tokens=20), prompt)
-
-
 @pytest.mark.parametrize("kind", ["draft", "lookup", "hybrid", "hybrid-split"])
 @pytest.mark.parametrize("s", [SAMPLING, PENALISED], ids=["plain", "penalties"])
 def test_sampled_tokens_follow_the_target_distribution(target, draft, lookup_prompt, kind, s):

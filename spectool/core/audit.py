@@ -1,7 +1,7 @@
-"""The controller checking itself against fixed policies, inside one greedy generation.
+"""The controller checking itself against fixed policies, inside one generation.
 
-Prompt lookup's drafts are a deterministic function of the text, and at temperature 0 the text the
-target makes is known once verified. So at each step the loop hands the audit what lookup offered
+Prompt lookup's drafts are a deterministic function of the text, and the text the target makes is
+known once verified. So at each step the loop hands the audit what lookup offered
 (up to HORIZON tokens, drawn whether or not they are drafted) and the length the controller picked;
 once the text has passed that point, the audit knows how far each length would have been accepted
 there: a draft of k tokens yields min(k, m) + 1 tokens, m being how far the offer matched the text,
@@ -11,6 +11,12 @@ evidence holds) and of the controller's own choices, at this machine's costs, on
 Where the best fixed length has been faster than the controller by more than MARGIN, the next step
 drafts that length instead: the controller never trails a fixed length by more than that for long,
 whatever the prompt's format, and it keeps learning from what the other drafts show.
+Sampled, the same count holds in expectation. A deterministic draft is accepted up to the first
+token where the sampled text differs from it (a refused token is replaced by one drawn from the
+rest of the target's row, never itself), and the text is the target's own sample whatever was
+drafted. So how far an offer matches the text that was made is distributed as what drafting it
+would have kept: an unbiased estimate, from one draw where greedy's is exact (the margins below
+then also cover that draw's noise; tests/test_audit.py).
 Drafting nothing is judged beside them: plain decoding's one token a step at a batch of one's
 cost does not depend on where the generation stands, so it is not flattered as the lengths are
 (below), and takes over by PLAIN_MARGIN only. On a model whose batch of two costs nearly two
@@ -77,8 +83,8 @@ class _Seen:
 
 @dataclass
 class Audit:
-    """One greedy generation's record of what each fixed length, and the controller, would have
-    made on its text (see the module)."""
+    """One generation's record of what each fixed length, and the controller, would have made on
+    its text (see the module)."""
 
     lengths: Sequence[int] = LENGTHS
     margin: float = MARGIN
