@@ -61,9 +61,15 @@ TREES = "spectool lookup, trees"  # --trees N: lookup with draft trees (--draft-
 OURS = (Contender(PLAIN, Mode.none), Contender(LOOKUP, Mode.lookup, DRAFT_MAX))
 
 
+# --unaudited: lookup with the controller's audit against fixed policies off (core/audit.py), its own A/B
+UNAUDITED = "spectool lookup, no audit"
+
+
 def ours(args) -> tuple[Contender, ...]:
-    """spectool's contenders: plain, lookup, and with --trees lookup with draft trees."""
-    return OURS + ((Contender(TREES, Mode.lookup, DRAFT_MAX, tree=args.trees),) if args.trees else ())
+    """spectool's contenders: plain, lookup, with --trees lookup with draft trees, with --unaudited lookup without
+    its audit."""
+    return (OURS + ((Contender(TREES, Mode.lookup, DRAFT_MAX, tree=args.trees),) if args.trees else ())
+            + ((Contender(UNAUDITED, Mode.lookup, DRAFT_MAX, audit=False),) if args.unaudited else ()))
 BARS = {"family": 1.0, "prompt": 0.97, "mean": 1.15, "spread": 1.5, "plain": 0.97}  # issue 57's "Done when"
 
 
@@ -221,7 +227,7 @@ def figures(records: list[Record]) -> dict[str, Figure]:
 
 def drafters(names) -> list[str]:
     """llama.cpp's n-gram drafters among the contenders."""
-    return [n for n in names if n not in (COMPLETION, PLAIN, LOOKUP, TREES)]
+    return [n for n in names if n not in (COMPLETION, PLAIN, LOOKUP, TREES, UNAUDITED)]
 
 
 @dataclass
@@ -342,17 +348,17 @@ def contenders_table(records: list[Record]) -> str:
     return "\n".join(lines)
 
 
-def trees_table(records: list[Record]) -> str:
-    """Issue 59's rows: spectool lookup with draft trees against the same without (--draft-tree 0) and against the
-    fastest llama.cpp drafter, per model and family (means over repeats)."""
-    lines = ["| model | family | lookup, chains tok/s | lookup, trees tok/s | trees / chains | fastest drafter | "
-             "trees / fastest |", "|---|---|---:|---:|---:|---|---:|"]
+def variant_table(records: list[Record], variant: str, ours: str, theirs: str) -> str:
+    """spectool lookup (`ours`: its label) against a `variant` of it (`theirs`) and against the fastest llama.cpp
+    drafter, per model and family (means over repeats): issue 59's trees against --draft-tree 0, or the audit off."""
+    lines = [f"| model | family | lookup, {ours} tok/s | lookup, {theirs} tok/s | {theirs} / {ours} | "
+             f"fastest drafter | {theirs} / fastest |", "|---|---|---:|---:|---:|---|---:|"]
     for m, fam in dict.fromkeys((r.model, r.family) for r in records):
         f = figures([r for r in records if (r.model, r.family) == (m, fam)])
         fastest = max(drafters(f), key=lambda n: f[n].mean)
-        lines.append(f"| {m} | {fam} | {f[LOOKUP].text()} | {f[TREES].text()} | "
-                     f"{f[TREES].mean / f[LOOKUP].mean if f[LOOKUP].mean else 0:.3f}x | {fastest} | "
-                     f"{f[TREES].mean / f[fastest].mean if f[fastest].mean else 0:.3f}x |")
+        lines.append(f"| {m} | {fam} | {f[LOOKUP].text()} | {f[variant].text()} | "
+                     f"{f[variant].mean / f[LOOKUP].mean if f[LOOKUP].mean else 0:.3f}x | {fastest} | "
+                     f"{f[variant].mean / f[fastest].mean if f[fastest].mean else 0:.3f}x |")
     return "\n".join(lines)
 
 
@@ -377,6 +383,7 @@ def command(args, seed: int) -> str:
             f"--repeats {args.repeats}", f"--prompts {args.prompts}", f"--tokens {args.tokens}",
             f"--temp {args.temp:g}", f"--ngram {args.ngram}", f"--threads {args.threads}"]
     opts += [f"--trees {args.trees}"] if getattr(args, "trees", 0) else []
+    opts += ["--unaudited"] if getattr(args, "unaudited", False) else []
     return "python benchmarks/vs_llamacpp.py " + " ".join(opts + (["--tuning"] if args.tuning else []))
 
 
@@ -422,7 +429,9 @@ def report(args, seed: int, backends: dict, seconds: float, records: list[Record
         if any(r.held_out == held for r in rs):
             parts += ["", f"## {title}", "", summary([r for r in rs if r.held_out == held])]
     if any(r.contender == TREES for r in records):
-        parts += ["", "## Draft trees (--trees)", "", trees_table(records)]
+        parts += ["", "## Draft trees (--trees)", "", variant_table(records, TREES, "chains", "trees")]
+    if any(r.contender == UNAUDITED for r in records):
+        parts += ["", "## The audit (--unaudited)", "", variant_table(records, UNAUDITED, "audited", "unaudited")]
     parts += ["", "## Every contender", "", contenders_table(records), "", "## Every prompt", "",
               prompts_table(records, chosen)]
     return "\n".join(parts) + "\n"
@@ -460,6 +469,8 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--trees", type=int, default=0, metavar="N",
                     help="also spectool lookup with draft trees of up to N siblings (--draft-tree N), its target, as "
                          "every spectool contender's, loaded with a sequence for each leaf (default: 0, none)")
+    ap.add_argument("--unaudited", action="store_true",
+                    help="also spectool lookup with its audit against fixed policies off (core/audit.py)")
     ap.add_argument("--n-draft", type=int, default=8, help="llama-lookup's --spec-draft-n-max (default: 8)")
     ap.add_argument("--seed", type=int, default=None, help="the unseen samples' seed (default: a fresh one)")
     ap.add_argument("--tuning", action="store_true", help="the tuning lists instead (held-out families have none)")

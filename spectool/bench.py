@@ -51,6 +51,7 @@ class Contender:
     fixed: bool = False
     draft_vocab: int = 0  # > 0: the draft pruned to this many tokens (see prune.py)
     tree: int = 0  # > 0: draft trees of up to this many siblings a step (--draft-tree)
+    audit: bool = True  # the controller's picks held up against fixed policies (core/audit.py)
 
     def generation(self, target, drafts: dict, max_tokens: int, costs: Costs | None = None,
                    sampling: Sampling = Sampling(), seed: int | None = None,
@@ -63,7 +64,7 @@ class Contender:
                                  text_of=target if through_text and model is not None else None,
                                  tree=self.tree > 0)
         ctl = Controller(k_max=self.k_max, k_min=self.k_max if self.fixed else 0,
-                         adaptive=not self.fixed,
+                         adaptive=not self.fixed, audit=self.audit,
                          costs=costs if costs is not None else Costs())
         return GenerationConfig(target, drafter, sampling, ctl, max_tokens=max_tokens, seed=seed,
                                 draft_tree=self.tree)
