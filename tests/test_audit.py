@@ -8,7 +8,6 @@ from spectool_lab.helpers import tokens_of
 
 from spectool.core.audit import LENGTHS, Audit
 from spectool.core.controller import Controller
-from spectool.core.costs import Costs
 from spectool.core.stats import Stats
 from spectool.core.verify import Sampling
 from spectool.drafters.lookup import PromptLookup
@@ -126,11 +125,14 @@ def test_a_step_is_judged_only_once_the_text_has_passed_it():
     assert audit.steps == 1.0 * audit.decay + 1
 
 
-def poisoned(audit: bool) -> Controller:
-    """An untimed controller (costs at their priors: k hangs on tokens alone) that believes every key worthless."""
-    ctl = Controller(k_max=16, timed=False, audit=audit)
+def poisoned(audit: bool, sampled: bool = False) -> Controller:
+    """An untimed controller (costs at their priors: k hangs on tokens alone) that believes every key worthless,
+    greedy or `sampled` (its keys at a temperature too; and taken for timed, as the loop audits a sampled run only
+    where its controller is: a seeded, untimed one's draws must not hang on what runs beside it in a batch)."""
+    ctl = Controller(k_max=16, timed=False, audit=audit, sampled_prior=(1.0, 1e6))
     ctl.priors = {key: (0.01, 1e6) for key in ctl.priors}
     ctl.prior_other = (0.01, 1e6)
+    ctl.timed = sampled
     return ctl
 
 
@@ -176,30 +178,72 @@ def test_sampled_the_audit_still_catches_poisoned_priors(target):
         return sum(len(tokens) for _, tokens in runs) / sum(seconds for seconds, _ in runs)
 
     best = max(rate(lambda: Controller(k_max=k, k_min=k, adaptive=False, timed=False)) for k in LENGTHS)
-    audited, alone = rate(lambda: poisoned(audit=True)), rate(lambda: poisoned(audit=False))
+    audited, alone = rate(lambda: poisoned(True, sampled=True)), rate(lambda: poisoned(False, sampled=True))
     assert audited / best >= 0.75, (audited, best)
     assert alone / best < 0.6, (alone, best)
 
 
+def test_sampled_an_offers_match_with_the_text_is_what_drafting_it_keeps(target, lookup_prompt):
+    """The audit's sampled count is unbiased: at temperature 1, where lookup's offer after lookup_prompt holds about
+    half the time a token, the audit's count for a fixed length k over plain decoding's samples (no draft, so
+    min(k, how far the offer matched the text) + 1) and the tokens a first step drafting k of that offer really
+    made agree in mean over 1,500 seeds each, within 4 standard errors. The control: the same count over the greedy
+    text instead (what an audit that ignored the sample would count) is far off."""
+    import statistics
+
+    from exactness import SAMPLING
+
+    offer = PromptLookup().lookup(lookup_prompt, 16)[0]
+    greedy = tokens_of(GenerationConfig(target, None, max_tokens=16), lookup_prompt)
+    seeds, k = range(1500), 3
+    assert len(offer) >= k
+
+    def counted(text: list[int]) -> float:  # the audit's count for length k on one text
+        audit = Audit(lengths=(k,))
+        audit.choose(0, Known(offer), 16, lookup_prompt)
+        audit.judge([*lookup_prompt, *text, -1], COSTS)  # (-1: the text ends where the offer could still hold)
+        return audit.made[k]
+
+    def first_step(seed: int) -> int:  # what drafting k of the offer made, really
+        g = GenerationConfig(target, PromptLookup(), SAMPLING, Controller(k_max=k, k_min=k, adaptive=False),
+                             max_tokens=k + 1, seed=seed)
+        return len(next(iter(speculative_generate(g, lookup_prompt))).tokens)
+
+    replayed = [counted(tokens_of(GenerationConfig(target, None, SAMPLING, max_tokens=k + 1, seed=10_000 + seed),
+                                  lookup_prompt)) for seed in seeds]
+    real = [first_step(seed) for seed in seeds]
+    se = (statistics.variance(replayed) / len(seeds) + statistics.variance(real) / len(seeds)) ** 0.5
+    gap = abs(statistics.mean(replayed) - statistics.mean(real))
+    assert gap < 4 * se, (statistics.mean(replayed), statistics.mean(real), se)
+    assert abs(counted(greedy) - statistics.mean(real)) > 10 * se  # the control
+
+
 @pytest.mark.parametrize("lead", ["length", "rule"])
 def test_sampled_the_audits_drafts_follow_the_target_distribution(target, lookup_prompt, monkeypatch, lead):
-    """Drafts the audit chose (a fixed length of lookup's offer, or llama-lookup's rule's tokens), sampled at
+    """Drafts the audit chose (K_DRAFT tokens of lookup's offer, or llama-lookup's rule's tokens), sampled at
     temperature 1: the first tokens' joint distribution is the target's by chi-square (exactness.py), with the
-    audit made to take over as soon as one step is judged, as it did in many of the runs. test_speculative.py's
-    negative controls show the same test rejects wrong acceptance rules."""
+    audit's record made to say that policy has led from the first step (a controller that drafts nothing by
+    itself), where it drafted in many of the runs. test_speculative.py's negative controls show the same test rejects wrong
+    acceptance rules."""
     import spectool.generate.loop as spec
-    from exactness import N_RUNS, SAMPLING, chi2_rejects, exact_joint, sample_joint
+    from exactness import K_DRAFT, N_RUNS, SAMPLING, chi2_rejects, exact_joint, sample_joint
+
+    from spectool.core.audit import MIN_STEPS, RULE
 
     made: list[Audit] = []
 
-    def eager() -> Audit:
-        made.append(Audit(min_steps=0, margin=-0.9 if lead == "length" else 100.0, plain_margin=100.0,
-                          rule_margin=-0.9 if lead == "rule" else 100.0))
+    def eager() -> Audit:  # a record in which the policy has led from the start
+        policy = K_DRAFT if lead == "length" else RULE
+        made.append(Audit(lengths=(K_DRAFT,), made={policy: 4.0}, spent={policy: 1.0}, ours=[1.0, 1.0],
+                          steps=float(MIN_STEPS)))
         return made[-1]
 
     monkeypatch.setattr(spec, "Audit", eager)
-    counts = sample_joint(target, PromptLookup, lookup_prompt, controller=lambda: poisoned(audit=True))
-    assert sum(a.taken_over > 0 for a in made) > N_RUNS // 4, sum(a.taken_over > 0 for a in made)
+    st = Stats()
+    counts = sample_joint(target, PromptLookup, lookup_prompt, stats=st, controller=lambda: poisoned(True, True))
+    # every run's audit took over, and drafted: about 3 tokens a run, each draft position's verdicts both ways
+    assert all(a.taken_over for a in made) and st.n_drafted > N_RUNS, st.n_drafted
+    assert min(st.accepted_per_position[:K_DRAFT]) > 0 and st.n_accepted < st.n_drafted
     rejects, stat, crit = chi2_rejects(counts, exact_joint(target, lookup_prompt, SAMPLING), N_RUNS)
     assert not rejects, f"chi2 {stat:.1f} > {crit:.1f}"
 

@@ -169,9 +169,13 @@ class Loop:
         self.temp = 0.0 if g.sampling.greedy else g.sampling.temp
         self.n_new = 0
         # the adaptive picks checked against fixed lengths on this text (core/audit.py), greedy or
-        # sampled (not under a floor the user set: --draft-min is a policy of its own)
+        # sampled (not under a floor the user set: --draft-min is a policy of its own; nor seeded
+        # and sampled, untimed: a batch audits only a sequence alone in its decode, and there a
+        # draft's length decides the random numbers drawn, so a seeded sample would hang on what
+        # ran beside it)
         self.audit = (Audit() if self.ctl.adaptive and self.ctl.audit and not self.ctl.k_min
-                      and g.drafter is not None else None)
+                      and (g.sampling.greedy or self.ctl.timed) and g.drafter is not None
+                      else None)
         # the most siblings a draft tree may have here (0: chains; logprobs and penalties read a
         # chain's rows; a head that follows the target's decodes hears no tree's)
         tree = (isinstance(g.target, ParallelModel) and g.target.kv_unified
