@@ -58,12 +58,8 @@ def decode(target, prompt: list[int], stop: list[str], tokens: int, costs: Costs
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default="gemma-f16,smollm2")
-    ap.add_argument("--families", default="qa,instruction,raw,chat,second-turn")
+    formats.sample_options(ap, families="qa,instruction,raw,chat,second-turn")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--prompts", type=int, default=8)
-    ap.add_argument("--tokens", type=int, default=96)
-    ap.add_argument("--seed", type=int, default=None)
     args = ap.parse_args()
     seed = common.fresh_seed(args.seed)
     engine.set_verbose(False)

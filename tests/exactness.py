@@ -61,14 +61,13 @@ def chi2_rejects(counts, joint, n, alpha_z=3.09):
     return stat > crit, stat, crit
 
 
-def sample_joint(target, make_drafter, prompt, s=SAMPLING, n=N_RUNS, stats=None, grammar=None, controller=None):
+def sample_joint(target, make_drafter, prompt, s=SAMPLING, n=N_RUNS, stats=None, grammar=None):
     """Counts of the first N_JOINT tokens over n seeded runs; the first step drafts K_DRAFT tokens (under
-    `grammar`, with its forced tokens first), or as `controller()` makes its controller pick."""
+    `grammar`, with its forced tokens first)."""
     counts = {}
     for seed in range(n):
         drafter = for_generation(make_drafter(), grammar is not None)
-        ctl = controller() if controller is not None else Controller(k_max=K_DRAFT, adaptive=False)
-        g = GenerationConfig(target, drafter, s, ctl,
+        g = GenerationConfig(target, drafter, s, Controller(k_max=K_DRAFT, adaptive=False),
                              max_tokens=K_DRAFT + 1, seed=seed, grammar=grammar)
         seq = tuple(tokens_of(g, prompt, stats)[:N_JOINT])
         counts[seq] = counts.get(seq, 0) + 1

@@ -3,13 +3,11 @@ to show each case; and in the loop, on the generated tiny model, where a control
 (every lookup key believed worthless, as a bad run or a foreign table might leave them) still drafts about as well
 as the best fixed length, and without the audit it does not (the negative control)."""
 
-import pytest
 from spectool_lab.helpers import tokens_of
 
 from spectool.core.audit import LENGTHS, Audit
 from spectool.core.controller import Controller
 from spectool.core.stats import Stats
-from spectool.core.verify import Sampling
 from spectool.drafters.lookup import PromptLookup
 from spectool.generate.loop import GenerationConfig, speculative_generate
 
@@ -125,24 +123,20 @@ def test_a_step_is_judged_only_once_the_text_has_passed_it():
     assert audit.steps == 1.0 * audit.decay + 1
 
 
-def poisoned(audit: bool, sampled: bool = False) -> Controller:
-    """An untimed controller (costs at their priors: k hangs on tokens alone) that believes every key worthless,
-    greedy or `sampled` (its keys at a temperature too; and taken for timed, as the loop audits a sampled run only
-    where its controller is: a seeded, untimed one's draws must not hang on what runs beside it in a batch)."""
-    ctl = Controller(k_max=16, timed=False, audit=audit, sampled_prior=(1.0, 1e6))
+def poisoned(audit: bool) -> Controller:
+    """An untimed controller (costs at their priors: k hangs on tokens alone) that believes every key worthless."""
+    ctl = Controller(k_max=16, timed=False, audit=audit)
     ctl.priors = {key: (0.01, 1e6) for key in ctl.priors}
     ctl.prior_other = (0.01, 1e6)
-    ctl.timed = sampled
     return ctl
 
 
-def priced(target, prompt: list[int], ctl: Controller, s: Sampling = Sampling(), seed: int = 0
-           ) -> tuple[float, list[int]]:
-    """A lookup generation under `ctl` (greedy, or sampled by `s` with `seed`): its steps priced by the controller's
-    (untimed) cost table, and its tokens."""
+def priced(target, prompt: list[int], ctl: Controller) -> tuple[float, list[int]]:
+    """A greedy lookup generation under `ctl`: its steps priced by the controller's (untimed) cost table, and its
+    tokens."""
     st, prices = Stats(), ctl.costs.verify_costs(40)
-    g = GenerationConfig(target, PromptLookup(), s, controller=ctl, max_tokens=120, seed=seed)
-    steps = list(speculative_generate(g, prompt, st))
+    steps = list(speculative_generate(GenerationConfig(target, PromptLookup(), controller=ctl, max_tokens=120),
+                                      prompt, st))
     return sum(prices[s.drafted + 1] for s in steps if s.tokens), [t for s in steps for t in s.tokens]
 
 
@@ -162,33 +156,13 @@ def test_poisoned_priors_draft_as_well_as_the_best_fixed_length(target):
     assert best / alone < 0.6, (best, alone)  # the control: without the audit the poison costs most of it
 
 
-def test_sampled_the_audit_still_catches_poisoned_priors(target):
-    """Sampled, the audit judges the lengths by how far each offer matched the sampled text (what drafting it would
-        have kept, in expectation). At temperature 0.05, where the tiny model's sampled text still echoes the prompt
-    (the best fixed length makes 2.2-2.3x plain decoding by the table), over 10 seeded runs: a controller told every
-    key is worthless makes, audited, at least 75% of the best fixed length's tokens a second (87-92% over three sets
-    of seeds: its first MIN_STEPS steps undrafted, then one draw's evidence); alone it makes under 60% (46-48%: the
-    control)."""
-    start = target.tokenize("The quick brown fox")
-    prompt = start + tokens_of(GenerationConfig(target, None, max_tokens=150), start) + start
-    s, seeds = Sampling(temp=0.05), range(10)
-
-    def rate(make) -> float:  # tokens a second, by the table, over the seeds' runs
-        runs = [priced(target, prompt, make(), s, seed) for seed in seeds]
-        return sum(len(tokens) for _, tokens in runs) / sum(seconds for seconds, _ in runs)
-
-    best = max(rate(lambda: Controller(k_max=k, k_min=k, adaptive=False, timed=False)) for k in LENGTHS)
-    audited, alone = rate(lambda: poisoned(True, sampled=True)), rate(lambda: poisoned(False, sampled=True))
-    assert audited / best >= 0.75, (audited, best)
-    assert alone / best < 0.6, (alone, best)
-
-
 def test_sampled_an_offers_match_with_the_text_is_what_drafting_it_keeps(target, lookup_prompt):
-    """The audit's sampled count is unbiased: at temperature 1, where lookup's offer after lookup_prompt holds about
-    half the time a token, the audit's count for a fixed length k over plain decoding's samples (no draft, so
-    min(k, how far the offer matched the text) + 1) and the tokens a first step drafting k of that offer really
-    made agree in mean over 1,500 seeds each, within 4 standard errors. The control: the same count over the greedy
-    text instead (what an audit that ignored the sample would count) is far off."""
+    """The audit's count is unbiased over samples too (core/audit.py; what research/audit_sampled.py's replays over
+    samples rest on): at temperature 1, where lookup's offer after lookup_prompt holds about half the time a token,
+    the audit's count for a fixed length k over plain decoding's samples (no draft, so min(k, how far the offer
+    matched the text) + 1) and the tokens a first step drafting k of that offer really made agree in mean over 1,500
+    seeds each, within 4 standard errors. The control: the same count over the greedy text instead (what a replay
+    that ignored the sample would count) is far off."""
     import statistics
 
     from exactness import SAMPLING
@@ -216,36 +190,6 @@ def test_sampled_an_offers_match_with_the_text_is_what_drafting_it_keeps(target,
     gap = abs(statistics.mean(replayed) - statistics.mean(real))
     assert gap < 4 * se, (statistics.mean(replayed), statistics.mean(real), se)
     assert abs(counted(greedy) - statistics.mean(real)) > 10 * se  # the control
-
-
-@pytest.mark.parametrize("lead", ["length", "rule"])
-def test_sampled_the_audits_drafts_follow_the_target_distribution(target, lookup_prompt, monkeypatch, lead):
-    """Drafts the audit chose (K_DRAFT tokens of lookup's offer, or llama-lookup's rule's tokens), sampled at
-    temperature 1: the first tokens' joint distribution is the target's by chi-square (exactness.py), with the
-    audit's record made to say that policy has led from the first step (a controller that drafts nothing by
-    itself), where it drafted in many of the runs. test_speculative.py's negative controls show the same test rejects wrong
-    acceptance rules."""
-    import spectool.generate.loop as spec
-    from exactness import K_DRAFT, N_RUNS, SAMPLING, chi2_rejects, exact_joint, sample_joint
-
-    from spectool.core.audit import MIN_STEPS, RULE
-
-    made: list[Audit] = []
-
-    def eager() -> Audit:  # a record in which the policy has led from the start
-        policy = K_DRAFT if lead == "length" else RULE
-        made.append(Audit(lengths=(K_DRAFT,), made={policy: 4.0}, spent={policy: 1.0}, ours=[1.0, 1.0],
-                          steps=float(MIN_STEPS)))
-        return made[-1]
-
-    monkeypatch.setattr(spec, "Audit", eager)
-    st = Stats()
-    counts = sample_joint(target, PromptLookup, lookup_prompt, stats=st, controller=lambda: poisoned(True, True))
-    # every run's audit took over, and drafted: about 3 tokens a run, each draft position's verdicts both ways
-    assert all(a.taken_over for a in made) and st.n_drafted > N_RUNS, st.n_drafted
-    assert min(st.accepted_per_position[:K_DRAFT]) > 0 and st.n_accepted < st.n_drafted
-    rejects, stat, crit = chi2_rejects(counts, exact_joint(target, lookup_prompt, SAMPLING), N_RUNS)
-    assert not rejects, f"chi2 {stat:.1f} > {crit:.1f}"
 
 
 def test_the_rules_drafts_in_the_loop_keep_plain_decodings_text(target, monkeypatch):

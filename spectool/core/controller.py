@@ -135,7 +135,7 @@ class Controller:
     # a draft-model token relative to one target decode, until measured
     draft_cost_prior: float = 0.15
     costs: Costs = field(default_factory=Costs)  # shared with other controllers of the same target
-    # a generation's picks held up against fixed lengths on its own text (core/audit.py)
+    # a greedy generation's picks held up against fixed lengths on its own text (core/audit.py)
     audit: bool = True
     # False: an untimed copy of `costs`, at its priors (see the module docstring); then, whether
     timed: bool = True

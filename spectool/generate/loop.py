@@ -168,14 +168,11 @@ class Loop:
         # acceptance is learnt per temperature
         self.temp = 0.0 if g.sampling.greedy else g.sampling.temp
         self.n_new = 0
-        # the adaptive picks checked against fixed lengths on this text (core/audit.py), greedy or
-        # sampled (not under a floor the user set: --draft-min is a policy of its own; nor seeded
-        # and sampled, untimed: a batch audits only a sequence alone in its decode, and there a
-        # draft's length decides the random numbers drawn, so a seeded sample would hang on what
-        # ran beside it)
-        self.audit = (Audit() if self.ctl.adaptive and self.ctl.audit and not self.ctl.k_min
-                      and (g.sampling.greedy or self.ctl.timed) and g.drafter is not None
-                      else None)
+        # a greedy generation's adaptive picks checked against fixed lengths (core/audit.py)
+        # (not under a floor the user set: --draft-min is a policy of its own; not sampled: there
+        # the controller leads every fixed length, and the audit's one-draw counts cost 1.2%)
+        self.audit = (Audit() if g.sampling.greedy and self.ctl.adaptive and self.ctl.audit
+                      and not self.ctl.k_min and g.drafter is not None else None)
         # the most siblings a draft tree may have here (0: chains; logprobs and penalties read a
         # chain's rows; a head that follows the target's decodes hears no tree's)
         tree = (isinstance(g.target, ParallelModel) and g.target.kv_unified
@@ -256,7 +253,7 @@ class Loop:
             if theirs is not None:  # llama-lookup's rule drafts, and the controller learns nothing
                 return Plan([], self.ended(Draft(theirs, None, Source.lookup), []),
                             time.perf_counter() - o.t0)
-            keys = [key.at(self.temp) if self.temp else key for key in known.keys[:k]]
+            keys = known.keys[:k]
         drawn = self.drafter.propose(self.x, len(keys), self.sampling, self.rng) if keys else EMPTY
         d = self.ended(drawn, keys)
         if d.notice:

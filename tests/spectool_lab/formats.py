@@ -20,6 +20,7 @@ format, the first benchmark sets' (common.SETS) included.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import random
 from dataclasses import dataclass
@@ -323,3 +324,13 @@ def unseen(name: str, n: int, seed: int) -> list[Prompt]:
 def chosen(name: str, n: int, seed: int, tuned: bool = False) -> list[Prompt]:
     """What a benchmark runs of family `name`: an unseen sample, or with `tuned` its tuning list."""
     return tuning(name, n) if tuned else unseen(name, n, seed)
+
+
+def sample_options(ap: argparse.ArgumentParser, families: str = "") -> None:
+    """The options of a live run or replay over unseen samples (research/): --models, --families (`families`, else
+    all), --prompts and --tokens at the benchmarks' 8 and 96, --seed (default: a fresh one, common.fresh_seed)."""
+    ap.add_argument("--models", default="gemma-f16,smollm2")
+    ap.add_argument("--families", default=families or ",".join(FAMILIES))
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=96)
+    ap.add_argument("--seed", type=int, default=None)

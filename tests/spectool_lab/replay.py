@@ -66,19 +66,21 @@ def verified(ctl: Controller, keys, draft: list[int], y, j: int, cost) -> tuple[
 
 
 def ours(p, y, cost, k_max: int, costs: Costs, lookup: PromptLookup | None = None,
-         ctl: Controller | None = None) -> float:
+         ctl: Controller | None = None, temp: float = 0.0) -> float:
     """spectool's lookup (`lookup`, a fresh one by default) under its controller (`ctl`: one of its own), its picks
-    audited against fixed lengths as Loop.plan audits them (core/audit.py) where the controller's `audit` is on."""
+    audited against fixed lengths as Loop.plan audits them (core/audit.py) where the controller's `audit` is on.
+    `temp`: y is a sample at that temperature, the keys at it as the loop's are (a deterministic draft is kept up to
+    where the sample leaves it, so replaying it over y is exact in distribution, as core/audit.py says)."""
     lookup, ctl, total, j = lookup or PromptLookup(), ctl or Controller(k_max=k_max, costs=costs), 0.0, 0
     audit = Audit() if ctl.audit and ctl.adaptive and not ctl.k_min else None
     while j < len(y):
         h, limit = p + y[:j], len(y) - j - 1
         offer = lookup.peek(h, min(k_max, limit))
-        keys = ctl.pick(offer)
+        keys = ctl.pick(offer, temp)
         theirs = None
         if audit is not None:
             k, theirs = audit.choose(len(keys), offer, limit, h)
-            keys = [] if theirs is not None else offer.keys[:k]
+            keys = [] if theirs is not None else [key.at(temp) if temp else key for key in offer.keys[:k]]
         draft = theirs or (lookup.propose(h, len(keys), None, None).tokens if keys else [])
         m, seconds = verified(ctl, keys, draft, y, j, cost)
         total += seconds

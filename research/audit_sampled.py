@@ -1,0 +1,87 @@
+"""Whether the audit pays sampled (issue 57, item 2): lookup's controller with and without its audit against fixed
+policies (core/audit.py), replayed over the target's own samples at temperature 0.8, beside the best fixed length
+and plain decoding, at this machine's batch costs.
+
+    python research/audit_sampled.py [--seed N] [--models gemma-f16,smollm2] [--samples 3]
+
+For each real model and format family (spectool_lab.formats: unseen samples), `--samples` seeded samples of plain
+decoding with llama.cpp's default sampling chain at `--temp` after each of 8 prompts. A deterministic draft is kept
+up to where the sample leaves it, so replaying lookup's drafting over a sample is exact in distribution
+(replay.ours); every policy is replayed over the same samples, so the comparison holds none of the live run's noise
+(where each contender samples its own text). Each cell is tokens a second, relative to plain decoding's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from dataclasses import replace
+
+from spectool_lab import common, formats
+from spectool_lab.replay import batch_costs, fixed, ours
+
+from spectool.core.audit import LENGTHS
+from spectool.core.controller import Controller
+from spectool.generate.loop import GenerationConfig, speculative_generate
+from spectool.llama import engine
+from spectool.options import CTX_SIZE, llama_cpp_sampling
+
+from controller_replay import K_MAX, known
+
+
+def samples(target, prompt: list[int], args) -> list[list[int]]:
+    """`args.samples` seeded samples of plain decoding after `prompt` (those that made a token)."""
+    s = replace(llama_cpp_sampling(), temp=args.temp)
+    out = []
+    for seed in range(args.samples):
+        g = GenerationConfig(target, None, s, max_tokens=args.tokens, seed=seed)
+        out.append([t for step in speculative_generate(g, prompt) for t in step.tokens])
+    return [y for y in out if y]
+
+
+def speeds(data: list[tuple[list[int], list[int]]], cost: list[float], temp: float) -> dict[str, float]:
+    """Each policy's tokens a second over `data` relative to plain decoding's: the controller audited and not
+    (a fresh controller each sample, the cost table known, as after a first run), and the best fixed length."""
+    tokens = sum(len(y) for _, y in data)
+    plain = tokens * cost[1]
+    out = {}
+    for name, audit in (("audited", True), ("unaudited", False)):
+        seconds = sum(ours(p, y, cost, K_MAX, c, ctl=Controller(k_max=K_MAX, costs=c, audit=audit), temp=temp)
+                      for p, y in data for c in [known(cost)])
+        out[name] = plain / seconds
+    best = min(LENGTHS, key=lambda k: sum(fixed(p, y, cost, k) for p, y in data))
+    out["best fixed"] = plain / sum(fixed(p, y, cost, best) for p, y in data)
+    out["best k"] = best
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    formats.sample_options(ap)
+    ap.add_argument("--samples", type=int, default=3)
+    ap.add_argument("--temp", type=float, default=0.8)
+    args = ap.parse_args()
+    seed = common.fresh_seed(args.seed)
+    print(f"unseen samples drawn with --seed {seed}; temperature {args.temp:g}, {args.samples} samples a prompt\n")
+    print("| model | family | audited | unaudited | audited / unaudited | best fixed length (k) | audited / best fixed "
+          "|\n|---|---|---:|---:|---:|---:|---:|", flush=True)
+    engine.set_verbose(False)
+    ratios = []
+    for name in args.models.split(","):
+        with engine.Model(common.real_model(name), n_ctx=CTX_SIZE, n_threads=2) as target:
+            chat, cost = formats.ChatFormat.of(target), None
+            for fam in args.families.split(","):
+                texts = [p.render(chat) for p in formats.chosen(fam, args.prompts, seed)]
+                prompts = [target.tokenize(t, parse_special=True) for t in texts]
+                data = [(p, y) for p in prompts for y in samples(target, p, args)]
+                cost = cost or batch_costs(target, prompts[0], K_MAX + 1)
+                s = speeds(data, cost, args.temp)
+                ratios.append(s["audited"] / s["unaudited"])
+                print(f"| {name} | {fam} | {s['audited']:.3f}x | {s['unaudited']:.3f}x | "
+                      f"{s['audited'] / s['unaudited']:.3f}x | {s['best fixed']:.3f}x ({s['best k']}) | "
+                      f"{s['audited'] / s['best fixed']:.3f}x |", flush=True)
+    print(f"\naudited / unaudited: mean {statistics.mean(ratios):.3f}x, {min(ratios):.3f}-{max(ratios):.3f}x")
+
+
+if __name__ == "__main__":
+    main()
