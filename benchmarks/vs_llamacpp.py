@@ -470,7 +470,8 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
                     help="also spectool lookup with draft trees of up to N siblings (--draft-tree N), its target, as "
                          "every spectool contender's, loaded with a sequence for each leaf (default: 0, none)")
     ap.add_argument("--unaudited", action="store_true",
-                    help="also spectool lookup with its audit against fixed policies off (core/audit.py)")
+                    help="also spectool lookup with its audit against fixed policies off (core/audit.py; greedy: "
+                         "sampled runs have none)")
     ap.add_argument("--n-draft", type=int, default=8, help="llama-lookup's --spec-draft-n-max (default: 8)")
     ap.add_argument("--seed", type=int, default=None, help="the unseen samples' seed (default: a fresh one)")
     ap.add_argument("--tuning", action="store_true", help="the tuning lists instead (held-out families have none)")

@@ -2,10 +2,10 @@
 policies (core/audit.py), replayed over the target's own samples at temperature 0.8, beside the best fixed length
 and plain decoding, at this machine's batch costs.
 
-    python research/audit_sampled.py [--seed N] [--models gemma-f16,smollm2] [--samples 3]
+    python research/audit_sampled.py [--seed N] [--models gemma-f16,smollm2] [--samples 3] [--temp 0.8]
 
 For each real model and format family (spectool_lab.formats: unseen samples), `--samples` seeded samples of plain
-decoding with llama.cpp's default sampling chain at `--temp` after each of 8 prompts. A deterministic draft is kept
+decoding with llama.cpp's default sampling chain at `--temp` after each of `--prompts` (8). A deterministic draft is kept
 up to where the sample leaves it, so replaying lookup's drafting over a sample is exact in distribution
 (replay.ours); every policy is replayed over the same samples, so the comparison holds none of the live run's noise
 (where each contender samples its own text). Each cell is tokens a second, relative to plain decoding's.

@@ -17,7 +17,7 @@ rest of the target's row, never itself), and the text is the target's own sample
 drafted. So how far an offer matches the text that was made is distributed as what drafting it
 would have kept (tests/test_audit.py), and a replay of lookup over samples is exact in distribution.
 The audit still stays greedy: replayed over samples at temperature 0.8 on both real models and six
-formats, the controller led the best fixed length by 14-30% on every one, and with the audit it
+formats, the controller led the best fixed length by 15-31% on every one, and with the audit it
 made 0.972-1.006x what it made without, 0.988x on average: nothing for the net to catch, and counts
 from one draw each (research/audit_sampled.py, notes/2026-12-05-audit-sampled.md).
 Drafting nothing is judged beside them: plain decoding's one token a step at a batch of one's
