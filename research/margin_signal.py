@@ -98,11 +98,7 @@ def factored_seconds(pos: list[tuple[int, list[dict]]], cost: list[float], signa
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--prompts", type=int, default=8)
-    ap.add_argument("--tokens", type=int, default=96)
-    common.sample_options(ap)
-    ap.add_argument("--models", default="gemma-f16,smollm2")
-    ap.add_argument("--families", default=",".join(formats.FAMILIES))
+    formats.family_options(ap, tuning=True)
     args = ap.parse_args()
     args.seed = common.fresh_seed(args.seed)
     engine.set_verbose(False)

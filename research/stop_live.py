@@ -58,7 +58,7 @@ def decode(target, prompt: list[int], stop: list[str], tokens: int, costs: Costs
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    formats.sample_options(ap, families="qa,instruction,raw,chat,second-turn")
+    formats.family_options(ap, families="qa,instruction,raw,chat,second-turn")
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     seed = common.fresh_seed(args.seed)

@@ -186,10 +186,12 @@ def fresh_seed(given: int | None) -> int:
     return given if given is not None else secrets.randbelow(10**6)
 
 
-def sample_options(ap) -> None:
-    """The options every benchmark draws its prompts by (an argparse parser's): --seed, --tuning."""
+def sample_options(ap, tuning: bool = True) -> None:
+    """The options every benchmark draws its prompts by (an argparse parser's): --seed, and --tuning where the
+    benchmark can run its tuning list (`tuning`)."""
     ap.add_argument("--seed", type=int, default=None, help="the unseen sample's seed (default: a fresh one)")
-    ap.add_argument("--tuning", action="store_true", help="the tuning list instead of an unseen sample")
+    if tuning:
+        ap.add_argument("--tuning", action="store_true", help="the tuning list instead of an unseen sample")
 
 
 def chosen(name: str, n: int, args, seed: int) -> list[str]:

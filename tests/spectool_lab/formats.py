@@ -326,11 +326,11 @@ def chosen(name: str, n: int, seed: int, tuned: bool = False) -> list[Prompt]:
     return tuning(name, n) if tuned else unseen(name, n, seed)
 
 
-def sample_options(ap: argparse.ArgumentParser, families: str = "") -> None:
-    """The options of a live run or replay over unseen samples (research/): --models, --families (`families`, else
-    all), --prompts and --tokens at the benchmarks' 8 and 96, --seed (default: a fresh one, common.fresh_seed)."""
+def family_options(ap: argparse.ArgumentParser, families: str = "", tuning: bool = False) -> None:
+    """The options of a run over the format families (research/): --models, --families (`families`, else all),
+    --prompts and --tokens at the benchmarks' 8 and 96, and common.sample_options' (--tuning with `tuning`)."""
     ap.add_argument("--models", default="gemma-f16,smollm2")
     ap.add_argument("--families", default=families or ",".join(FAMILIES))
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=96)
-    ap.add_argument("--seed", type=int, default=None)
+    common.sample_options(ap, tuning)
