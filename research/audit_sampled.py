@@ -42,22 +42,21 @@ def samples(target, prompt: list[int], args) -> list[list[int]]:
 def speeds(data: list[tuple[list[int], list[int]]], cost: list[float], temp: float) -> dict[str, float]:
     """Each policy's tokens a second over `data` relative to plain decoding's: the controller audited and not
     (a fresh controller each sample, the cost table known, as after a first run), and the best fixed length."""
-    tokens = sum(len(y) for _, y in data)
-    plain = tokens * cost[1]
-    out = {}
-    for name, audit in (("audited", True), ("unaudited", False)):
-        seconds = sum(ours(p, y, cost, K_MAX, c, ctl=Controller(k_max=K_MAX, costs=c, audit=audit), temp=temp)
-                      for p, y in data for c in [known(cost)])
-        out[name] = plain / seconds
-    best = min(LENGTHS, key=lambda k: sum(fixed(p, y, cost, k) for p, y in data))
-    out["best fixed"] = plain / sum(fixed(p, y, cost, best) for p, y in data)
-    out["best k"] = best
-    return out
+    def controlled(p: list[int], y: list[int], audit: bool) -> float:  # one sample's seconds, its own table
+        costs = known(cost)
+        return ours(p, y, cost, K_MAX, costs, ctl=Controller(k_max=K_MAX, costs=costs, audit=audit), temp=temp)
+
+    plain = sum(len(y) for _, y in data) * cost[1]
+    out = {name: plain / sum(controlled(p, y, audit) for p, y in data)
+           for name, audit in (("audited", True), ("unaudited", False))}
+    by_length = {k: sum(fixed(p, y, cost, k) for p, y in data) for k in LENGTHS}
+    best = min(by_length, key=by_length.__getitem__)
+    return {**out, "best fixed": plain / by_length[best], "best k": best}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    formats.sample_options(ap)
+    formats.family_options(ap)
     ap.add_argument("--samples", type=int, default=3)
     ap.add_argument("--temp", type=float, default=0.8)
     args = ap.parse_args()
