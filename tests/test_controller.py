@@ -93,7 +93,7 @@ def test_cheap_verification_drafts_more():
 
 def test_fixed_length_and_availability():
     ctl = Controller(k_max=6, k_min=6, adaptive=False)
-    assert len(ctl.pick(["x"] * 16)) == 6 and len(ctl.pick(["x"] * 3)) == 3 and len(ctl.pick([])) == 0
+    assert len(ctl.pick([DRAFT] * 16)) == 6 and len(ctl.pick([DRAFT] * 3)) == 3 and len(ctl.pick([])) == 0
 
 
 def test_recovers_after_a_bad_stretch():

@@ -221,7 +221,7 @@ class Controller:
         """What a token drafted under greedy `key` is worth at sampling temperature `temp`, in
         tokens: its estimated acceptance less what drafting it costs, counted in single target steps
         (nothing for a lookup token; a draft-model token on a CPU can cost half a target step)."""
-        key = key.at(temp) if temp else key
+        key = key.at(temp)
         one = self.costs.verify_costs(1)[1]
         return self.acceptance(key) - self.draft_cost(key, one) / one
 
@@ -431,7 +431,7 @@ class _Chain:
            limit: int | None) -> _Chain:
         cap = ctl.k_max if limit is None else max(0, min(ctl.k_max, limit))
         floor = min(ctl.k_min, cap)
-        keys = map(Evidence.at, offer, repeat(temp)) if temp else iter(offer)
+        keys = map(Evidence.at, offer, repeat(temp))
         c = cls([], keys, cap, floor)
         c.draw(cap if not ctl.adaptive else min(cap, floor + 1))
         if not ctl.adaptive or len(c.keys) <= floor:

@@ -124,7 +124,9 @@ class Evidence:
         derive(self, "cost_key", self if plain else Evidence.of(source, temp=temp))
 
     def at(self, temp: float) -> Evidence:
-        """This key at sampling temperature `temp` (0: greedy)."""
+        """This key at sampling temperature `temp` (0: greedy); itself at its own temperature."""
+        if temp == self.temp:
+            return self
         key = self._at.get(temp)
         if key is None:
             key = self._at[temp] = Evidence.of(self.source, self.match, self.agreement, self.pos,

@@ -81,7 +81,7 @@ def ours(p, y, cost, k_max: int, costs: Costs, lookup: PromptLookup | None = Non
         theirs = None
         if audit is not None:
             k, theirs = audit.choose(len(keys), offer, limit, h)
-            keys = [] if theirs is not None else [key.at(temp) if temp else key for key in offer.keys[:k]]
+            keys = [] if theirs is not None else [key.at(temp) for key in offer.keys[:k]]
         draft = theirs or (lookup.propose(h, len(keys), None, None).tokens if keys else [])
         m, seconds = verified(ctl, keys, draft, y, j, cost)
         total += seconds
