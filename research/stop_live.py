@@ -31,7 +31,7 @@ from spectool.core.stats import Stats
 from spectool.generate import loop
 from spectool.generate.loop import speculative_generate
 from spectool.llama import engine
-from spectool.options import CTX_SIZE, DRAFT_MAX, Mode
+from spectool.options import DRAFT_MAX, Mode
 
 STOPS = {"qa": ["Question:"], "instruction": ["###"], "raw": ["\n\n"], "chat": [], "second-turn": []}
 
@@ -67,37 +67,32 @@ def main() -> None:
           f"{args.repeats} repeats)\n")
     print("| model | family | stop | uncut | cut | cut / uncut | drafted uncut | drafted cut | generated | same |")
     print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
-    for name in args.models.split(","):
-        with engine.Model(common.real_model(name), n_ctx=CTX_SIZE, n_threads=2) as target:
-            chat = formats.ChatFormat.of(target)
-            for fam in args.families.split(","):
-                texts = [target.tokenize(p.render(chat), parse_special=True)
-                         for p in formats.chosen(fam, args.prompts, seed)]
-                speed: dict[bool, list[float]] = {False: [], True: []}
-                drafted, made, same, gaps = {False: 0, True: 0}, 0, 0, []
-                for r in range(args.repeats):
-                    costs = {False: Costs(), True: Costs()}
-                    done = {False: [0, 0.0], True: [0, 0.0]}
-                    for i, prompt in enumerate(texts):
-                        outs = {}
-                        for cut in ((False, True) if (i + r) % 2 else (True, False)):
-                            out, seconds, n = decode(target, prompt, STOPS[fam], args.tokens, costs[cut], cut)
-                            outs[cut], drafted[cut] = out, drafted[cut] + n
-                            done[cut][0] += len(out)
-                            done[cut][1] += seconds
-                        same += outs[False] == outs[True]
-                        if outs[False] != outs[True]:
-                            gaps.append(gap(target, prompt, outs[False], outs[True]))
-                        made += len(outs[True])
-                    for cut in (False, True):
-                        speed[cut].append(done[cut][0] / done[cut][1])
-                mean = {c: sum(v) / len(v) for c, v in speed.items()}
-                text = {c: f"{mean[c]:.1f} ({min(v):.1f}-{max(v):.1f})" for c, v in speed.items()}
-                print(f"| {name} | {fam} | {STOPS[fam] or 'end of turn'!r} | {text[False]} | {text[True]} | "
-                      f"{mean[True] / mean[False]:.3f}x | {drafted[False]} | {drafted[True]} | {made} | "
-                      f"{same}/{len(texts) * args.repeats} |"
-                      + (f" (logit gaps where the texts part: {', '.join(f'{g:.4f}' for g in gaps)})" if gaps else ""),
-                      flush=True)
+    for name, target, fam, texts in formats.each_family(args, seed):
+        speed: dict[bool, list[float]] = {False: [], True: []}
+        drafted, made, same, gaps = {False: 0, True: 0}, 0, 0, []
+        for r in range(args.repeats):
+            costs = {False: Costs(), True: Costs()}
+            done = {False: [0, 0.0], True: [0, 0.0]}
+            for i, prompt in enumerate(texts):
+                outs = {}
+                for cut in ((False, True) if (i + r) % 2 else (True, False)):
+                    out, seconds, n = decode(target, prompt, STOPS[fam], args.tokens, costs[cut], cut)
+                    outs[cut], drafted[cut] = out, drafted[cut] + n
+                    done[cut][0] += len(out)
+                    done[cut][1] += seconds
+                same += outs[False] == outs[True]
+                if outs[False] != outs[True]:
+                    gaps.append(gap(target, prompt, outs[False], outs[True]))
+                made += len(outs[True])
+            for cut in (False, True):
+                speed[cut].append(done[cut][0] / done[cut][1])
+        mean = {c: sum(v) / len(v) for c, v in speed.items()}
+        text = {c: f"{mean[c]:.1f} ({min(v):.1f}-{max(v):.1f})" for c, v in speed.items()}
+        print(f"| {name} | {fam} | {STOPS[fam] or 'end of turn'!r} | {text[False]} | {text[True]} | "
+              f"{mean[True] / mean[False]:.3f}x | {drafted[False]} | {drafted[True]} | {made} | "
+              f"{same}/{len(texts) * args.repeats} |"
+              + (f" (logit gaps where the texts part: {', '.join(f'{g:.4f}' for g in gaps)})" if gaps else ""),
+              flush=True)
 
 
 if __name__ == "__main__":

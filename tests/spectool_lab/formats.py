@@ -25,7 +25,7 @@ import hashlib
 import random
 from dataclasses import dataclass
 from functools import cache
-from typing import Callable
+from typing import Callable, Iterator
 
 from spectool import templates
 from spectool_lab import common
@@ -334,3 +334,18 @@ def family_options(ap: argparse.ArgumentParser, families: str = "", tuning: bool
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=96)
     common.sample_options(ap, tuning)
+
+
+def each_family(args: argparse.Namespace, seed: int) -> Iterator[tuple]:
+    """For each of family_options' --models and --families, in order: (model name, its target loaded on 2 threads,
+    family, the family's chosen prompts rendered in the model's format and tokenized as llama.cpp's tools tokenize
+    them). Each model stays loaded while its families run."""
+    from spectool.llama import engine
+    from spectool.options import CTX_SIZE
+
+    for name in args.models.split(","):
+        with engine.Model(common.real_model(name), n_ctx=CTX_SIZE, n_threads=2) as target:
+            chat = ChatFormat.of(target)
+            for fam in args.families.split(","):
+                yield name, target, fam, [target.tokenize(p.render(chat), parse_special=True)
+                                          for p in chosen(fam, args.prompts, seed)]
