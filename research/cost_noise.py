@@ -1,6 +1,7 @@
 """What moves spectool lookup's figure between identical runs (issue 57, item 3): the same prompt decoded N times,
-greedy, each time on a fresh cost table (calibrated anew, as each repeat of benchmarks/vs_llamacpp.py starts) and on
-one calibrated table frozen (a copy of it, taking no measurement), interleaved.
+greedy, each time on a fresh cost table (calibrated anew, as each repeat of benchmarks/vs_llamacpp.py starts), on a
+copy of one table calibrated and measured over a run of the same prompt ("warm": it goes on measuring, as a user's
+saved table does), and on a copy of that table frozen (it takes no measurement), interleaved.
 
     python research/cost_noise.py [--models smollm2] [--families raw,instruction] [--prompts 2] [--runs 5] [--seed N]
 
@@ -8,7 +9,8 @@ The text is the same every time (greedy), and lookup's drafts are a deterministi
 draft alike took the same steps. Prints per prompt, for each table: the decode time's mean and range over the runs
 (prompt processing excluded, as the benchmark times it), the drafted and accepted tokens' range, and how many distinct
 step sequences the runs took. Where the frozen table takes one sequence and its time barely moves while fresh tables
-take several, the spread is the cost table's measurement noise steering the controller's choices.
+take several, the spread is the cost table's measurement noise steering the controller's choices; the warm table
+says whether a table that has measured a run is still steered by what it goes on measuring.
 """
 
 from __future__ import annotations
@@ -64,10 +66,11 @@ def main() -> None:
         for i, prompt in enumerate(prompts):
             base = Costs()
             decode(target, prompt, args.tokens, base)  # calibrated, then measured over one run
-            runs: dict[str, list] = {"fresh": [], "frozen": []}
+            tables = {"fresh": Costs, "warm": lambda: copy.deepcopy(base), "frozen": lambda: frozen(base)}
+            runs: dict[str, list] = {table: [] for table in tables}
             for _ in range(args.runs):
-                runs["fresh"].append(decode(target, prompt, args.tokens, Costs()))
-                runs["frozen"].append(decode(target, prompt, args.tokens, frozen(base)))
+                for table, made in tables.items():
+                    runs[table].append(decode(target, prompt, args.tokens, made()))
             for table, rs in runs.items():
                 seconds, drafted, accepted, steps = zip(*rs)
                 print(f"| {name} | {fam} | {i + 1} | {table} | {spread(list(seconds))} | "
