@@ -85,13 +85,22 @@ class Run:
         return self.tokens / self.seconds if self.seconds else 0.0
 
 
-def _common(model: Path, prompt_file: Path, tokens: int, threads: int, ctx: int, repack: bool,
+def _repacked(repack: bool | None) -> list[str]:
+    """`--no-repack` where the weights are not to be repacked: `repack` None loads them as spectool does, repacked
+    unless llama.cpp is kept off AMX (native.avoid_amx: on such a machine the tools die repacking a quantized model,
+    SIGSEGV after "threadpool init")."""
+    from spectool.llama.native import avoid_amx
+
+    return [] if (not avoid_amx() if repack is None else repack) else ["--no-repack"]
+
+
+def _common(model: Path, prompt_file: Path, tokens: int, threads: int, ctx: int, repack: bool | None,
             gpu: bool = False, temp: float = 0.0, seed: int = 0) -> list[str]:
     """The flags every tool gets: greedy (or sampled at `temp` by llama.cpp's default chain, seeded), the same
-    context and threads; every layer on the GPU with `gpu`."""
+    context and threads, the weights' layout (_repacked); every layer on the GPU with `gpu`."""
     args = ["-m", str(model), "-f", str(prompt_file), "-n", str(tokens), "-t", str(threads), "-c", str(ctx),
             "--temp", f"{temp:g}", "--seed", str(seed), "-ngl", "99" if gpu else "0"]
-    return args + ([] if repack else ["--no-repack"])
+    return args + _repacked(repack)
 
 
 def _prompt_file(directory: str, prompt: str) -> Path:
@@ -102,7 +111,7 @@ def _prompt_file(directory: str, prompt: str) -> Path:
 
 
 def lookup(binary: Path, model: Path, prompt: str, tokens: int, n_draft: int = 8, threads: int = 2,
-           ctx: int = CTX_SIZE, repack: bool = True, first_decode: float = 0.0, gpu: bool = False,
+           ctx: int = CTX_SIZE, repack: bool | None = None, first_decode: float = 0.0, gpu: bool = False,
            dynamic: Path | None = None, temp: float = 0.0, seed: int = 0, echo: str = "") -> Run:
     """`llama-lookup`, greedy, drafting at most `n_draft` tokens from its n-gram caches, asked for `tokens` new
     tokens and timed as spectool is (see parse_lookup; `first_decode`: the seconds of one single-token decode at
@@ -146,8 +155,8 @@ NGRAM = {
 
 
 def speculative_ngram(binary: Path, model: Path, prompt: str, tokens: int, kind: str, threads: int = 2,
-                      ctx: int = CTX_SIZE, repack: bool = True, gpu: bool = False, sizes: list[str] | None = None,
-                      temp: float = 0.0, seed: int = 0, echo: str = "") -> Run:
+                      ctx: int = CTX_SIZE, repack: bool | None = None, gpu: bool = False,
+                      sizes: list[str] | None = None, temp: float = 0.0, seed: int = 0, echo: str = "") -> Run:
     """`llama-speculative-simple --spec-type KIND` (examples/speculative-simple): drafts from the text so far, no
     draft model. Its clock starts, as spectool's does, after the prompt's first n-1 tokens (the last one is decoded
     with the first draft), and it counts every token it makes: with `-n tokens-1` it makes `tokens` (it stops
@@ -164,7 +173,7 @@ def speculative_ngram(binary: Path, model: Path, prompt: str, tokens: int, kind:
 
 
 def completion(binary: Path, model: Path, prompt: str, tokens: int, threads: int = 2, ctx: int = CTX_SIZE,
-               repack: bool = True, gpu: bool = False, temp: float = 0.0, seed: int = 0, echo: str = "") -> Run:
+               repack: bool | None = None, gpu: bool = False, temp: float = 0.0, seed: int = 0, echo: str = "") -> Run:
     """`llama-completion`, greedy plain decoding; its decode time is the "eval time" of llama.cpp's perf report,
     with the sampling that goes with it (parse_completion)."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -219,7 +228,7 @@ class Server:
     """A `llama-server` on a free local port, asked for greedy completions of token ids on /completion
     (tools/server/README.md). `extra`: more server flags, such as `--spec-type ngram-simple` and its sizes."""
 
-    def __init__(self, binary: Path, model: Path, threads: int = 2, ctx: int = CTX_SIZE, repack: bool = True,
+    def __init__(self, binary: Path, model: Path, threads: int = 2, ctx: int = CTX_SIZE, repack: bool | None = None,
                  gpu: bool = False, extra: tuple[str, ...] | list[str] = (), ready_s: float = 180.0):
         import socket
 
@@ -229,7 +238,7 @@ class Server:
         self.log = tempfile.TemporaryFile()
         args = [str(binary), "-m", str(model), "-t", str(threads), "-c", str(ctx), "-ngl", "99" if gpu else "0",
                 "--host", "127.0.0.1", "--port", str(self.port), "--parallel", "1", "--no-webui", *extra]
-        self.proc = subprocess.Popen(args + ([] if repack else ["--no-repack"]), stdin=subprocess.DEVNULL,
+        self.proc = subprocess.Popen(args + _repacked(repack), stdin=subprocess.DEVNULL,
                                      stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + ready_s
         while not self._healthy():  # /health answers 503 while the model loads
@@ -345,7 +354,7 @@ def _draft_steps(binary: Path, model: Path, prompt: str, tokens: int, spec: list
 def _draft_run(binary: Path, model: Path, prompt: str, tokens: int, spec: list[str], n_draft: int, threads: int,
                ctx: int) -> list[MtpStep]:
     with tempfile.TemporaryDirectory() as tmp:
-        args = [str(binary), *_common(model, _prompt_file(tmp, prompt), tokens, threads, ctx, True), *spec,
+        args = [str(binary), *_common(model, _prompt_file(tmp, prompt), tokens, threads, ctx, None), *spec,
                 "--spec-draft-n-max", str(n_draft), "-lv", "5"]
         p = subprocess.run(args, capture_output=True)
     if p.returncode != 0:
