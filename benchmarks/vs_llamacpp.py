@@ -48,6 +48,7 @@ from spectool.core.costs import Costs
 from spectool.core.stats import Stats
 from spectool.core.verify import Sampling
 from spectool.generate.loop import GenerationConfig, speculative_generate
+from spectool import attention
 from spectool.llama import engine
 from spectool.llama.parallel import ParallelModel
 from spectool.options import CTX_SIZE, DRAFT_MAX, Mode, llama_cpp_sampling
@@ -133,12 +134,13 @@ class Bench:
     costs: dict = field(default_factory=dict)
     one_decode: float = 0.0  # llama-completion's last seconds per token: llama-lookup's missing decode
     gpu: bool = field(default_factory=on_gpu)  # every layer of every contender on the GPU where there is one
-    repack: bool = field(default_factory=lambda: not engine.avoid_amx())  # the same weights layout as spectool's
+    # flash attention for llama.cpp's tools: None, their default (-fa auto); with --llama-fa same, spectool's choice
+    flash_attn: bool | None = None
 
     def jobs(self, text: str, prompt: list[int], seed: int) -> dict[str, Callable[[], tuple]]:
         """Each contender's run of one prompt: name -> () -> (llamacpp.Run, spectool's tokens or None)."""
         a, b = self.args, self.bins
-        kw = dict(threads=a.threads, repack=self.repack, gpu=self.gpu, temp=a.temp, seed=seed,
+        kw = dict(threads=a.threads, gpu=self.gpu, temp=a.temp, seed=seed, flash_attn=self.flash_attn,
                   echo=self.target.detokenize(prompt))
         out: dict[str, Callable[[], tuple]] = {c.name: self.ours(c, prompt, seed) for c in ours(a)}
         out[COMPLETION] = lambda: (llamacpp.completion(b[COMPLETION], self.path, text, a.tokens, **kw), None)
@@ -384,6 +386,7 @@ def command(args, seed: int) -> str:
             f"--temp {args.temp:g}", f"--ngram {args.ngram}", f"--threads {args.threads}"]
     opts += [f"--trees {args.trees}"] if getattr(args, "trees", 0) else []
     opts += ["--unaudited"] if getattr(args, "unaudited", False) else []
+    opts += ["--llama-fa same"] if getattr(args, "llama_fa", "default") == "same" else []
     return "python benchmarks/vs_llamacpp.py " + " ".join(opts + (["--tuning"] if args.tuning else []))
 
 
@@ -472,6 +475,9 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--unaudited", action="store_true",
                     help="also spectool lookup with its audit against fixed policies off (core/audit.py; greedy: "
                          "sampled runs have none)")
+    ap.add_argument("--llama-fa", choices=("default", "same"), default="default",
+                    help="llama.cpp's tools' flash attention: their default, -fa auto (default), or the same kernel "
+                    "as spectool's (spectool/attention.py), so that the ratios measure drafting alone")
     ap.add_argument("--n-draft", type=int, default=8, help="llama-lookup's --spec-draft-n-max (default: 8)")
     ap.add_argument("--seed", type=int, default=None, help="the unseen samples' seed (default: a fresh one)")
     ap.add_argument("--tuning", action="store_true", help="the tuning lists instead (held-out families have none)")
@@ -510,12 +516,20 @@ def report_again(path: Path, out: Path) -> str:
 
 
 def load(path: Path, args) -> engine.Model:
-    """The target every spectool contender decodes on: with --trees, a sequence for each leaf of a tree in one KV
-    buffer (as `spectool run --draft-tree N` loads it)."""
+    """The target every spectool contender decodes on, with the attention kernel `spectool run` chooses
+    (spectool/attention.py): with --trees, a sequence for each leaf of a tree in one KV buffer (as `spectool run
+    --draft-tree N` loads it)."""
+    flash = attention.chosen(path, args.threads, "auto")
     if not args.trees:
-        return engine.Model(path, n_ctx=CTX_SIZE, n_threads=args.threads, n_gpu_layers="auto")
-    return ParallelModel(path, n_ctx=CTX_SIZE, n_threads=args.threads, n_gpu_layers="auto",
+        return engine.Model(path, n_ctx=CTX_SIZE, n_threads=args.threads, n_gpu_layers="auto", flash_attn=flash)
+    return ParallelModel(path, n_ctx=CTX_SIZE, n_threads=args.threads, n_gpu_layers="auto", flash_attn=flash,
                          n_seq_max=tree_seqs(args.trees), kv_unified=True, ctx_seqs=1)
+
+
+def attention_text(target: engine.Model, tools: bool | None) -> str:
+    """Which attention kernel spectool ran on, and llama.cpp's tools."""
+    ours = {True: "on", False: "off", None: "llama.cpp's default"}[target.flash_attn]
+    return f"flash attention {ours} (llama.cpp's tools: {'-fa auto' if tools is None else ours})"
 
 
 def main() -> None:
@@ -536,8 +550,10 @@ def main() -> None:
         path = common.real_model(name)
         with load(path, args) as target:
             chat = formats.ChatFormat.of(target)
-            backends[name] = f"{offload_text({'target': target.offload()})}, chat template: {chat.name}"
-            b = Bench(args, bins, name, path, target, sampling, ngram_drafters(args.ngram))
+            b = Bench(args, bins, name, path, target, sampling, ngram_drafters(args.ngram),
+                      flash_attn=target.flash_attn if args.llama_fa == "same" else None)
+            backends[name] = (f"{offload_text({'target': target.offload()})}, chat template: {chat.name}, "
+                              f"{attention_text(target, b.flash_attn)}")
             texts = {f: [p.render(chat) for p in ps] for f, ps in chosen.items()}
             for r in range(args.repeats):
                 b.costs = {c.name: Costs() for c in ours(args)}  # fresh at each repeat, as on a new machine

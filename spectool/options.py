@@ -94,6 +94,14 @@ def _threads(value: int | None) -> int | None:
     return value
 
 
+def _flash_attn(value: str) -> str:
+    import typer
+
+    if value not in ("auto", "on", "off"):
+        raise typer.BadParameter(f"{value!r} is not one of auto, on, off")
+    return value
+
+
 def _rpc(value: str | None) -> str | None:
     if not value:
         return value
@@ -217,6 +225,11 @@ class Options:
                         "memory would not hold its KV cache).")
     threads: Optional[int] = opt(None, "--threads", "-t", group=HARDWARE, min=1, parse=_threads,
                                   help="CPU threads.")
+    flash_attn: str = opt("auto", "--flash-attn", "-fa", group=HARDWARE, metavar="auto|on|off",
+                          parse=_flash_attn,
+                          help="llama.cpp's flash attention for the target; auto = on a GPU as "
+                          "llama.cpp decides, on a CPU whichever kernel this machine runs "
+                          "faster (measured once per model).")
     gpu_layers: str = opt("auto", "--gpu-layers", "-ngl", group=HARDWARE, metavar="N|auto|all",
                           parse=_gpu_layers,
                           help="Target layers to offload to the GPU or RPC workers; auto = all of "

@@ -222,6 +222,7 @@ def load_models(o: Options, stack: contextlib.ExitStack, refs: Refs, want_draft:
     """Download if needed and load the target and (when wanted) the draft of `refs` (from
     resolve_models); check whether they share a vocabulary (else the draft drafts through text). A
     draft that cannot be loaded is reported in `draft_error`, not raised: the caller decides."""
+    from spectool import attention
     from spectool.llama import devices, engine, parallel
     from spectool.models import hub
     from spectool.models.compat import vocab_differences
@@ -233,9 +234,8 @@ def load_models(o: Options, stack: contextlib.ExitStack, refs: Refs, want_draft:
     target_ref, draft_ref = refs.target, refs.draft
     path = hub.ensure(target_ref, yes=o.yes, ask=hooks.ask)
     with hooks.bar(f"loading {Path(path).name}", "") as bar:
-        # --parallel: one context for that many sequences (llama/parallel.py); draft trees: a
-        # sequence more for each leaf (its siblings' and the chain's), in one KV buffer sized for
-        # the generating sequences (generate/batch.py's spares)
+        # --parallel: one context for that many sequences (llama/parallel.py); draft trees: one more
+        # a leaf, in one KV buffer sized for the generating sequences (generate/batch.py's spares)
         n_seq = o.parallel * tree_seqs(o.draft_tree)
         kind = engine.Model if n_seq == 1 else parallel.ParallelModel
         unified: dict = {"kv_unified": True} if o.draft_tree or (o.kv_unified and n_seq > 1) else {}
@@ -243,6 +243,8 @@ def load_models(o: Options, stack: contextlib.ExitStack, refs: Refs, want_draft:
             unified["slots"] = o.parallel
         target = stack.enter_context(kind(path, n_ctx=o.ctx_size, n_threads=o.threads,
                                           n_gpu_layers=o.gpu_layers, load_mtp=load_mtp,
+                                          flash_attn=attention.chosen(path, o.threads, o.gpu_layers,
+                                                                      o.flash_attn),
                                           progress=bar.fraction, n_seq_max=n_seq, **unified,
                                           ctx_seqs=o.parallel))
     out = Loaded(target, None, target_ref, draft_ref)

@@ -75,8 +75,10 @@ def test_auto_offloads_everything_to_a_gpu_and_nothing_without_one(tiny, tmp_pat
     _, auto = generate(tiny, tmp_path)
     _, cpu = generate(tiny, tmp_path, "-ngl", "0")
     n_layers = auto["offload"]["target"]["of"]
+    flash = cpu["offload"]["target"]["flash_attn"]  # measured on the CPU (spectool/attention.py)
     assert n_layers >= 2 and cpu["offload"]["target"] == {"backend": "CPU", "devices": [], "layers": 0,
-                                                          "of": n_layers}
+                                                          "of": n_layers, "flash_attn": flash}
+    assert flash in (True, False)
     if gpus:
         assert auto["offload"]["target"]["layers"] == n_layers
         assert auto["offload"]["target"]["backend"] == ", ".join(d.name for d in gpus)

@@ -195,6 +195,7 @@ class Model(Facts):
         cparams.n_threads = cparams.n_threads_batch = self.n_threads
         cparams.no_perf = True
         # None: llama.cpp decides (on for CPU); its kernel sums in batch-dependent order
+        self.flash_attn = flash_attn  # as asked (spectool/attention.py)
         if flash_attn is not None:
             cparams.flash_attn_type = int(flash_attn)
         cparams.swa_full = True  # rollback inside the sliding window needs the full-size SWA cache
@@ -227,12 +228,12 @@ class Model(Facts):
     # ------------------------------------------------------------------------------------------
     def offload(self) -> dict:
         """Where the weights went, for the live panel, --stats-json and the cost tables' names: the
-        backend (the devices, or CPU), the devices, and how many of the offloadable layers went
-        there."""
+        backend (the devices, or CPU), the devices, how many of the offloadable layers went there,
+        and flash attention as asked (None: llama.cpp's choice; a batch's price depends on it)."""
         devices = self.offload_devices
         return {"backend": ", ".join(d.name for d in devices) if devices else "CPU",
                 "devices": [f"{d.name} ({d.description})" for d in devices],
-                "layers": self.n_offloaded, "of": self.n_offloadable}
+                "layers": self.n_offloaded, "of": self.n_offloadable, "flash_attn": self.flash_attn}
 
     def close(self) -> None:
         lib = self.lib

@@ -95,12 +95,13 @@ def _repacked(repack: bool | None) -> list[str]:
 
 
 def _common(model: Path, prompt_file: Path, tokens: int, threads: int, ctx: int, repack: bool | None,
-            gpu: bool = False, temp: float = 0.0, seed: int = 0) -> list[str]:
+            gpu: bool = False, temp: float = 0.0, seed: int = 0, flash_attn: bool | None = None) -> list[str]:
     """The flags every tool gets: greedy (or sampled at `temp` by llama.cpp's default chain, seeded), the same
-    context and threads, the weights' layout (_repacked); every layer on the GPU with `gpu`."""
+    context and threads, the weights' layout (_repacked); every layer on the GPU with `gpu`; flash attention on or
+    off as `flash_attn` says (None: llama.cpp's default, -fa auto)."""
     args = ["-m", str(model), "-f", str(prompt_file), "-n", str(tokens), "-t", str(threads), "-c", str(ctx),
             "--temp", f"{temp:g}", "--seed", str(seed), "-ngl", "99" if gpu else "0"]
-    return args + _repacked(repack)
+    return args + _repacked(repack) + ([] if flash_attn is None else ["-fa", "on" if flash_attn else "off"])
 
 
 def _prompt_file(directory: str, prompt: str) -> Path:
@@ -112,7 +113,8 @@ def _prompt_file(directory: str, prompt: str) -> Path:
 
 def lookup(binary: Path, model: Path, prompt: str, tokens: int, n_draft: int = 8, threads: int = 2,
            ctx: int = CTX_SIZE, repack: bool | None = None, first_decode: float = 0.0, gpu: bool = False,
-           dynamic: Path | None = None, temp: float = 0.0, seed: int = 0, echo: str = "") -> Run:
+           dynamic: Path | None = None, temp: float = 0.0, seed: int = 0, echo: str = "",
+           flash_attn: bool | None = None) -> Run:
     """`llama-lookup`, greedy, drafting at most `n_draft` tokens from its n-gram caches, asked for `tokens` new
     tokens and timed as spectool is (see parse_lookup; `first_decode`: the seconds of one single-token decode at
     this prompt, such as llama-completion's eval time per token). Its `-n` counts the first token and it stops after
@@ -122,7 +124,7 @@ def lookup(binary: Path, model: Path, prompt: str, tokens: int, n_draft: int = 8
     with tempfile.TemporaryDirectory() as tmp:
         # by default the dynamic cache file (-lcd) stays empty per run: only the prompt and the output are drafted from
         args = [str(binary), *_common(model, _prompt_file(tmp, prompt), tokens - 1, threads, ctx, repack, gpu,
-                                      temp, seed),
+                                      temp, seed, flash_attn),
                 "--spec-draft-n-max", str(n_draft), "-lcd", str(dynamic or Path(tmp) / "dynamic.bin")]
         p = subprocess.run(args, capture_output=True, text=True)
     if p.returncode:
@@ -156,7 +158,8 @@ NGRAM = {
 
 def speculative_ngram(binary: Path, model: Path, prompt: str, tokens: int, kind: str, threads: int = 2,
                       ctx: int = CTX_SIZE, repack: bool | None = None, gpu: bool = False,
-                      sizes: list[str] | None = None, temp: float = 0.0, seed: int = 0, echo: str = "") -> Run:
+                      sizes: list[str] | None = None, temp: float = 0.0, seed: int = 0, echo: str = "",
+                      flash_attn: bool | None = None) -> Run:
     """`llama-speculative-simple --spec-type KIND` (examples/speculative-simple): drafts from the text so far, no
     draft model. Its clock starts, as spectool's does, after the prompt's first n-1 tokens (the last one is decoded
     with the first draft), and it counts every token it makes: with `-n tokens-1` it makes `tokens` (it stops
@@ -164,7 +167,7 @@ def speculative_ngram(binary: Path, model: Path, prompt: str, tokens: int, kind:
     default; [] for llama.cpp's defaults)."""
     with tempfile.TemporaryDirectory() as tmp:
         args = [str(binary), *_common(model, _prompt_file(tmp, prompt), tokens - 1, threads, ctx, repack, gpu,
-                                      temp, seed),
+                                      temp, seed, flash_attn),
                 "--spec-type", kind, *(NGRAM[kind] if sizes is None else sizes)]
         p = subprocess.run(args, capture_output=True, text=True, stdin=subprocess.DEVNULL)
     if p.returncode:
@@ -173,12 +176,13 @@ def speculative_ngram(binary: Path, model: Path, prompt: str, tokens: int, kind:
 
 
 def completion(binary: Path, model: Path, prompt: str, tokens: int, threads: int = 2, ctx: int = CTX_SIZE,
-               repack: bool | None = None, gpu: bool = False, temp: float = 0.0, seed: int = 0, echo: str = "") -> Run:
+               repack: bool | None = None, gpu: bool = False, temp: float = 0.0, seed: int = 0, echo: str = "",
+               flash_attn: bool | None = None) -> Run:
     """`llama-completion`, greedy plain decoding; its decode time is the "eval time" of llama.cpp's perf report,
     with the sampling that goes with it (parse_completion)."""
     with tempfile.TemporaryDirectory() as tmp:
         args = [str(binary), *_common(model, _prompt_file(tmp, prompt), tokens, threads, ctx, repack, gpu, temp,
-                                      seed), "-no-cnv", "--simple-io"]
+                                      seed, flash_attn), "-no-cnv", "--simple-io"]
         p = subprocess.run(args, capture_output=True, text=True, stdin=subprocess.DEVNULL)
     if p.returncode:
         raise RuntimeError(f"llama-completion failed ({p.returncode}): {p.stderr[-500:]}")
