@@ -31,7 +31,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-from spectool.llama import engine
 from spectool_lab import llamacpp
 from spectool_lab.common import WORKLOADS, machine, models, on_gpu
 
@@ -66,16 +65,16 @@ CONTENDERS = ("llama-completion", "llama-lookup -lcd", "serve: lookup", "serve: 
 def run_workload(texts: list[str], urls: dict[str, str], model: Path, bins: dict, files: dict[str, Path],
                  args) -> dict[str, dict]:
     rows = {c: {"tokens": 0, "seconds": 0.0, "drafted": 0, "accepted": 0, "same": 0} for c in CONTENDERS}
-    repack, gpu = not engine.avoid_amx(), on_gpu()
+    gpu = on_gpu()  # (the weights' layout: the lab's default, spectool's)
     one = 0.0
     for i, text in enumerate(texts):
         if i == 0 or args.plain:  # what one single-token decode costs: llama-lookup's clock leaves one out
             plain = llamacpp.completion(bins["llama-completion"], model, text, args.tokens, args.threads,
-                                        repack=repack, gpu=gpu)
+                                        gpu=gpu)
             add(rows["llama-completion"], plain.tokens, plain.seconds)
             one = plain.seconds / plain.tokens if plain.tokens else 0.0
         lk = llamacpp.lookup(bins["llama-lookup"], model, text, args.tokens, args.n_draft, args.threads,
-                             repack=repack, first_decode=one, gpu=gpu, dynamic=files["lcd"])
+                             first_decode=one, gpu=gpu, dynamic=files["lcd"])
         add(rows["llama-lookup -lcd"], lk.tokens, lk.seconds, lk.drafted, lk.accepted)
         for name, url in urls.items():
             r = measure(url, [text], args.tokens, warm=False)

@@ -78,10 +78,10 @@ def run(extractions: list[Extraction], model: Path, server_bin: Path, args, draf
     spectool = SPECTOOL + (DRAFTED if draft else [])
     rows = {name: Row(name) for name in [*(c.name for c, _ in spectool), *SERVERS]}
     costs = {c.name: Costs() for c, _ in spectool}
-    repack, gpu = not engine.avoid_amx(), on_gpu()  # the weights layout and device spectool runs with
+    gpu = on_gpu()  # the device spectool runs on (the weights' layout: the lab's default, spectool's)
     with contextlib.ExitStack() as stack:
-        servers = {name: stack.enter_context(llamacpp.Server(server_bin, model, args.threads, repack=repack,
-                                                             gpu=gpu, extra=flags))
+        servers = {name: stack.enter_context(llamacpp.Server(server_bin, model, args.threads, gpu=gpu,
+                                                             extra=flags))
                    for name, flags in SERVERS.items()}
         target = stack.enter_context(engine.Model(model, n_ctx=CTX_SIZE, n_threads=args.threads,
                                                   n_gpu_layers="auto"))
