@@ -9,6 +9,7 @@ import numpy as np
 from spectool_lab.helpers import tokens_of
 
 from spectool.core.controller import Controller
+from spectool.core.costs import Costs
 from spectool.drafters.builder import for_generation
 from spectool.generate.loop import GenerationConfig
 from spectool.core.verify import Sampling, distribution
@@ -63,11 +64,12 @@ def chi2_rejects(counts, joint, n, alpha_z=3.09):
 
 def sample_joint(target, make_drafter, prompt, s=SAMPLING, n=N_RUNS, stats=None, grammar=None):
     """Counts of the first N_JOINT tokens over n seeded runs; the first step drafts K_DRAFT tokens (under
-    `grammar`, with its forced tokens first)."""
-    counts = {}
+    `grammar`, with its forced tokens first). The runs share one cost table, as a user's runs do: the first
+    measures what batches cost before its first step (generate/prompt.py's calibrate), the others need not."""
+    counts, costs = {}, Costs()
     for seed in range(n):
         drafter = for_generation(make_drafter(), grammar is not None)
-        g = GenerationConfig(target, drafter, s, Controller(k_max=K_DRAFT, adaptive=False),
+        g = GenerationConfig(target, drafter, s, Controller(k_max=K_DRAFT, adaptive=False, costs=costs),
                              max_tokens=K_DRAFT + 1, seed=seed, grammar=grammar)
         seq = tuple(tokens_of(g, prompt, stats)[:N_JOINT])
         counts[seq] = counts.get(seq, 0) + 1

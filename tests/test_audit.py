@@ -7,6 +7,7 @@ from spectool_lab.helpers import tokens_of
 
 from spectool.core.audit import LENGTHS, Audit
 from spectool.core.controller import Controller
+from spectool.core.costs import Costs
 from spectool.core.stats import Stats
 from spectool.drafters.lookup import PromptLookup
 from spectool.generate.loop import GenerationConfig, speculative_generate
@@ -169,7 +170,7 @@ def test_sampled_an_offers_match_with_the_text_is_what_drafting_it_keeps(target,
 
     offer = PromptLookup().lookup(lookup_prompt, 16)[0]
     greedy = tokens_of(GenerationConfig(target, None, max_tokens=16), lookup_prompt)
-    seeds, k = range(1500), 3
+    seeds, k, costs = range(1500), 3, Costs()  # one table: only the first run measures batches before its step
     assert len(offer) >= k
 
     def counted(text: list[int]) -> float:  # the audit's count for length k on one text
@@ -179,7 +180,8 @@ def test_sampled_an_offers_match_with_the_text_is_what_drafting_it_keeps(target,
         return audit.made[k]
 
     def first_step(seed: int) -> int:  # what drafting k of the offer made, really
-        g = GenerationConfig(target, PromptLookup(), SAMPLING, Controller(k_max=k, k_min=k, adaptive=False),
+        g = GenerationConfig(target, PromptLookup(), SAMPLING, Controller(k_max=k, k_min=k, adaptive=False,
+                                                                       costs=costs),
                              max_tokens=k + 1, seed=seed)
         return len(next(iter(speculative_generate(g, lookup_prompt))).tokens)
 

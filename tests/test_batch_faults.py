@@ -51,7 +51,10 @@ class NoMatcher:
 @pytest.fixture(scope="module")
 def batcher(tiny):
     with ParallelModel(tiny["target"], n_ctx=N * 256, n_threads=2, n_seq_max=N, n_batch=64) as m:
-        yield Batcher(m)
+        b = Batcher(m)
+        yield b
+        b.close()  # its OpenMP threads with its thread: they would slow every later test's decodes (Batcher.close)
+        assert not b.thread.is_alive()
 
 
 def gen(model, drafter=None, grammar=None, n=24) -> GenerationConfig:

@@ -51,9 +51,19 @@ class Batcher:
         if not isinstance(target, ParallelModel):
             raise ValueError("decoding sequences together needs a ParallelModel")
         self.batch = Batch(target, slots)  # (the rest of its sequences: trees' leaves)
-        self.joining: queue.SimpleQueue[Member] = queue.SimpleQueue()
+        self.joining: queue.SimpleQueue[Member | None] = queue.SimpleQueue()  # None: close
         self.members: dict[int, Member] = {}
-        threading.Thread(target=self.drive, daemon=True, name=BATCH_THREAD).start()
+        self.thread = threading.Thread(target=self.drive, daemon=True, name=BATCH_THREAD)
+        self.thread.start()
+
+    def close(self) -> None:
+        """End the batch thread once it has nothing under way. Its decodes ran on OpenMP threads of
+        its own (llama.cpp's CPU backend keeps a team per calling thread); while they live, libgomp
+        counts more threads than cores and every other team's threads sleep between decodes instead
+        of waiting awake, which made a tiny model's decodes on the main thread about 10x slower
+        (research/notes/2026-12-06-run-to-run.md). The thread's end frees them."""
+        self.joining.put(None)
+        self.thread.join()
 
     def generate(self, gen: GenerationConfig, tokens: list[int], stop: list[str], stats: Stats,
                  interrupted: Callable[[], bool], seq: int) -> Iterator[tuple[str, Step]]:
@@ -76,13 +86,17 @@ class Batcher:
             raise item
 
     def drive(self) -> None:
-        """Forever: let in the generations that came, step them all, hand each its step."""
+        """Until closed with nothing under way: let in the generations that came, step them all,
+        hand each its step."""
         waiting: list[Member] = []
-        while True:
-            if not self.members and not waiting:  # nothing under way: wait for a generation
-                waiting.append(self.joining.get())
+        closing = False
+        while not (closing and not self.members and not waiting):
+            # nothing under way: wait for a generation
+            came = [self.joining.get()] if not self.members and not waiting else []
             while not self.joining.empty():
-                waiting.append(self.joining.get())
+                came.append(self.joining.get())
+            closing = closing or None in came
+            waiting += [m for m in came if m is not None]
             for m in [m for m in waiting if m.seq in self.batch.free]:
                 waiting.remove(m)
                 self.join(m)
