@@ -27,7 +27,7 @@ from spectool import bench
 from spectool.bench import Contender, Result
 from spectool.llama import engine
 from spectool.models.registry import PAIR_DRAFT_MAX
-from spectool.options import CTX_SIZE, DRAFT_MAX, Mode
+from spectool.options import DRAFT_MAX, Mode
 
 SETS = ("free-form (ShareGPT)", "grounded chat (ShareGPT)")
 CONTENDERS = [Contender("plain", Mode.none), Contender("lookup", Mode.lookup, DRAFT_MAX),
@@ -38,8 +38,7 @@ CONTENDERS = [Contender("plain", Mode.none), Contender("lookup", Mode.lookup, DR
 def one_target(kind: str, args, seed: int) -> dict[str, list[list[Result]]]:
     """Every set's samples on target `kind` (F16 or Q4_K_M) with SmolLM2 drafting: {set: [each sample's results]}."""
     out: dict[str, list[list[Result]]] = {}
-    with engine.Model(models((kind,))[kind], n_ctx=CTX_SIZE, n_threads=args.threads) as target, \
-            engine.Model(smollm2(), n_ctx=CTX_SIZE, n_threads=args.threads) as draft:
+    with common.load(models((kind,))[kind], args.threads) as target, common.load(smollm2(), args.threads) as draft:
         for name in SETS:
             for s in range(args.samples):
                 prompts = [target.tokenize(t) for t in common.unseen(name, args.prompts, seed + s)]

@@ -26,7 +26,7 @@ from spectool.bench import Contender, Result
 from spectool.cli.display import offload_text
 from spectool.core.verify import Sampling
 from spectool.llama import engine
-from spectool.options import CTX_SIZE, LLAMA_CPP_TEMP
+from spectool.options import LLAMA_CPP_TEMP
 from spectool_lab import common
 from spectool_lab.common import drain, machine, models, on_gpu, open_drafts, say
 
@@ -42,7 +42,7 @@ def run_set(name: str, model: Path, texts: list[str], contenders: list[Contender
     if not sampling.greedy:
         baseline = bench.reference("llama-cpp-python plain", model, texts, args.tokens, sampling, args.threads,
                                    say=say, n_gpu_layers=-1 if on_gpu() else 0)
-    with engine.Model(model, n_ctx=CTX_SIZE, n_threads=args.threads, n_gpu_layers="auto") as target, \
+    with common.load(model, args.threads) as target, \
             contextlib.ExitStack() as stack:
         print(f"   backend: {offload_text({'target': target.offload()})}", flush=True)
         drafts = open_drafts(stack, draft_path, contenders, args.threads)

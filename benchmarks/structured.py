@@ -48,9 +48,9 @@ from spectool.core.stats import Stats
 from spectool.drafters.builder import for_generation
 from spectool.llama import engine
 from spectool.models.registry import PAIR_DRAFT_MAX
-from spectool.options import CTX_SIZE, DRAFT_MAX
+from spectool.options import DRAFT_MAX
 from spectool.templates import prompt_tokens
-from spectool_lab import llamacpp
+from spectool_lab import common, llamacpp
 from spectool_lab.common import machine, models, on_gpu, open_drafts
 from spectool_lab.extraction import Extraction, Row, extraction_prompts, table
 
@@ -83,8 +83,7 @@ def run(extractions: list[Extraction], model: Path, server_bin: Path, args, draf
         servers = {name: stack.enter_context(llamacpp.Server(server_bin, model, args.threads, gpu=gpu,
                                                              extra=flags))
                    for name, flags in SERVERS.items()}
-        target = stack.enter_context(engine.Model(model, n_ctx=CTX_SIZE, n_threads=args.threads,
-                                                  n_gpu_layers="auto"))
+        target = stack.enter_context(common.load(model, args.threads))
         drafts = open_drafts(stack, draft, [c for c, _ in spectool], args.threads)
         for i, ex in enumerate(extractions):
             prompt = prompt_tokens(target, [{"role": "user", "content": ex.message}])

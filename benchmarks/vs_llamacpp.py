@@ -519,10 +519,10 @@ def load(path: Path, args) -> engine.Model:
     """The target every spectool contender decodes on, with the attention kernel `spectool run` chooses
     (spectool/attention.py): with --trees, a sequence for each leaf of a tree in one KV buffer (as `spectool run
     --draft-tree N` loads it)."""
-    flash = attention.chosen(path, args.threads, "auto")
     if not args.trees:
-        return engine.Model(path, n_ctx=CTX_SIZE, n_threads=args.threads, n_gpu_layers="auto", flash_attn=flash)
-    return ParallelModel(path, n_ctx=CTX_SIZE, n_threads=args.threads, n_gpu_layers="auto", flash_attn=flash,
+        return common.load(path, args.threads)
+    return ParallelModel(path, n_ctx=CTX_SIZE, n_threads=args.threads, n_gpu_layers="auto",
+                         flash_attn=attention.chosen(path, args.threads, "auto"),
                          n_seq_max=tree_seqs(args.trees), kv_unified=True, ctx_seqs=1)
 
 

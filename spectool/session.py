@@ -10,7 +10,7 @@ it.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import (TYPE_CHECKING, Callable, ContextManager, Generator, Iterator, NamedTuple,
                     Sequence)
@@ -225,7 +225,6 @@ def load_models(o: Options, stack: contextlib.ExitStack, refs: Refs, want_draft:
     from spectool import attention
     from spectool.llama import devices, engine, parallel
     from spectool.models import hub
-    from spectool.models.compat import vocab_differences
 
     engine.set_verbose(o.debug)
     hub.VERBOSE["on"] = o.debug
@@ -248,25 +247,39 @@ def load_models(o: Options, stack: contextlib.ExitStack, refs: Refs, want_draft:
                                           progress=bar.fraction, n_seq_max=n_seq, **unified,
                                           ctx_seqs=o.parallel))
     out = Loaded(target, None, target_ref, draft_ref)
-    if draft_ref is None or not want_draft:
-        return out
+    if draft_ref is not None and want_draft:
+        _load_draft(o, stack, out, draft_ref, hooks)
+    return out
+
+
+def _load_draft(o: Options, stack: contextlib.ExitStack, out: Loaded, ref: ModelRef,
+                hooks: Hooks) -> None:
+    """Load the draft `ref` beside the target of `out`, on the attention kernel chosen for it as
+    for the target; a draft that cannot be loaded goes to `out.draft_error`; one whose vocabulary
+    is not the target's drafts through text."""
+    from spectool import attention
+    from spectool.llama import engine
+    from spectool.models import hub
+    from spectool.models.compat import vocab_differences
+
     try:
-        path = hub.ensure(draft_ref, yes=o.yes, ask=hooks.ask)
+        path = hub.ensure(ref, yes=o.yes, ask=hooks.ask)
         with hooks.bar(f"loading {Path(path).name}", "") as bar:
-            draft = stack.enter_context(engine.Model(path, n_ctx=target.n_ctx, n_threads=o.threads,
+            flash = attention.chosen(path, o.threads, o.gpu_layers_draft, o.flash_attn)
+            draft = stack.enter_context(engine.Model(path, n_ctx=out.target.n_ctx,
+                                                     n_threads=o.threads,
                                                      n_gpu_layers=o.gpu_layers_draft,
-                                                     local_only=True,
+                                                     local_only=True, flash_attn=flash,
                                                      progress=bar.fraction))
     except (engine.EngineError, hub.HubError) as e:
         out.draft_error, out.draft_notice = e, f"draft model not loaded ({e})"
-        return out
-    problems = vocab_differences(target.vocab_info(), draft.vocab_info(), limit=1)
+        return
+    problems = vocab_differences(out.target.vocab_info(), draft.vocab_info(), limit=1)
     if problems:
         out.through_text = True
         out.draft_notice = (f"the draft model's vocabulary is not the target's ({problems[0]}): it "
                             "drafts through text")
     out.draft = draft
-    return out
 
 
 def open_corpus(o: Options, target: Model, notices: list[str]) -> tuple[Corpus | None, str | None]:

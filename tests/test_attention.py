@@ -59,6 +59,17 @@ def test_a_table_of_costs_is_kept_per_kernel(tiny, tmp_path, monkeypatch):
 def test_the_kernel_is_an_option(tiny, tmp_path):
     from test_rpc import generate
 
-    _, off = generate(tiny, tmp_path, "-fa", "off")
-    _, on = generate(tiny, tmp_path, "--flash-attn", "on")
-    assert off["offload"]["target"]["flash_attn"] is False and on["offload"]["target"]["flash_attn"] is True
+    draft = ("-md", str(tiny["draft"]), "--spec", "draft")
+    _, off = generate(tiny, tmp_path, "-fa", "off", *draft)
+    _, on = generate(tiny, tmp_path, "--flash-attn", "on", *draft)
+    for model in ("target", "draft"):  # a draft model runs the kernel chosen for it as the target does
+        assert off["offload"][model]["flash_attn"] is False and on["offload"][model]["flash_attn"] is True
+
+
+def test_auto_chooses_the_draft_s_kernel_too(tiny, tmp_path, monkeypatch):
+    from test_rpc import generate
+
+    monkeypatch.setenv("SPECTOOL_CACHE", str(tmp_path))
+    _, stats = generate(tiny, tmp_path, "-md", str(tiny["draft"]), "--spec", "draft", "-ngld", "0")
+    kept = {json.loads(f.read_text())["flash_attn"] for f in (tmp_path / "attention").glob(f"{tiny['draft'].stem}-*")}
+    assert kept == {stats["offload"]["draft"]["flash_attn"]}

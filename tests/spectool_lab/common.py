@@ -311,6 +311,15 @@ def real_model(name: str) -> Path:
     return models(({"gemma-f16": "F16", "gemma-q4": "Q4_K_M"}[name],)).popitem()[1]
 
 
+def load(path: Path, threads: int | None, **kw) -> engine.Model:
+    """A model loaded as `spectool run` loads it: every layer on the GPU where there is one, else the attention
+    kernel spectool/attention.py chooses for this CPU; `kw`: more of engine.Model's arguments."""
+    from spectool import attention
+
+    return engine.Model(path, n_ctx=CTX_SIZE, n_threads=threads, n_gpu_layers="auto",
+                        flash_attn=attention.chosen(path, threads, "auto"), **kw)
+
+
 def open_drafts(stack: contextlib.ExitStack, draft_path: Path | None, contenders: list[Contender],
                 threads: int) -> dict:
     """The draft models the contenders draft with, opened on `stack`: Contender.generation's `drafts`, a draft
@@ -318,7 +327,7 @@ def open_drafts(stack: contextlib.ExitStack, draft_path: Path | None, contenders
     drafts = {}
     for vocab in sorted({c.draft_vocab for c in contenders if c.mode in ("draft", "hybrid")}):
         path = prune.pruned_draft(draft_path, vocab, n_threads=threads) if vocab else draft_path
-        m = stack.enter_context(engine.Model(path, n_ctx=CTX_SIZE, n_threads=threads, n_gpu_layers="auto"))
+        m = stack.enter_context(load(path, threads))
         drafts[vocab] = (m, prune.read_ids(path) if vocab else None)
     return drafts
 

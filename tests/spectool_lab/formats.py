@@ -340,15 +340,9 @@ def each_family(args: argparse.Namespace, seed: int) -> Iterator[tuple]:
     """For each of family_options' --models and --families, in order: (model name, its target loaded on 2 threads,
     family, the family's chosen prompts rendered in the model's format and tokenized as llama.cpp's tools tokenize
     them). Each model stays loaded while its families run."""
-    from spectool import attention
-    from spectool.llama import engine
-    from spectool.options import CTX_SIZE
-
     for name in args.models.split(","):
         path = common.real_model(name)
-        # with the attention kernel `spectool run` chooses
-        with engine.Model(path, n_ctx=CTX_SIZE, n_threads=2,
-                          flash_attn=attention.chosen(path, 2, "auto")) as target:
+        with common.load(path, 2) as target:  # as `spectool run` loads it
             chat = ChatFormat.of(target)
             for fam in args.families.split(","):
                 yield name, target, fam, [target.tokenize(p.render(chat), parse_special=True)
