@@ -20,11 +20,13 @@ import ctypes
 import statistics
 import time
 
-import numpy as np
-from spectool_lab import common
+from spectool.llama import native  # noqa: F401, I001 - llama.cpp's libraries before numpy (spectool/llama/native.py)
+import numpy as np  # noqa: E402
 
-from spectool import attention
-from spectool.llama import engine
+from spectool_lab import common  # noqa: E402
+
+from spectool import attention  # noqa: E402
+from spectool.llama import engine  # noqa: E402
 
 STEPS, CHECKS, PROMPT = 64, 16, 300
 
