@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from spectool.cost_files import cpu_name
-from spectool.llama import engine
+from spectool.llama import engine, native
 from spectool.models.store import cache_dir, file_tag, write_json_atomic
 
 PROBE = 512  # tokens of context the kernels are timed after
@@ -46,7 +46,8 @@ def chosen(path: str | os.PathLike, threads: int | None, gpu_layers: int | str,
         return bool(json.loads(where.read_text())["flash_attn"])
     except (OSError, ValueError, KeyError, TypeError):
         pass  # none kept yet, or damaged: measured again
-    seconds = {fa: decode_seconds(path, threads, fa) for fa in (True, False)}
+    seconds = native.on_a_thread_of_its_own(  # (its OpenMP threads end with it)
+        lambda: {fa: decode_seconds(path, threads, fa) for fa in (True, False)})
     flash = faster(seconds)
     where.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(where, {"flash_attn": flash,

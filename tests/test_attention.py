@@ -4,6 +4,9 @@ what the user asks for where they ask."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -73,3 +76,39 @@ def test_auto_chooses_the_draft_s_kernel_too(tiny, tmp_path, monkeypatch):
     _, stats = generate(tiny, tmp_path, "-md", str(tiny["draft"]), "--spec", "draft", "-ngld", "0")
     kept = {json.loads(f.read_text())["flash_attn"] for f in (tmp_path / "attention").glob(f"{tiny['draft'].stem}-*")}
     assert kept == {stats["offload"]["draft"]["flash_attn"]}
+
+
+PROBE_THREADS = """
+import os, sys, time
+from spectool import attention
+from spectool.llama import native
+
+def threads():  # this process's threads now, once any that are ending have ended
+    time.sleep(0.2)
+    return len(os.listdir("/proc/self/task"))
+
+path, on_main = sys.argv[1], sys.argv[2] == "main"
+native.lib()
+before = threads()
+if on_main:  # the control: the probe's decodes on this thread, as they ran before
+    attention.decode_seconds(path, 2, False)
+else:
+    attention.chosen(path, 2, 0)
+print(before, threads(), "libgomp" in open("/proc/self/maps").read())
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="counts threads through Linux's /proc")
+def test_the_probe_leaves_no_threads_of_llama_cpp_behind(tiny, tmp_path):
+    """Measured on a thread of its own: an OpenMP team left on the main thread by the probe would have every team
+    sleep between decodes while a server's generation threads decode (2.6x slower on SmolLM2, 2 cores)."""
+    env = {**os.environ, "SPECTOOL_CACHE": str(tmp_path)}
+    counts = {}
+    for where in ("main", "own"):
+        p = subprocess.run([sys.executable, "-c", PROBE_THREADS, str(tiny["target"]), where], capture_output=True,
+                           text=True, env=env, timeout=120)
+        assert p.returncode == 0, p.stderr
+        before, after, openmp = p.stdout.split()
+        counts[where] = int(after) - int(before)
+    assert counts["own"] == 0
+    assert openmp == "False" or counts["main"] > 0  # the control: with OpenMP, decoding on the main thread leaves its team

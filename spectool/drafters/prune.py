@@ -131,11 +131,14 @@ def pruned_draft(path: str | os.PathLike, vocab: int, progress=None, **model_opt
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
-    with Model(path, n_ctx=2048, **model_options) as m:
-        ranking = token_ranking(m, progress=progress)
-        info = m.vocab_info()
-        # end-of-generation tokens stay proposable
-        always = {i for i in range(m.n_vocab) if m.is_eog(i)}
+
+    def rank() -> tuple:
+        with Model(path, n_ctx=2048, **model_options) as m:
+            # end-of-generation tokens stay proposable
+            return (token_ranking(m, progress=progress), m.vocab_info(),
+                    {i for i in range(m.n_vocab) if m.is_eog(i)})
+
+    ranking, info, always = native.on_a_thread_of_its_own(rank)  # (its OpenMP threads end with it)
     # byte fallback
     always |= {i for i, t in enumerate(info.texts) if t.startswith(b"<0x") and len(t) == 6}
     always |= {i for i in (info.bos, info.eos) if i >= 0} | set(range(5))

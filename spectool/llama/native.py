@@ -18,8 +18,12 @@ import collections
 import ctypes
 import os
 import threading
+from typing import Callable, TypeVar
 
 import llama_cpp  # noqa: F401 - the import is the point (before numpy)
+
+
+T = TypeVar("T")
 
 
 class EngineError(Exception):
@@ -75,6 +79,30 @@ class Interrupt:
     is a plain attribute, so that Model.eval reads it after every decode without a call."""
 
     pending = False
+
+
+def on_a_thread_of_its_own(fn: Callable[[], T]) -> T:
+    """`fn()` run on a thread that ends when it returns: its result, or its exception raised here.
+    For decodes outside a process's generating thread (a probe, a ranking): llama.cpp's CPU backend
+    runs on OpenMP threads, a team per thread that decodes, kept until that thread ends. While a
+    thread that decoded once lives beside the one generating, libgomp counts more threads than cores
+    and has every team sleep between decodes: SmolLM2 on 2 cores decoded a token in 31 ms instead of
+    12 for as long as it lived (research/notes/2026-12-06-run-to-run.md)."""
+    out: list = []
+
+    def run() -> None:
+        try:
+            out.append((True, fn()))
+        except BaseException as e:  # noqa: BLE001 - raised again on the caller's thread
+            out.append((False, e))
+
+    thread = threading.Thread(target=run, name="spectool-probe")
+    thread.start()
+    thread.join()
+    ok, value = out[0]
+    if not ok:
+        raise value
+    return value
 
 
 def take_interrupt() -> bool:
