@@ -15,15 +15,13 @@ range, and how many distinct step sequences the runs took.
 
 from __future__ import annotations
 
-import argparse
 import time
 
-from cost_noise import decode, spread
-from spectool_lab import common, formats
+from cost_noise import decode, options, spread
+from spectool_lab import formats
 
 from spectool.core.costs import Costs
 from spectool.generate import loop, prompt as prompt_processing
-from spectool.llama import engine
 
 SHIPPED = prompt_processing.calibrate
 DENSE_MAX, TIMES = 16, 3
@@ -48,14 +46,7 @@ def dense(target, x, ctl, output) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    formats.family_options(ap, families="raw,instruction,chat,qa")
-    ap.set_defaults(models="smollm2", prompts=2)
-    ap.add_argument("--runs", type=int, default=5)
-    args = ap.parse_args()
-    seed = common.fresh_seed(args.seed)
-    engine.set_verbose(False)
-    print(f"seed {seed}, greedy, {args.tokens} tokens at most, {args.runs} runs a way; {common.machine(2)}\n")
+    args, seed = options(__doc__, "raw,instruction,chat,qa", "way")
     print("| model | family | prompt | calibration | decode time (range over mean) | drafted | step sequences |")
     print("|---|---|---:|---|---:|---:|---:|")
     spent: dict[str, list[float]] = {"as shipped": [], "dense": []}  # seconds each calibration took

@@ -51,15 +51,22 @@ def spread(values: list[float]) -> str:
     return f"{1e3 * mean:.0f} ms ({100 * (max(values) - min(values)) / mean:.1f}%)"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    formats.family_options(ap, families="raw,instruction")
+def options(doc: str, families: str, each: str) -> tuple[argparse.Namespace, int]:
+    """A probe's options (SmolLM2, `families`, 2 prompts, --runs 5) and its seed, printed with the machine; llama.cpp
+    quiet. `each`: what the runs are counted per ("table")."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    formats.family_options(ap, families=families)
     ap.set_defaults(models="smollm2", prompts=2)
     ap.add_argument("--runs", type=int, default=5)
     args = ap.parse_args()
     seed = common.fresh_seed(args.seed)
     engine.set_verbose(False)
-    print(f"seed {seed}, greedy, {args.tokens} tokens at most, {args.runs} runs a table; {common.machine(2)}\n")
+    print(f"seed {seed}, greedy, {args.tokens} tokens at most, {args.runs} runs a {each}; {common.machine(2)}\n")
+    return args, seed
+
+
+def main() -> None:
+    args, seed = options(__doc__, "raw,instruction", "table")
     print("| model | family | prompt | table | decode time (range over mean) | drafted | accepted | step sequences |")
     print("|---|---|---:|---|---:|---:|---:|---:|")
     for name, target, fam, prompts in formats.each_family(args, seed):
