@@ -17,6 +17,7 @@ import threading
 import time
 
 from spectool_lab import common
+from threadpool import round_ms
 
 from spectool import attention
 from spectool.llama import engine
@@ -24,26 +25,13 @@ from spectool.llama import engine
 STEPS, CHECKS, PROMPT, ROUNDS = 48, 12, 300, 4
 
 
-def round_ms(m: engine.Model, prompt: list[int]) -> tuple[float, float]:
-    """(ms of a one-token step with its greedy pick, ms of a verification of 8) over one round."""
-    m.rollback(len(prompt))
-    tok = prompt[-1]
-    t0 = time.perf_counter()
-    for _ in range(STEPS):
-        m.eval([tok], logits="last")
-        tok = int(m.logits().argmax())
-    step = (time.perf_counter() - t0) / STEPS
-    m.rollback(len(prompt))
-    t0 = time.perf_counter()
-    for _ in range(CHECKS):
-        m.eval(prompt[-8:], logits="all")
-        m.rollback(len(prompt))
-    return 1000 * step, 1000 * (time.perf_counter() - t0) / CHECKS
+def rounds(m: engine.Model, prompt: list[int]) -> list[tuple[float, float]]:
+    return [round_ms(m, prompt, STEPS, CHECKS) for _ in range(ROUNDS)]
 
 
 def phases(m: engine.Model, other: engine.Model, prompt: list[int]) -> dict[str, list[tuple[float, float]]]:
     """Each phase's rounds: alone, beside a live thread that decoded once, after that thread ended."""
-    out = {"alone": [round_ms(m, prompt) for _ in range(ROUNDS)]}
+    out = {"alone": rounds(m, prompt)}
     stop = threading.Event()
 
     def side() -> None:
@@ -53,11 +41,11 @@ def phases(m: engine.Model, other: engine.Model, prompt: list[int]) -> dict[str,
     thread = threading.Thread(target=side)
     thread.start()
     time.sleep(0.5)
-    out["another thread's team alive"] = [round_ms(m, prompt) for _ in range(ROUNDS)]
+    out["another thread's team alive"] = rounds(m, prompt)
     stop.set()
     thread.join()
     time.sleep(0.2)
-    out["after it ended"] = [round_ms(m, prompt) for _ in range(ROUNDS)]
+    out["after it ended"] = rounds(m, prompt)
     return out
 
 

@@ -66,21 +66,22 @@ def attach(m: engine.Model, poll: int | None):
     return pool
 
 
-def round_ms(m: engine.Model, prompt: list[int]) -> tuple[float, float]:
-    """(ms of a one-token step with its greedy pick, ms of a verification of 8) over one round."""
+def round_ms(m: engine.Model, prompt: list[int], steps: int = STEPS, checks: int = CHECKS) -> tuple[float, float]:
+    """(ms of a one-token step with its greedy pick, ms of a verification of 8) over one round of `steps` steps and
+    `checks` verifications."""
     m.rollback(len(prompt))
     tok = prompt[-1]
     t0 = time.perf_counter()
-    for _ in range(STEPS):
+    for _ in range(steps):
         m.eval([tok], logits="last")
         tok = int(np.argmax(m.logits()))
-    step = (time.perf_counter() - t0) / STEPS
+    step = (time.perf_counter() - t0) / steps
     m.rollback(len(prompt))
     t0 = time.perf_counter()
-    for _ in range(CHECKS):
+    for _ in range(checks):
         m.eval(prompt[-8:], logits="all")
         m.rollback(len(prompt))
-    return 1000 * step, 1000 * (time.perf_counter() - t0) / CHECKS
+    return 1000 * step, 1000 * (time.perf_counter() - t0) / checks
 
 
 def main() -> None:
