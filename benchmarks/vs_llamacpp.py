@@ -48,10 +48,9 @@ from spectool.core.costs import Costs
 from spectool.core.stats import Stats
 from spectool.core.verify import Sampling
 from spectool.generate.loop import GenerationConfig, speculative_generate
-from spectool import attention
 from spectool.llama import engine
 from spectool.llama.parallel import ParallelModel
-from spectool.options import CTX_SIZE, DRAFT_MAX, Mode, llama_cpp_sampling
+from spectool.options import DRAFT_MAX, Mode, llama_cpp_sampling
 from spectool.session import tree_seqs
 from spectool_lab import common, formats, llamacpp
 from spectool_lab.common import machine, on_gpu
@@ -521,9 +520,8 @@ def load(path: Path, args) -> engine.Model:
     --draft-tree N` loads it)."""
     if not args.trees:
         return common.load(path, args.threads)
-    return ParallelModel(path, n_ctx=CTX_SIZE, n_threads=args.threads, n_gpu_layers="auto",
-                         flash_attn=attention.chosen(path, args.threads, "auto"),
-                         n_seq_max=tree_seqs(args.trees), kv_unified=True, ctx_seqs=1)
+    return common.load(path, args.threads, ParallelModel, n_seq_max=tree_seqs(args.trees), kv_unified=True,
+                       ctx_seqs=1)
 
 
 def attention_text(target: engine.Model, tools: bool | None) -> str:

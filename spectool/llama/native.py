@@ -18,6 +18,7 @@ import collections
 import ctypes
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, TypeVar
 
 import llama_cpp  # noqa: F401 - the import is the point (before numpy)
@@ -88,21 +89,8 @@ def on_a_thread_of_its_own(fn: Callable[[], T]) -> T:
     thread that decoded once lives beside the one generating, libgomp counts more threads than cores
     and has every team sleep between decodes: SmolLM2 on 2 cores decoded a token in 31 ms instead of
     12 for as long as it lived (research/notes/2026-12-06-run-to-run.md)."""
-    out: list = []
-
-    def run() -> None:
-        try:
-            out.append((True, fn()))
-        except BaseException as e:  # noqa: BLE001 - raised again on the caller's thread
-            out.append((False, e))
-
-    thread = threading.Thread(target=run, name="spectool-probe")
-    thread.start()
-    thread.join()
-    ok, value = out[0]
-    if not ok:
-        raise value
-    return value
+    with ThreadPoolExecutor(1, thread_name_prefix="spectool-probe") as pool:  # joined at the end
+        return pool.submit(fn).result()
 
 
 def take_interrupt() -> bool:

@@ -311,13 +311,14 @@ def real_model(name: str) -> Path:
     return models(({"gemma-f16": "F16", "gemma-q4": "Q4_K_M"}[name],)).popitem()[1]
 
 
-def load(path: Path, threads: int | None, **kw) -> engine.Model:
+def load(path: Path, threads: int | None, kind: type[engine.Model] = engine.Model, **kw) -> engine.Model:
     """A model loaded as `spectool run` loads it: every layer on the GPU where there is one, else the attention
-    kernel spectool/attention.py chooses for this CPU; `kw`: more of engine.Model's arguments."""
+    kernel spectool/attention.py chooses for this CPU; `kind` (a ParallelModel) and `kw` (more of its arguments)
+    as `spectool run` would pass them."""
     from spectool import attention
 
-    return engine.Model(path, n_ctx=CTX_SIZE, n_threads=threads, n_gpu_layers="auto",
-                        flash_attn=attention.chosen(path, threads, "auto"), **kw)
+    return kind(path, n_ctx=CTX_SIZE, n_threads=threads, n_gpu_layers="auto",
+                flash_attn=attention.chosen(path, threads, "auto"), **kw)
 
 
 def open_drafts(stack: contextlib.ExitStack, draft_path: Path | None, contenders: list[Contender],
