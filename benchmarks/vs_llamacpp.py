@@ -27,7 +27,10 @@ N tokens in T seconds` read the same way as spectool's (llamacpp.parse_lookup; l
 decode, priced as llama-completion's per-token time on the same prompt in the same repeat). The report
 (benchmarks/results/vs_llamacpp.md, or vs_llamacpp-temp0.8.md; the runs themselves in the .json beside it) gives per
 model and family spectool lookup over the fastest llama.cpp drafter, over llama-lookup, plain over llama-completion,
-the worst single prompt, and the spreads over repeats, then a PASS/FAIL line for each of issue 57's bars, as measured.
+the worst single prompt, and the spreads over repeats, then a PASS/FAIL line for each of issue 57's bars, as measured,
+and what the machine makes of two of them: the prompts where the fastest drafter drafted nothing (plain decoding
+against plain decoding), and the spreads of the contenders that draft nothing, beside each figure's spread over the
+same repeat's llama-completion.
 It is rewritten after every family, so a run cut short leaves what it measured.
 """
 
@@ -254,14 +257,20 @@ def row(model: str, family: str, records: list[Record], kinds: list[str]) -> Row
     ratio = (lambda a, b: a / b if b else 0.0)
     worst, worst_at = float("inf"), ""
     for i in sorted({r.prompt for r in records}):
-        mine = [r for r in records if r.prompt == i and not r.failed]
-        best = max(drafters(f), key=lambda n: tps([r for r in mine if r.contender == n]))
-        v = ratio(tps([r for r in mine if r.contender == LOOKUP]), tps([r for r in mine if r.contender == best]))
+        best, v = fastest_on([r for r in records if r.prompt == i])
         if v < worst:
             worst, worst_at = v, f"prompt {i + 1}" + (f" ({kinds[i]})" if kinds[i] else "") + f", vs {best}"
     return Row(model, family, formats.FAMILIES[family].held_out, ratio(f[LOOKUP].mean, f[fastest].mean), fastest,
                ratio(f[LOOKUP].mean, f[LOOKUP_CPP].mean), ratio(f[PLAIN].mean, f[COMPLETION].mean), worst, worst_at,
                f[LOOKUP], f[LOOKUP_CPP])
+
+
+def fastest_on(prompt: list[Record]) -> tuple[str, float]:
+    """On one prompt's records (its repeats pooled): the fastest llama.cpp drafter, and spectool lookup over it."""
+    ok = [r for r in prompt if not r.failed]
+    best = max(drafters(dict.fromkeys(r.contender for r in ok)), key=lambda n: tps([r for r in ok if r.contender == n]))
+    theirs = tps([r for r in ok if r.contender == best])
+    return best, tps([r for r in ok if r.contender == LOOKUP]) / theirs if theirs else 0.0
 
 
 def rows(records: list[Record], chosen: dict[str, list[formats.Prompt]]) -> list[Row]:
@@ -318,7 +327,55 @@ def floor(records: list[Record]) -> str:
         return ""
     return (f"The per-prompt floor: spectool plain, which drafts nothing, made below {BARS['prompt']:.2f}x "
             f"llama-completion on {sum(v < BARS['prompt'] for v in ratios)} of {len(ratios)} prompts "
-            f"({min(ratios):.2f}-{max(ratios):.2f}x): what a prompt's figure moves between two plain decoders here.")
+            f"({min(ratios):.2f}-{max(ratios):.2f}x): what a prompt's figure moves between two plain decoders here."
+            + undrafted(records))
+
+
+def undrafted(records: list[Record]) -> str:
+    """Of the prompts below the per-prompt bar, those whose fastest drafter drafted nothing there (it decoded as
+    llama-completion does, so the bar measures plain decoding against plain decoding), and what spectool plain made
+    against that drafter on them."""
+    below, plain = 0, []
+    for key in dict.fromkeys((r.model, r.family, r.prompt) for r in records):
+        mine = [r for r in records if (r.model, r.family, r.prompt) == key and not r.failed]
+        best, v = fastest_on(mine)
+        if v >= BARS["prompt"]:
+            continue
+        below += 1
+        theirs = [r for r in mine if r.contender == best]
+        if not sum(r.drafted for r in theirs) and tps(theirs):
+            plain.append(tps([r for r in mine if r.contender == PLAIN]) / tps(theirs))
+    if not plain:
+        return ""
+    return (f" On {len(plain)} of the {below} prompts where spectool lookup made below {BARS['prompt']:.2f}x the "
+            f"fastest drafter, that drafter drafted nothing (it decoded one token a step, as llama-completion does), "
+            f"and spectool plain, which drafts nothing either, made {min(plain):.2f}-{max(plain):.2f}x of it there "
+            f"(below {BARS['prompt']:.2f}x on {sum(v < BARS['prompt'] for v in plain)}).")
+
+
+def drift(records: list[Record]) -> str:
+    """How much of the spread over repeats the machine makes: the spreads of the contenders that draft nothing (no
+    cost table steers them), and each repeat's figure over the same repeat's llama-completion (the machine's plain
+    decoding in that repeat; the contenders run interleaved prompt by prompt), averaged over models and families."""
+    spreads: dict[str, list[float]] = {}
+    for key in dict.fromkeys((r.model, r.family) for r in records):
+        f = figures([r for r in records if (r.model, r.family) == key])
+        if len(f[COMPLETION].repeats) < 2 or 0.0 in f[COMPLETION].repeats:
+            continue
+        for name in (PLAIN, COMPLETION, LOOKUP, LOOKUP_CPP):
+            spreads.setdefault(name, []).append(f[name].spread)
+            relative = Figure([a / b for a, b in zip(f[name].repeats, f[COMPLETION].repeats, strict=True)])
+            spreads.setdefault(name + " /", []).append(relative.spread)
+    if not spreads:
+        return ""
+    m = {k: sum(v) / len(v) for k, v in spreads.items()}
+    mine, theirs = m[LOOKUP + " /"], m[LOOKUP_CPP + " /"]
+    return (f"The machine's part of the spread: the contenders that draft nothing, and so have no cost table to "
+            f"steer them, spread {m[PLAIN]:.1%} (spectool plain) and {m[COMPLETION]:.1%} (llama-completion) over "
+            f"repeats, llama-lookup {m[LOOKUP_CPP]:.1%}. With each repeat's figure taken over the same repeat's "
+            "llama-completion (the machine's plain decoding then, interleaved prompt by prompt), spectool lookup's "
+            f"spread is {mine:.1%} against llama-lookup's {theirs:.1%}"
+            + (f": {mine / theirs:.2f}x." if theirs else "."))
 
 
 def summary(rs: list[Row]) -> str:
@@ -399,19 +456,21 @@ def header(args, seed: int, backends: dict[str, str], seconds: float) -> str:
         or not {"gemma-f16", "smollm2"} <= set(args.models)
     return "\n".join([
         "# spectool's lookup against llama.cpp's n-gram drafters, prompt format by prompt format", "",
-        f"Machine: {machine(args.threads)}; llama.cpp {llamacpp.llama_cpp_version()} (llama-cpp-python's vendored "
-        f"sources), {'GPU backend, every layer on the GPU' if on_gpu() else 'CPU backend'}. Models: "
+        f"Machine: {args.machine or machine(args.threads)}; llama.cpp {llamacpp.llama_cpp_version()} "
+        f"(llama-cpp-python's vendored sources), "
+        f"{'GPU backend, every layer on the GPU' if on_gpu() else 'CPU backend'}. Models: "
         + "; ".join(f"{common.REAL_MODELS[m]} ({b})" for m, b in backends.items()) + f". {how.capitalize()}; "
         f"{args.prompts} prompts a family ({drawn}), {args.repeats} repeat{'s' if args.repeats > 1 else ''}, "
         f"{args.tokens} new tokens; {seconds / 60:.0f} minutes, the machine's load average {args.load:.2f} at the "
-        f"start and {args.load_end if args.load_end is not None else os.getloadavg()[0]:.2f} at the end (a quiet machine's stays well under its cores). "
+        f"start and {args.load_end if args.load_end is not None else os.getloadavg()[0]:.2f} at the end (a quiet "
+        "machine's stays well under its cores). "
         f"Command: `{command(args, seed)}`.", "",
         f"llama.cpp's n-gram drafters: llama-lookup (--spec-draft-n-max {args.n_draft}), and "
         "llama-speculative-simple's " + ", ".join(ngram_drafters(args.ngram)) + " (plain names at llama.cpp's "
         "defaults; \"(short)\": sized for short contexts as llamacpp.NGRAM says). Families: "
         + "; ".join(f"`{f}`: {formats.FAMILIES[f].title}" for f in args.families) + ". Held out (no prompt of "
         f"their formats on any tuning list): {', '.join(held) or 'none in this run'}.",
-        *(["", f"Reported again from the stored runs, {args.recounted}."] if args.recounted else []),
+        *(["", f"Reported again from the stored runs, {'; '.join(args.recounted)}."] if args.recounted else []),
         *(["", "This run is smaller than issue 57's (3 repeats, 8 prompts, every family, F16 Gemma and SmolLM2): "
            "its lines say what it measured, not the issue's verdict."] if small else []),
     ])
@@ -422,7 +481,8 @@ def report(args, seed: int, backends: dict, seconds: float, records: list[Record
     at_once = sorted({(r.model, r.family, r.prompt + 1) for r in records if r.at_once})
     records = [r for r in records if not r.at_once]
     rs = rows(records, chosen)
-    parts = [header(args, seed, backends, seconds), "", "## Issue 57's bars", "", *bars(rs), "", floor(records)]
+    parts = [header(args, seed, backends, seconds), "", "## Issue 57's bars", "", *bars(rs), "", floor(records), "",
+             drift(records)]
     if at_once:
         parts += ["", f"Left out: {len(at_once)} prompts whose first token ended the generation (nothing decoded but "
                   "the prompt's last token): " + ", ".join(f"{m} {f} {i}" for m, f, i in at_once) + "."]
@@ -446,8 +506,10 @@ def write(args, seed: int, backends: dict, seconds: float, records: list[Record]
     md = report(args, seed, backends, seconds, records, chosen)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{stem}.md").write_text(md)
-    runs = {"seed": seed, "command": command(args, seed), "machine": machine(args.threads), "counting": RECOUNT,
-            "backends": backends, "seconds": seconds, "loads": [args.load, os.getloadavg()[0]],
+    end = args.load_end if args.load_end is not None else os.getloadavg()[0]
+    runs = {"seed": seed, "command": command(args, seed), "machine": args.machine or machine(args.threads),
+            "counting": RECOUNT, "reported": args.recounted, "backends": backends, "seconds": seconds,
+            "loads": [args.load, end],
             "prompts": {f: [{"key": p.key, "kind": p.kind} for p in ps] for f, ps in chosen.items()},
             "records": [asdict(r) for r in records]}
     (args.out / f"{stem}.json").write_text(json.dumps(runs, indent=1) + "\n")
@@ -485,7 +547,8 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
                     help="write the report again from a run's stored runs (its .json), under the current counting")
     args = ap.parse_args(argv)
     args.models, args.families = args.models.split(","), args.families.split(",")
-    args.recounted = ""  # --report-from: how the stored runs were read
+    args.recounted = []  # --report-from: when and how the stored runs were read again
+    args.machine = None  # --report-from: the machine that ran them
     args.load, args.load_end = os.getloadavg()[0], None  # the 1-minute load average as the run starts
     for given, known in ((args.models, common.REAL_MODELS), (args.families, formats.FAMILIES)):
         if set(given) - set(known):
@@ -498,14 +561,17 @@ def report_again(path: Path, out: Path) -> str:
     runs = json.loads(path.read_text())
     args = options(shlex.split(runs["command"])[2:])
     args.out, (args.load, args.load_end) = out, runs.get("loads", (float("nan"), float("nan")))
+    today = f"on {time.strftime('%Y-%m-%d')}"
+    args.machine, args.recounted = runs.get("machine"), [*runs.get("reported", ())]
+    args.recounted += [today] if today not in args.recounted else []
     names = {f.name for f in fields(Record)}
     records = [Record(**{k: v for k, v in r.items() if k in names}) for r in runs["records"]]
     if runs.get("counting") != RECOUNT:
         ours = [r for r in records if r.contender in (PLAIN, LOOKUP) and not r.failed]
         for r in ours:
             r.tokens = llamacpp.counted(r.tokens, r.tokens < args.tokens)
-        args.recounted = (f"on {time.strftime('%Y-%m-%d')}, spectool's tokens recounted with the ending "
-                          "end-of-generation token (llamacpp.counted) and prompts that ended at once left out")
+        args.recounted[-1] = today + (", spectool's tokens recounted with the ending end-of-generation token "
+                               "(llamacpp.counted) and prompts that ended at once left out")
         empty = {(r.model, r.family, r.repeat, r.prompt) for r in ours if r.contender == PLAIN and r.tokens <= 1}
         for r in records:
             r.at_once = (r.model, r.family, r.repeat, r.prompt) in empty
