@@ -225,8 +225,9 @@ def figures(records: list[Record]) -> dict[str, Figure]:
     """Each contender's Figure over `records` (one model and family), failed runs left out."""
     ok = [r for r in records if not r.failed]
     repeats = sorted({r.repeat for r in ok})
-    return {c: Figure([tps([r for r in ok if r.contender == c and r.repeat == k]) for k in repeats])
+    runs = {c: [[r for r in ok if r.contender == c and r.repeat == k] for k in repeats]
             for c in dict.fromkeys(r.contender for r in records)}
+    return {c: Figure([tps(rs) for rs in by_repeat if rs]) for c, by_repeat in runs.items()}
 
 
 def drafters(names) -> list[str]:
@@ -273,10 +274,18 @@ def fastest_on(prompt: list[Record]) -> tuple[str, float]:
     return best, tps([r for r in ok if r.contender == LOOKUP]) / theirs if theirs else 0.0
 
 
-def rows(records: list[Record], chosen: dict[str, list[formats.Prompt]]) -> list[Row]:
+def figured(records: list[Record]) -> list[tuple[str, str]]:
+    """The models and families with a figure for each contender a row compares (a sampled run that ended at its
+    first token has none: report)."""
     groups = dict.fromkeys((r.model, r.family) for r in records)
+    needed = {PLAIN, LOOKUP, COMPLETION, LOOKUP_CPP}
+    return [g for g in groups if (names := {r.contender for r in records if (r.model, r.family) == g
+                                            and not r.failed}) >= needed and drafters(names)]
+
+
+def rows(records: list[Record], chosen: dict[str, list[formats.Prompt]]) -> list[Row]:
     return [row(m, f, [r for r in records if (r.model, r.family) == (m, f)], [p.kind for p in chosen[f]])
-            for m, f in groups]
+            for m, f in figured(records)]
 
 
 # -- the report --------------------------------------------------------------------------------------------
@@ -358,15 +367,16 @@ def drift(records: list[Record]) -> str:
     cost table steers them), and each repeat's figure over the same repeat's llama-completion (the machine's plain
     decoding in that repeat; the contenders run interleaved prompt by prompt), averaged over models and families."""
     spreads: dict[str, list[float]] = {}
-    for key in dict.fromkeys((r.model, r.family) for r in records):
-        f = figures([r for r in records if (r.model, r.family) == key])
-        if len(f[COMPLETION].repeats) < 2 or 0.0 in f[COMPLETION].repeats:
-            continue
+    for key in figured(records):
+        ok = [r for r in records if (r.model, r.family) == key and not r.failed]
+        by = {(c, k): tps([r for r in ok if (r.contender, r.repeat) == (c, k)]) for c in (PLAIN, COMPLETION, LOOKUP,
+              LOOKUP_CPP) for k in {r.repeat for r in ok}}
         for name in (PLAIN, COMPLETION, LOOKUP, LOOKUP_CPP):
-            spreads.setdefault(name, []).append(f[name].spread)
-            relative = Figure([a / b for a, b in zip(f[name].repeats, f[COMPLETION].repeats, strict=True)])
-            spreads.setdefault(name + " /", []).append(relative.spread)
-    if not spreads:
+            both = [(v, by[COMPLETION, k]) for (c, k), v in by.items() if c == name and v and by[COMPLETION, k]]
+            if len(both) > 1:
+                spreads.setdefault(name, []).append(Figure([a for a, _ in both]).spread)
+                spreads.setdefault(name + " /", []).append(Figure([a / b for a, b in both]).spread)
+    if len(spreads) < 8:
         return ""
     m = {k: sum(v) / len(v) for k, v in spreads.items()}
     mine, theirs = m[LOOKUP + " /"], m[LOOKUP_CPP + " /"]
@@ -411,9 +421,11 @@ def variant_table(records: list[Record], variant: str, ours: str, theirs: str) -
     drafter, per model and family (means over repeats): issue 59's trees against --draft-tree 0, or the audit off."""
     lines = [f"| model | family | lookup, {ours} tok/s | lookup, {theirs} tok/s | {theirs} / {ours} | "
              f"fastest drafter | {theirs} / fastest |", "|---|---|---:|---:|---:|---|---:|"]
-    for m, fam in dict.fromkeys((r.model, r.family) for r in records):
+    for m, fam in figured(records):
         f = figures([r for r in records if (r.model, r.family) == (m, fam)])
         fastest = max(drafters(f), key=lambda n: f[n].mean)
+        if variant not in f:
+            continue
         lines.append(f"| {m} | {fam} | {f[LOOKUP].text()} | {f[variant].text()} | "
                      f"{f[variant].mean / f[LOOKUP].mean if f[LOOKUP].mean else 0:.3f}x | {fastest} | "
                      f"{f[variant].mean / f[fastest].mean if f[fastest].mean else 0:.3f}x |")
@@ -478,14 +490,23 @@ def header(args, seed: int, backends: dict[str, str], seconds: float) -> str:
 
 def report(args, seed: int, backends: dict, seconds: float, records: list[Record],
            chosen: dict[str, list[formats.Prompt]]) -> str:
+    if args.temp > 0:  # each contender samples its own text: a run that ended at its first token has nothing timed
+        for r in records:
+            r.at_once = r.at_once or (r.tokens <= 1 and not r.failed)
+    runs = sum(r.at_once for r in records)
     at_once = sorted({(r.model, r.family, r.prompt + 1) for r in records if r.at_once})
     records = [r for r in records if not r.at_once]
     rs = rows(records, chosen)
     parts = [header(args, seed, backends, seconds), "", "## Issue 57's bars", "", *bars(rs), "", floor(records), "",
              drift(records)]
+    unfigured = [f"{m} {f}" for m, f in dict.fromkeys((r.model, r.family) for r in records)
+                 if (m, f) not in figured(records)]
+    if unfigured:
+        parts += ["", "No figure (a contender has no run left): " + ", ".join(unfigured) + "."]
     if at_once:
-        parts += ["", f"Left out: {len(at_once)} prompts whose first token ended the generation (nothing decoded but "
-                  "the prompt's last token): " + ", ".join(f"{m} {f} {i}" for m, f, i in at_once) + "."]
+        parts += ["", f"Left out: {runs} runs whose first token ended the generation (nothing decoded but the "
+                  f"prompt's last token), of {len(at_once)} prompts: "
+                  + ", ".join(f"{m} {f} {i}" for m, f, i in at_once) + "."]
     for title, held in (("Formats on the tuning list (unseen items)", False),
                         ("Held-out formats (on no tuning list)", True)):
         if any(r.held_out == held for r in rs):
@@ -563,7 +584,7 @@ def report_again(path: Path, out: Path) -> str:
     args.out, (args.load, args.load_end) = out, runs.get("loads", (float("nan"), float("nan")))
     today = f"on {time.strftime('%Y-%m-%d')}"
     args.machine, args.recounted = runs.get("machine"), [*runs.get("reported", ())]
-    args.recounted += [today] if today not in args.recounted else []
+    args.recounted += [] if any(r.startswith(today) for r in args.recounted) else [today]
     names = {f.name for f in fields(Record)}
     records = [Record(**{k: v for k, v in r.items() if k in names}) for r in runs["records"]]
     if runs.get("counting") != RECOUNT:
