@@ -41,20 +41,34 @@ def seconds(data, cost, margin: float | None) -> list[float]:
         replay.Audit = real  # type: ignore[misc]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def options(doc: str) -> tuple[argparse.Namespace, int]:
+    """The flags of a replay over every family (this script's and research/audit_lag.py's), and the seed."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--tuning", action="store_true")
     ap.add_argument("--models", default="gemma-f16,smollm2")
     args = ap.parse_args()
-    seed = common.fresh_seed(args.seed)
     engine.set_verbose(False)
+    return args, common.fresh_seed(args.seed)
+
+
+def main() -> None:
+    args, seed = options(__doc__)
     print(f"seed {seed}, {'tuning lists' if args.tuning else 'unseen samples'}; replayed seconds, as llama-lookup's "
           "over spectool's (above 1: spectool faster): over the family, and (in brackets) its worst prompt\n")
     print("| model | family | " + " | ".join(f"margin {m}" if m is not None else "no rule" for m in MARGINS)
           + " | best fixed length |\n|---|---|" + "---:|" * (len(MARGINS) + 1))
+    for name, fam, data, cost, theirs, best in each_family(args, seed):
+        cells = [cell(theirs, seconds(data, cost, m)) for m in MARGINS]
+        print(f"| {name} | {fam} | " + " | ".join(cells) + f" | {sum(theirs) / best:.3f}x |", flush=True)
+
+
+def each_family(args, seed: int):
+    """For each real model of --models and format family: its name, the family's, the target's greedy output of
+    --prompts of its prompts (prompt, output), this machine's batch costs, llama-lookup's replayed seconds on each,
+    and the best fixed length's seconds over them all."""
     for name in args.models.split(","):
         with engine.Model(common.real_model(name), n_ctx=CTX_SIZE, n_threads=2) as target:
             chat = formats.ChatFormat.of(target)
@@ -69,13 +83,13 @@ def main() -> None:
                 cost = batch_costs(target, data[0][0], K_MAX + 1)
                 theirs = [llama_lookup(p, y, cost) for p, y in data]
                 best = min(sum(fixed(p, y, cost, k) for p, y in data) for k in LENGTHS)
-                cells = []
-                for m in MARGINS:
-                    ours = seconds(data, cost, m)
-                    worst = min(t / o for t, o in zip(theirs, ours) if o)  # (an output that ended at once: none)
-                    cells.append(f"{sum(theirs) / sum(ours):.3f}x ({worst:.2f}x)")
-                print(f"| {name} | {fam} | " + " | ".join(cells) + f" | {sum(theirs) / best:.3f}x |", flush=True)
+                yield name, fam, data, cost, theirs, best
 
+
+def cell(theirs: list[float], ours: list[float]) -> str:
+    """llama-lookup's replayed seconds over spectool's, over the family and (in brackets) its worst prompt."""
+    worst = min(t / o for t, o in zip(theirs, ours) if o)  # (an output that ended at once: none)
+    return f"{sum(theirs) / sum(ours):.3f}x ({worst:.2f}x)"
 
 if __name__ == "__main__":
     main()

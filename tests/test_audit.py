@@ -115,13 +115,27 @@ def test_of_several_ahead_the_furthest_less_its_margin_leads():
 def test_a_step_is_judged_only_once_the_text_has_passed_it():
     audit = Audit()
     audit.choose(0, Known([1, 2, 3]), 16, [])
-    audit.judge([1, 2], COSTS)  # 2 of 3 known, all right so far: not yet judged
-    assert audit.steps == 0
+    audit.judge([1, 2], COSTS)  # 2 of 3 known, all right so far: the drafts of 1 and 2 judged, not the step
+    assert audit.steps == 0 and audit.made[2] == 3 and 3 not in audit.made and audit.made[0] == 1
     audit.judge([1, 2, 3], COSTS)
     assert audit.steps == 1 and audit.made[3] == 4 and audit.made[1] == 2 and audit.ours == [1.0, COSTS[1]]
     audit.choose(0, Known([7, 8]), 16, [1, 2, 3])
     audit.judge([1, 2, 3, 5], COSTS)  # wrong at once: judged as soon as that shows
     assert audit.steps == 1.0 * audit.decay + 1
+
+
+def test_an_echo_after_a_stretch_where_drafting_nothing_led_gets_its_drafts_back_before_the_longest_is_known():
+    """Offers that all fail, so that drafting nothing leads and the audit drafts nothing; then the text echoes what
+    lookup offers, and the controller's 4 would all hold. Each draft is judged as soon as the text passes it, so
+    under plain decoding the short ones' verdicts come first, and the controller drafts again within 7-11 steps
+    (measured), never to stop. Judged together when the longest (16) was known, no verdict came before 16 steps
+    (19-23 to hand back: research/audit_lag.py's `Together`)."""
+    text = list(range(300))
+    for start in (20, 40, 60):
+        drafted = feed(Audit(), lambda pos: [999] * 16 if pos < start else text[pos : pos + 16], text, picked=4)
+        assert set(drafted[Audit().min_steps + 1 : start]) == {0}  # drafting nothing led
+        back = next(i for i in range(start, len(drafted)) if drafted[i])
+        assert back - start < 16 and drafted[back] == 4 and 0 not in drafted[back:]  # (later 16, all of it right)
 
 
 def poisoned(audit: bool) -> Controller:

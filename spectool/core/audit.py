@@ -3,11 +3,15 @@
 Prompt lookup's drafts are a deterministic function of the text, and at temperature 0 the text the
 target makes is known once verified. So at each step the loop hands the audit what lookup offered
 (up to HORIZON tokens, drawn whether or not they are drafted) and the length the controller picked;
-once the text has passed that point, the audit knows how far each length would have been accepted
-there: a draft of k tokens yields min(k, m) + 1 tokens, m being how far the offer matched the text,
-and costs what the cost table charges a batch of k + 1. Summed over the recent steps (decayed), that
-is the speed of every fixed length (llama.cpp's n-gram drafters draft a fixed length where their
-evidence holds) and of the controller's own choices, at this machine's costs, on this very text.
+once the text has passed a draft of k tokens there (or refused one of them), the audit knows how far
+it would have been accepted: it yields min(k, m) + 1 tokens, m being how far the offer matched the
+text, and costs what the cost table charges a batch of k + 1. (Each length is judged as soon as the
+text says, not when the longest is known: under plain decoding a copy that holds would otherwise be
+judged HORIZON steps late and a refused one at once, and the audit's evidence would run behind an
+echo: research/audit_lag.py, notes/2026-12-06-spread-and-the-machine.md.) Summed over the recent
+steps (decayed), that is the speed of every fixed length (llama.cpp's n-gram drafters draft a fixed
+length where their evidence holds) and of the controller's own choices, at this machine's costs, on
+this very text.
 Where the best fixed length has been faster than the controller by more than MARGIN, the next step
 drafts that length instead: the controller never trails a fixed length by more than that for long,
 whatever the prompt's format, and it keeps learning from what the other drafts show.
@@ -75,13 +79,26 @@ class Offer(Protocol):
     def take(self, k: int) -> list[int]: ...
 
 
+OURS = -2  # the controller's own picks, among the policies judged by this key
+
+
 @dataclass(slots=True)
 class _Seen:
     pos: int  # where the step's drafts began in the history
     offer: list[int]  # what lookup offered there, up to HORIZON tokens
     rule: list[int]  # what llama-lookup's rule would have drafted there, within the step's limit
-    picked: int  # the length the controller picked
-    limit: int  # the most the step could draft (room, budget, a request's maximum)
+    # each policy's draft there, not yet judged: how many tokens (a fixed length's and the
+    # controller's are the offer's first ones), and whether they are the rule's
+    drafts: dict[int, tuple[int, bool]]
+
+    @classmethod
+    def of(cls, pos: int, offer: list[int], rule: list[int], picked: int, limit: int,
+           lengths: Sequence[int]) -> _Seen:
+        """The drafts at `pos`: drafting nothing, each of `lengths` (within `limit`), the
+        controller's `picked`, the rule's."""
+        fixed = {k: (min(k, limit, len(offer)), False) for k in (0, *lengths)}
+        return cls(pos, offer, rule, {**fixed, OURS: (min(picked, len(offer)), False),
+                                      RULE: (len(rule), True)})
 
 
 @dataclass
@@ -112,7 +129,7 @@ class Audit:
         (within `limit` and the offer), or llama-lookup's rule, whose tokens then come second (else
         None). The step is remembered, to be judged once the text has passed it."""
         offer, rule = known.take(min(HORIZON, limit)), self.rule.draft(history, limit)
-        self._pending.append(_Seen(len(history), offer, rule, picked, limit))
+        self._pending.append(_Seen.of(len(history), offer, rule, picked, limit, self.lengths))
         best = self.leader()
         if best is None:
             return picked, None
@@ -136,37 +153,44 @@ class Audit:
         return best if best is not None and worth[best] > ours else None
 
     def judge(self, history: Sequence[int], costs: Sequence[float]) -> None:
-        """Judge the steps the verified `history` has passed: each one's offer against the text the
-        target made, priced by `costs` (seconds of a batch by size, index = size)."""
+        """Judge each policy's draft at the steps the verified `history` has passed it: how much of
+        it the text the target made holds, priced by `costs` (seconds of a batch by size, index =
+        size). A draft is judged as soon as the text says how far it holds (at its end, or its first
+        token the text refused), so a short draft's verdict does not wait for the longest's: under
+        plain decoding a copy that holds for 16 tokens would otherwise be judged 16 steps late,
+        while a refused one is judged at once, and the evidence would run behind an echo. A step
+        counts towards min_steps once every draft at it is judged."""
         keep = []
         for s in self._pending:
-            m, m_rule = _matched(s.offer, history, s.pos), _matched(s.rule, history, s.pos)
-            if m is None or m_rule is None:
+            known = {False: _held(s.offer, history, s.pos), True: _held(s.rule, history, s.pos)}
+            for k, (n, rule) in list(s.drafts.items()):
+                held, final = known[rule]
+                if n <= held or final:
+                    del s.drafts[k]
+                    self._add(k, n, min(n, held), costs)
+            if s.drafts:
                 keep.append(s)
-                continue
-            self._add(s, m, m_rule, costs)
+            else:
+                self.steps = self.steps * self.decay + 1.0
         self._pending = keep
 
-    def _add(self, s: _Seen, m: int, m_rule: int, costs: Sequence[float]) -> None:
-        d = self.decay
-        self.steps = self.steps * d + 1.0
-        drafts = {k: (min(k, s.limit, len(s.offer)), m) for k in (0, *self.lengths)}
-        drafts[RULE] = (len(s.rule), m_rule)
-        for k, (n, held) in drafts.items():
-            w = self.rule_decay if k == RULE else d
-            self.made[k] = self.made.get(k, 0.0) * w + min(n, held) + 1
-            self.spent[k] = self.spent.get(k, 0.0) * w + costs[n + 1]
-        n = min(s.picked, len(s.offer))
-        self.ours[0] = self.ours[0] * d + min(n, m) + 1
-        self.ours[1] = self.ours[1] * d + costs[n + 1]
+    def _add(self, k: int, n: int, held: int, costs: Sequence[float]) -> None:
+        """Policy `k`'s draft of `n` tokens, of which the text held `held`, judged."""
+        w = self.rule_decay if k == RULE else self.decay
+        made, spent = (self.ours if k == OURS else (self.made.get(k, 0.0), self.spent.get(k, 0.0)))
+        made, spent = made * w + held + 1, spent * w + costs[n + 1]
+        if k == OURS:
+            self.ours = [made, spent]
+        else:
+            self.made[k], self.spent[k] = made, spent
 
 
-def _matched(offer: list[int], history: Sequence[int], pos: int) -> int | None:
-    """How many of `offer`'s tokens the history holds from `pos` on; None while the history has not
-    yet reached far enough to say."""
-    for i, token in enumerate(offer):
+def _held(draft: list[int], history: Sequence[int], pos: int) -> tuple[int, bool]:
+    """How many of `draft`'s tokens the history holds from `pos` on, as far as it goes, and whether
+    that is final (the history refused the next one, or holds them all)."""
+    for i, token in enumerate(draft):
         if pos + i >= len(history):
-            return None
+            return i, False
         if history[pos + i] != token:
-            return i
-    return len(offer)
+            return i, True
+    return len(draft), True
