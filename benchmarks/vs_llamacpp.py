@@ -343,23 +343,30 @@ def floor(records: list[Record]) -> str:
 def undrafted(records: list[Record]) -> str:
     """Of the prompts below the per-prompt bar, those whose fastest drafter drafted nothing there (it decoded as
     llama-completion does, so the bar measures plain decoding against plain decoding), and what spectool plain made
-    against that drafter on them."""
-    below, plain = 0, []
+    against that drafter on them; and (greedy) those where spectool lookup's text left plain decoding's in some
+    repeat, at a near-tie of batched rows (docs/exactness.md): there it drafted over another text than the others."""
+    below, plain, other_text = 0, [], 0
     for key in dict.fromkeys((r.model, r.family, r.prompt) for r in records):
         mine = [r for r in records if (r.model, r.family, r.prompt) == key and not r.failed]
         best, v = fastest_on(mine)
         if v >= BARS["prompt"]:
             continue
         below += 1
+        other_text += any(r.same is False for r in mine if r.contender == LOOKUP)
         theirs = [r for r in mine if r.contender == best]
         if not sum(r.drafted for r in theirs) and tps(theirs):
             plain.append(tps([r for r in mine if r.contender == PLAIN]) / tps(theirs))
-    if not plain:
-        return ""
-    return (f" On {len(plain)} of the {below} prompts where spectool lookup made below {BARS['prompt']:.2f}x the "
-            f"fastest drafter, that drafter drafted nothing (it decoded one token a step, as llama-completion does), "
-            f"and spectool plain, which drafts nothing either, made {min(plain):.2f}-{max(plain):.2f}x of it there "
-            f"(below {BARS['prompt']:.2f}x on {sum(v < BARS['prompt'] for v in plain)}).")
+    said = ""
+    if plain:
+        said += (f" On {len(plain)} of the {below} prompts where spectool lookup made below {BARS['prompt']:.2f}x "
+                 f"the fastest drafter, that drafter drafted nothing (it decoded one token a step, as "
+                 f"llama-completion does), and spectool plain, which drafts nothing either, made "
+                 f"{min(plain):.2f}-{max(plain):.2f}x of it there (below {BARS['prompt']:.2f}x on "
+                 f"{sum(v < BARS['prompt'] for v in plain)}).")
+    if other_text:
+        said += (f" On {other_text} of the {below}, spectool lookup's text left plain decoding's in some repeat, at "
+                 "a near-tie of batched rows (docs/exactness.md): it drafted over another text than the others.")
+    return said
 
 
 def drift(records: list[Record]) -> str:
