@@ -70,5 +70,6 @@ def main() -> None:
         cells = [cell(theirs, seconds(data, cost, variant)) for variant in VARIANTS.values()]
         print(f"| {name} | {fam} | " + " | ".join(cells) + f" | {sum(theirs) / best:.3f}x |", flush=True)
 
+
 if __name__ == "__main__":
     main()

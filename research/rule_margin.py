@@ -91,5 +91,6 @@ def cell(theirs: list[float], ours: list[float]) -> str:
     worst = min(t / o for t, o in zip(theirs, ours) if o)  # (an output that ended at once: none)
     return f"{sum(theirs) / sum(ours):.3f}x ({worst:.2f}x)"
 
+
 if __name__ == "__main__":
     main()
