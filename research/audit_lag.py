@@ -9,9 +9,11 @@ the echo (a SmolLM2 chat answer that repeated a phrase, seed 921226: 17 steps of
 picked 5-8 tokens that would all have held). For each real model and format family (spectool_lab.formats, the prompts
 benchmarks/vs_llamacpp.py measures), the target's greedy output of 8 prompts, then spectool's lookup replayed over it
 (spectool_lab.replay.ours: its controller, cost table known) at this machine's measured batch costs: audited as
-shipped, audited with every draft judged at once, and not audited, against llama-lookup's drafting replayed
-(lookup_bound.llama_lookup) and the best fixed length over lookup's drafts. Replayed costs leave out Python time and
-machine noise: compare the ratios. Unseen samples by default; --tuning: the tuning lists (held-out families have none).
+shipped, audited with pending drafts counted for nothing until judged (as before the second change of 2026-12-06:
+notes/2026-12-06-pending-drafts.md), audited with every draft judged at once, and not audited, against
+llama-lookup's drafting replayed (lookup_bound.llama_lookup) and the best fixed length over lookup's drafts. Replayed
+costs leave out Python time and machine noise: compare the ratios. Unseen samples by default; --tuning: the tuning
+lists (held-out families have none).
 """
 
 from __future__ import annotations
@@ -45,7 +47,15 @@ class Together(Audit):
         self._pending = keep
 
 
-VARIANTS = {"as shipped": Audit, "judged together": Together, "no audit": None}
+class Unseen(Audit):
+    """The audit as it led before 2026-12-06's second change: a draft still pending counted for nothing, not at what
+    the text has shown of it so far."""
+
+    def _rate(self, k: int, made: float, spent: float) -> float:
+        return made / spent
+
+
+VARIANTS = {"as shipped": Audit, "pending unseen": Unseen, "judged together": Together, "no audit": None}
 
 
 def seconds(data, cost, variant) -> list[float]:

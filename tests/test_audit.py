@@ -138,6 +138,21 @@ def test_an_echo_after_a_stretch_where_drafting_nothing_led_gets_its_drafts_back
         assert back - start < 16 and drafted[back] == 4 and 0 not in drafted[back:]  # (later 16, all of it right)
 
 
+def test_the_controllers_own_long_drafts_come_back_before_the_text_has_passed_them():
+    """The same echo, but the controller picks 8-16 tokens, all of which would hold (Gemma's qa prompt 2 of seed
+    371290, notes/2026-12-06-gemma-on-the-xeon.md). Under plain decoding its first draft in the echo is judged only
+    `picked` steps in, while the failed drafts before it are known: counted at what the text has shown of them so
+    far (at least held + 1 tokens for their batch's cost), its pending drafts hand it the step back within 3 steps of
+    that first verdict (measured: 1-3). Counted only once judged, 3-10 (research/audit_lag.py's `Unseen`), and a
+    short fixed length drafted in between."""
+    text = list(range(300))
+    for picked in (8, 12, 16):
+        for start in (20, 40):
+            drafted = feed(Audit(), lambda pos: [999] * 16 if pos < start else text[pos : pos + 16], text, picked)
+            own = next(i for i in range(start, len(drafted)) if drafted[i] == picked)
+            assert own - start <= picked + 3 and 0 not in drafted[own:]
+
+
 def poisoned(audit: bool) -> Controller:
     """An untimed controller (costs at their priors: k hangs on tokens alone) that believes every key worthless."""
     ctl = Controller(k_max=16, timed=False, audit=audit)

@@ -8,10 +8,13 @@ it would have been accepted: it yields min(k, m) + 1 tokens, m being how far the
 text, and costs what the cost table charges a batch of k + 1. (Each length is judged as soon as the
 text says, not when the longest is known: under plain decoding a copy that holds would otherwise be
 judged HORIZON steps late and a refused one at once, and the audit's evidence would run behind an
-echo: research/audit_lag.py, notes/2026-12-06-spread-and-the-machine.md.) Summed over the recent
-steps (decayed), that is the speed of every fixed length (llama.cpp's n-gram drafters draft a fixed
-length where their evidence holds) and of the controller's own choices, at this machine's costs, on
-this very text.
+echo: research/audit_lag.py, notes/2026-12-06-spread-and-the-machine.md. A draft still pending
+counts at what the text has shown of it so far, at least held + 1 tokens for its batch's cost, where
+that rates its policy higher: the controller's own drafts of 8-16 would otherwise be judged 8-16
+steps into an echo, after the short fixed lengths': notes/2026-12-06-pending-drafts.md.) Summed over
+the recent steps (decayed), that is the speed of every fixed length (llama.cpp's n-gram drafters
+draft a fixed length where their evidence holds) and of the controller's own choices, at this
+machine's costs, on this very text.
 Where the best fixed length has been faster than the controller by more than MARGIN, the next step
 drafts that length instead: the controller never trails a fixed length by more than that for long,
 whatever the prompt's format, and it keeps learning from what the other drafts show.
@@ -120,6 +123,8 @@ class Audit:
     steps: float = 0.0  # decayed count of the steps judged
     taken_over: int = 0  # how many steps a fixed policy drafted instead of the controller's pick
     _pending: list[_Seen] = field(default_factory=list)
+    # the drafts still pending, by policy: tokens they have made at least so far, seconds they cost
+    _lower: dict[int, list[float]] = field(default_factory=dict)
     rule: NgramCache = field(default_factory=NgramCache)
 
     def choose(self, picked: int, known: Offer, limit: int,
@@ -145,12 +150,18 @@ class Audit:
         lengths and the rule, not drafting nothing); None where none has."""
         if self.steps < self.min_steps or not self.ours[1]:
             return None
-        ours = self.ours[0] / self.ours[1]
+        ours = self._rate(OURS, *self.ours)
         margins = {0: self.plain_margin, RULE: self.rule_margin}
-        worth = {k: self.made[k] / self.spent[k] / (1 + margins.get(k, self.margin))
+        worth = {k: self._rate(k, self.made[k], self.spent[k]) / (1 + margins.get(k, self.margin))
                  for k in self.made if self.spent[k]}
         best = max(worth, key=worth.__getitem__, default=None)
         return best if best is not None and worth[best] > ours else None
+
+    def _rate(self, k: int, made: float, spent: float) -> float:
+        """Policy `k`'s tokens a second: those judged (`made` in `spent` seconds), or, where more,
+        with its pending drafts counted at what the text has shown of them so far."""
+        lower, cost = self._lower.get(k, (0.0, 0.0))
+        return max(made / spent, (made + lower) / (spent + cost))
 
     def judge(self, history: Sequence[int], costs: Sequence[float]) -> None:
         """Judge each policy's draft at the steps the verified `history` has passed it: how much of
@@ -160,7 +171,7 @@ class Audit:
         plain decoding a copy that holds for 16 tokens would otherwise be judged 16 steps late,
         while a refused one is judged at once, and the evidence would run behind an echo. A step
         counts towards min_steps once every draft at it is judged."""
-        keep = []
+        keep, self._lower = [], {}
         for s in self._pending:
             known = {False: _held(s.offer, history, s.pos), True: _held(s.rule, history, s.pos)}
             for k, (n, rule) in list(s.drafts.items()):
@@ -168,6 +179,9 @@ class Audit:
                 if n <= held or final:
                     del s.drafts[k]
                     self._add(k, n, min(n, held), costs)
+                else:  # at least held + 1 tokens, for a batch of n + 1
+                    lower = self._lower.setdefault(k, [0.0, 0.0])
+                    lower[0], lower[1] = lower[0] + held + 1, lower[1] + costs[n + 1]
             if s.drafts:
                 keep.append(s)
             else:
