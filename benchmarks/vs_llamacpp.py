@@ -11,14 +11,14 @@ requests), drawn afresh from items on no tuning list (the seed is printed; --see
 families (formats.HELD_OUT) have no tuning list at all, and the report shows them on their own. Chat families are
 rendered with each model's own template (Gemma 3's instruct template for the PyPI Gemma, whose file has none).
 
-Models (--models): F16 Gemma 3 270M and SmolLM2 135M Instruct by default, Q4_K_M Gemma too on request. Each
-prompt runs every contender, interleaved prompt by prompt (their order turned by one at each prompt and repeat), and
-the whole set of prompts runs --repeats times, spectool's cost tables fresh at each repeat: a figure is the mean of
-the repeats, given with its range. Contenders: spectool plain and lookup at its defaults (--draft-max 32, the
-adaptive controller), llama-completion, llama-lookup drafting at most 8 tokens (--spec-draft-n-max 8, as llama.cpp's
-examples run it), and llama-speculative-simple's n-gram drafters at llama.cpp's defaults and, by default beside them,
-sized for short contexts (llamacpp.NGRAM; --ngram). Greedy by default; --temp 0.8 samples with llama.cpp's default
-chain, spectool and every tool alike, each prompt seeded.
+Models (--models): F16 Gemma 3 270M and SmolLM2 135M Instruct by default, Q4_K_M Gemma too on request. Each prompt runs
+every contender, interleaved prompt by prompt (their order turned by one at each prompt and repeat), and the whole set
+of prompts runs --repeats times, spectool's cost tables fresh at each repeat (or, --tables saved, as a user's later runs
+have them: see `warm`): a figure is the mean of the repeats, given with its range. Contenders: spectool plain and lookup
+at its defaults (--draft-max 32, the adaptive controller), llama-completion, llama-lookup drafting at most 8 tokens
+(--spec-draft-n-max 8, as llama.cpp's examples run it), and llama-speculative-simple's n-gram drafters at llama.cpp's
+defaults and, by default beside them, sized for short contexts (llamacpp.NGRAM; --ngram). Greedy by default; --temp 0.8
+samples with llama.cpp's default chain, spectool and every tool alike, each prompt seeded.
 
 Decode speed is tokens per second of decoding: llama-completion's `eval time` (single-token decodes) with its share
 of `sampling time` (runs up to 2026-12-04's, seed 131463, left it out), spectool's own
@@ -73,6 +73,7 @@ def ours(args) -> tuple[Contender, ...]:
     its audit."""
     return (OURS + ((Contender(TREES, Mode.lookup, DRAFT_MAX, tree=args.trees),) if args.trees else ())
             + ((Contender(UNAUDITED, Mode.lookup, DRAFT_MAX, audit=False),) if args.unaudited else ()))
+WARM = 2  # --tables saved: the prompts of each family's tuning list a table is measured over first
 BARS = {"family": 1.0, "prompt": 0.97, "mean": 1.15, "spread": 1.5, "plain": 0.97}  # issue 57's "Done when"
 
 
@@ -163,6 +164,19 @@ class Bench:
             tokens, n, seconds = decode(g, prompt, st)
             return llamacpp.Run(self.target.detokenize(tokens), n, seconds, st.n_drafted, st.n_accepted), tokens
         return run
+
+
+def warm(b: Bench, chat: formats.ChatFormat) -> None:
+    """--tables saved: each spectool contender's cost table measured over WARM prompts of each family's tuning list
+    (none of them measured; the held-out families have none) before the first repeat, and then kept, measuring on,
+    as a user's table saved after earlier runs (spectool/cost_files.py) is."""
+    b.costs = {c.name: Costs() for c in ours(b.args)}
+    for f in formats.FAMILIES:
+        for i, p in enumerate(formats.tuning(f, WARM)):
+            print(f"  {b.model}, warming the cost tables, {f} {i + 1}   ", end="\r", flush=True)
+            prompt = b.target.tokenize(p.render(chat), parse_special=True)
+            for c in ours(b.args):
+                b.ours(c, prompt, i)()
 
 
 def run_prompt(b: Bench, family: str, i: int, repeat: int, text: str) -> list[Record]:
@@ -462,7 +476,13 @@ def command(args, seed: int) -> str:
     opts += [f"--trees {args.trees}"] if getattr(args, "trees", 0) else []
     opts += ["--unaudited"] if getattr(args, "unaudited", False) else []
     opts += ["--llama-fa same"] if getattr(args, "llama_fa", "default") == "same" else []
+    opts += ["--tables saved"] if saved(args) else []
     return "python benchmarks/vs_llamacpp.py " + " ".join(opts + (["--tuning"] if args.tuning else []))
+
+
+def saved(args) -> bool:
+    """--tables saved (runs stored before it was an option had fresh tables)."""
+    return getattr(args, "tables", "fresh") == "saved"
 
 
 def header(args, seed: int, backends: dict[str, str], seconds: float) -> str:
@@ -480,7 +500,9 @@ def header(args, seed: int, backends: dict[str, str], seconds: float) -> str:
         f"{'GPU backend, every layer on the GPU' if on_gpu() else 'CPU backend'}. Models: "
         + "; ".join(f"{common.REAL_MODELS[m]} ({b})" for m, b in backends.items()) + f". {how.capitalize()}; "
         f"{args.prompts} prompts a family ({drawn}), {args.repeats} repeat{'s' if args.repeats > 1 else ''}, "
-        f"{args.tokens} new tokens; {seconds / 60:.0f} minutes, the machine's load average {args.load:.2f} at the "
+        f"{args.tokens} new tokens; spectool's cost tables "
+        + ("saved (measured over the tuning lists first, then kept across repeats)" if saved(args) else
+           "fresh at each repeat") + f"; {seconds / 60:.0f} minutes, the machine's load average {args.load:.2f} at the "
         f"start and {args.load_end if args.load_end is not None else os.getloadavg()[0]:.2f} at the end (a quiet "
         "machine's stays well under its cores). "
         f"Command: `{command(args, seed)}`.", "",
@@ -530,7 +552,7 @@ def report(args, seed: int, backends: dict, seconds: float, records: list[Record
 def write(args, seed: int, backends: dict, seconds: float, records: list[Record],
           chosen: dict[str, list[formats.Prompt]]) -> str:
     """The report (markdown) and the runs (JSON), written again as the run goes."""
-    stem = "vs_llamacpp" + (f"-temp{args.temp:g}" if args.temp > 0 else "")
+    stem = "vs_llamacpp" + (f"-temp{args.temp:g}" if args.temp > 0 else "") + ("-saved" if saved(args) else "")
     md = report(args, seed, backends, seconds, records, chosen)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{stem}.md").write_text(md)
@@ -567,6 +589,10 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--llama-fa", choices=("default", "same"), default="default",
                     help="llama.cpp's tools' flash attention: their default, -fa auto (default), or the same kernel "
                     "as spectool's (spectool/attention.py), so that the ratios measure drafting alone")
+    ap.add_argument("--tables", choices=("fresh", "saved"), default="fresh",
+                    help="spectool's cost tables: fresh at each repeat, as on a new machine (default), or saved: "
+                    "measured over the tuning lists first and kept across repeats, as SPECTOOL_CACHE/costs/ keeps "
+                    "a user's between runs")
     ap.add_argument("--n-draft", type=int, default=8, help="llama-lookup's --spec-draft-n-max (default: 8)")
     ap.add_argument("--seed", type=int, default=None, help="the unseen samples' seed (default: a fresh one)")
     ap.add_argument("--tuning", action="store_true", help="the tuning lists instead (held-out families have none)")
@@ -647,8 +673,11 @@ def main() -> None:
             backends[name] = (f"{offload_text({'target': target.offload()})}, chat template: {chat.name}, "
                               f"{attention_text(target, b.flash_attn)}")
             texts = {f: [p.render(chat) for p in ps] for f, ps in chosen.items()}
+            if args.tables == "saved":
+                warm(b, chat)
             for r in range(args.repeats):
-                b.costs = {c.name: Costs() for c in ours(args)}  # fresh at each repeat, as on a new machine
+                if args.tables == "fresh":
+                    b.costs = {c.name: Costs() for c in ours(args)}  # fresh at each repeat, as on a new machine
                 for f, ts in texts.items():
                     for i, text in enumerate(ts):
                         print(f"  {name}, repeat {r + 1}/{args.repeats}, {f} {i + 1}/{len(ts)}   ", end="\r",
