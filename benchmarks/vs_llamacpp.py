@@ -73,6 +73,8 @@ def ours(args) -> tuple[Contender, ...]:
     its audit."""
     return (OURS + ((Contender(TREES, Mode.lookup, DRAFT_MAX, tree=args.trees),) if args.trees else ())
             + ((Contender(UNAUDITED, Mode.lookup, DRAFT_MAX, audit=False),) if args.unaudited else ()))
+
+
 WARM = 2  # --tables saved: the prompts of each family's tuning list a table is measured over first
 BARS = {"family": 1.0, "prompt": 0.97, "mean": 1.15, "spread": 1.5, "plain": 0.97}  # issue 57's "Done when"
 
