@@ -66,13 +66,21 @@ OURS = (Contender(PLAIN, Mode.none), Contender(LOOKUP, Mode.lookup, DRAFT_MAX))
 
 # --unaudited: lookup with the controller's audit against fixed policies off (core/audit.py), its own A/B
 UNAUDITED = "spectool lookup, no audit"
+# --unsettled: lookup whose cost table moves a price at every sample (Costs.settle 0, the rule before 2026-12-06)
+UNSETTLED = "spectool lookup, unsettled"
 
 
 def ours(args) -> tuple[Contender, ...]:
     """spectool's contenders: plain, lookup, with --trees lookup with draft trees, with --unaudited lookup without
-    its audit."""
+    its audit, with --unsettled lookup on a table whose prices move at every sample."""
     return (OURS + ((Contender(TREES, Mode.lookup, DRAFT_MAX, tree=args.trees),) if args.trees else ())
-            + ((Contender(UNAUDITED, Mode.lookup, DRAFT_MAX, audit=False),) if args.unaudited else ()))
+            + ((Contender(UNAUDITED, Mode.lookup, DRAFT_MAX, audit=False),) if args.unaudited else ())
+            + ((Contender(UNSETTLED, Mode.lookup, DRAFT_MAX),) if getattr(args, "unsettled", False) else ()))
+
+
+def tables(args) -> dict[str, Costs]:
+    """A fresh cost table for each of spectool's contenders."""
+    return {c.name: Costs(settle=0.0) if c.name == UNSETTLED else Costs() for c in ours(args)}
 
 
 WARM = 2  # --tables saved: the prompts of each family's tuning list a table is measured over first
@@ -172,7 +180,7 @@ def warm(b: Bench, chat: formats.ChatFormat) -> None:
     """--tables saved: each spectool contender's cost table measured over WARM prompts of each family's tuning list
     (none of them measured; the held-out families have none) before the first repeat, and then kept, measuring on,
     as a user's table saved after earlier runs (spectool/cost_files.py) is."""
-    b.costs = {c.name: Costs() for c in ours(b.args)}
+    b.costs = tables(b.args)
     for f in formats.FAMILIES:
         for i, p in enumerate(formats.tuning(f, WARM)):
             print(f"  {b.model}, warming the cost tables, {f} {i + 1}   ", end="\r", flush=True)
@@ -248,7 +256,7 @@ def figures(records: list[Record]) -> dict[str, Figure]:
 
 def drafters(names) -> list[str]:
     """llama.cpp's n-gram drafters among the contenders."""
-    return [n for n in names if n not in (COMPLETION, PLAIN, LOOKUP, TREES, UNAUDITED)]
+    return [n for n in names if n not in (COMPLETION, PLAIN, LOOKUP, TREES, UNAUDITED, UNSETTLED)]
 
 
 @dataclass
@@ -443,7 +451,8 @@ def variant_table(records: list[Record], variant: str, ours: str, theirs: str) -
     """spectool lookup (`ours`: its label) against a `variant` of it (`theirs`) and against the fastest llama.cpp
     drafter, per model and family (means over repeats): issue 59's trees against --draft-tree 0, or the audit off."""
     lines = [f"| model | family | lookup, {ours} tok/s | lookup, {theirs} tok/s | {theirs} / {ours} | "
-             f"fastest drafter | {theirs} / fastest |", "|---|---|---:|---:|---:|---|---:|"]
+             f"fastest drafter | {theirs} / fastest | spread over repeats: {ours} / {theirs} |",
+             "|---|---|---:|---:|---:|---|---:|---:|"]
     for m, fam in figured(records):
         f = figures([r for r in records if (r.model, r.family) == (m, fam)])
         fastest = max(drafters(f), key=lambda n: f[n].mean)
@@ -451,7 +460,8 @@ def variant_table(records: list[Record], variant: str, ours: str, theirs: str) -
             continue
         lines.append(f"| {m} | {fam} | {f[LOOKUP].text()} | {f[variant].text()} | "
                      f"{f[variant].mean / f[LOOKUP].mean if f[LOOKUP].mean else 0:.3f}x | {fastest} | "
-                     f"{f[variant].mean / f[fastest].mean if f[fastest].mean else 0:.3f}x |")
+                     f"{f[variant].mean / f[fastest].mean if f[fastest].mean else 0:.3f}x | "
+                     f"{100 * f[LOOKUP].spread:.1f}% / {100 * f[variant].spread:.1f}% |")
     return "\n".join(lines)
 
 
@@ -477,6 +487,7 @@ def command(args, seed: int) -> str:
             f"--temp {args.temp:g}", f"--ngram {args.ngram}", f"--threads {args.threads}"]
     opts += [f"--trees {args.trees}"] if getattr(args, "trees", 0) else []
     opts += ["--unaudited"] if getattr(args, "unaudited", False) else []
+    opts += ["--unsettled"] if getattr(args, "unsettled", False) else []
     opts += ["--llama-fa same"] if getattr(args, "llama_fa", "default") == "same" else []
     opts += ["--tables saved"] if saved(args) else []
     return "python benchmarks/vs_llamacpp.py " + " ".join(opts + (["--tuning"] if args.tuning else []))
@@ -546,6 +557,8 @@ def report(args, seed: int, backends: dict, seconds: float, records: list[Record
         parts += ["", "## Draft trees (--trees)", "", variant_table(records, TREES, "chains", "trees")]
     if any(r.contender == UNAUDITED for r in records):
         parts += ["", "## The audit (--unaudited)", "", variant_table(records, UNAUDITED, "audited", "unaudited")]
+    if any(r.contender == UNSETTLED for r in records):
+        parts += ["", "## Settled prices (--unsettled)", "", variant_table(records, UNSETTLED, "settled", "unsettled")]
     parts += ["", "## Every contender", "", contenders_table(records), "", "## Every prompt", "",
               prompts_table(records, chosen)]
     return "\n".join(parts) + "\n"
@@ -588,6 +601,8 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--unaudited", action="store_true",
                     help="also spectool lookup with its audit against fixed policies off (core/audit.py; greedy: "
                          "sampled runs have none)")
+    ap.add_argument("--unsettled", action="store_true",
+                    help="also spectool lookup on cost tables that move a price at every sample (Costs.settle 0)")
     ap.add_argument("--llama-fa", choices=("default", "same"), default="default",
                     help="llama.cpp's tools' flash attention: their default, -fa auto (default), or the same kernel "
                     "as spectool's (spectool/attention.py), so that the ratios measure drafting alone")
@@ -675,11 +690,11 @@ def main() -> None:
             backends[name] = (f"{offload_text({'target': target.offload()})}, chat template: {chat.name}, "
                               f"{attention_text(target, b.flash_attn)}")
             texts = {f: [p.render(chat) for p in ps] for f, ps in chosen.items()}
-            if args.tables == "saved":
+            if saved(args):
                 warm(b, chat)
             for r in range(args.repeats):
-                if args.tables == "fresh":
-                    b.costs = {c.name: Costs() for c in ours(args)}  # fresh at each repeat, as on a new machine
+                if not saved(args):
+                    b.costs = tables(args)  # fresh at each repeat, as on a new machine
                 for f, ts in texts.items():
                     for i, text in enumerate(ts):
                         print(f"  {name}, repeat {r + 1}/{args.repeats}, {f} {i + 1}/{len(ts)}   ", end="\r",
