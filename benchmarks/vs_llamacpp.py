@@ -66,21 +66,18 @@ OURS = (Contender(PLAIN, Mode.none), Contender(LOOKUP, Mode.lookup, DRAFT_MAX))
 
 # --unaudited: lookup with the controller's audit against fixed policies off (core/audit.py), its own A/B
 UNAUDITED = "spectool lookup, no audit"
-# --unsettled: lookup whose cost table moves a price at every sample (Costs.settle 0, the rule before 2026-12-06)
-UNSETTLED = "spectool lookup, unsettled"
 
 
 def ours(args) -> tuple[Contender, ...]:
     """spectool's contenders: plain, lookup, with --trees lookup with draft trees, with --unaudited lookup without
-    its audit, with --unsettled lookup on a table whose prices move at every sample."""
+    its audit."""
     return (OURS + ((Contender(TREES, Mode.lookup, DRAFT_MAX, tree=args.trees),) if args.trees else ())
-            + ((Contender(UNAUDITED, Mode.lookup, DRAFT_MAX, audit=False),) if args.unaudited else ())
-            + ((Contender(UNSETTLED, Mode.lookup, DRAFT_MAX),) if getattr(args, "unsettled", False) else ()))
+            + ((Contender(UNAUDITED, Mode.lookup, DRAFT_MAX, audit=False),) if args.unaudited else ()))
 
 
 def tables(args) -> dict[str, Costs]:
     """A fresh cost table for each of spectool's contenders."""
-    return {c.name: Costs(settle=0.0) if c.name == UNSETTLED else Costs() for c in ours(args)}
+    return {c.name: Costs() for c in ours(args)}
 
 
 WARM = 2  # --tables saved: the prompts of each family's tuning list a table is measured over first
@@ -256,7 +253,7 @@ def figures(records: list[Record]) -> dict[str, Figure]:
 
 def drafters(names) -> list[str]:
     """llama.cpp's n-gram drafters among the contenders."""
-    return [n for n in names if n not in (COMPLETION, PLAIN, LOOKUP, TREES, UNAUDITED, UNSETTLED)]
+    return [n for n in names if n not in (COMPLETION, PLAIN, LOOKUP, TREES, UNAUDITED)]
 
 
 @dataclass
@@ -487,7 +484,6 @@ def command(args, seed: int) -> str:
             f"--temp {args.temp:g}", f"--ngram {args.ngram}", f"--threads {args.threads}"]
     opts += [f"--trees {args.trees}"] if getattr(args, "trees", 0) else []
     opts += ["--unaudited"] if getattr(args, "unaudited", False) else []
-    opts += ["--unsettled"] if getattr(args, "unsettled", False) else []
     opts += ["--llama-fa same"] if getattr(args, "llama_fa", "default") == "same" else []
     opts += ["--tables saved"] if saved(args) else []
     return "python benchmarks/vs_llamacpp.py " + " ".join(opts + (["--tuning"] if args.tuning else []))
@@ -557,8 +553,6 @@ def report(args, seed: int, backends: dict, seconds: float, records: list[Record
         parts += ["", "## Draft trees (--trees)", "", variant_table(records, TREES, "chains", "trees")]
     if any(r.contender == UNAUDITED for r in records):
         parts += ["", "## The audit (--unaudited)", "", variant_table(records, UNAUDITED, "audited", "unaudited")]
-    if any(r.contender == UNSETTLED for r in records):
-        parts += ["", "## Settled prices (--unsettled)", "", variant_table(records, UNSETTLED, "settled", "unsettled")]
     parts += ["", "## Every contender", "", contenders_table(records), "", "## Every prompt", "",
               prompts_table(records, chosen)]
     return "\n".join(parts) + "\n"
@@ -601,8 +595,6 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--unaudited", action="store_true",
                     help="also spectool lookup with its audit against fixed policies off (core/audit.py; greedy: "
                          "sampled runs have none)")
-    ap.add_argument("--unsettled", action="store_true",
-                    help="also spectool lookup on cost tables that move a price at every sample (Costs.settle 0)")
     ap.add_argument("--llama-fa", choices=("default", "same"), default="default",
                     help="llama.cpp's tools' flash attention: their default, -fa auto (default), or the same kernel "
                     "as spectool's (spectool/attention.py), so that the ratios measure drafting alone")

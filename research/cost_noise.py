@@ -1,19 +1,18 @@
 """What moves spectool lookup's figure between identical runs (issue 57, item 3): the same prompt decoded N times,
 greedy, each time on a fresh cost table (calibrated anew, as each repeat of benchmarks/vs_llamacpp.py starts), and on
 copies of one table calibrated and measured over --warm runs of the same prompt, as a user's saved table is: "warm"
-goes on measuring and moves a price at every sample (Costs.settle 0, the rule before 2026-12-06); "settled X" goes on
-measuring and moves a price once its estimate leaves a band of X around it (--settle, default Costs.settle, the
-shipped rule); "frozen" takes no measurement. Interleaved.
+goes on measuring; "frozen" takes no measurement. Interleaved. (The settled tables of
+research/notes/2026-12-06-settled-prices.md, --settle, were measured at commit 38d12f4 and not kept.)
 
     python research/cost_noise.py [--models smollm2] [--families raw,instruction] [--prompts 2] [--runs 5] [--seed N]
-                                  [--settle 0.05,0.25] [--warm 4]
+                                  [--warm 4]
 
 The text is the same every time (greedy), and lookup's drafts are a deterministic function of it, so two runs that
 draft alike took the same steps. Prints per prompt, for each table: the decode time's mean and range over the runs
 (prompt processing excluded, as the benchmark times it), the drafted and accepted tokens' range, and how many distinct
 step sequences the runs took. Where the frozen table takes one sequence and its time barely moves while fresh tables
-take several, the spread is the cost table's measurement noise steering the controller's choices; the warm and
-settled tables say whether a table that has measured runs is still steered by what it goes on measuring.
+take several, the spread is the cost table's measurement noise steering the controller's choices; the warm table
+says whether a table that has measured runs is still steered by what it goes on measuring.
 """
 
 from __future__ import annotations
@@ -49,29 +48,19 @@ def frozen(table: Costs) -> Costs:
     return out
 
 
-def settled(table: Costs, settle: float) -> Costs:
-    """A copy of `table` that goes on measuring, republishing a price once its estimate moves further than `settle`
-    from it (0: at every sample, the rule before 2026-12-06)."""
-    out = copy.deepcopy(table)
-    out.settle = settle
-    return out
-
-
 def spread(values: list[float]) -> str:
     mean = sum(values) / len(values)
     return f"{1e3 * mean:.0f} ms ({100 * (max(values) - min(values)) / mean:.1f}%)"
 
 
-def options(doc: str, families: str, each: str, settle: bool = False) -> tuple[argparse.Namespace, int]:
+def options(doc: str, families: str, each: str, warm: bool = False) -> tuple[argparse.Namespace, int]:
     """A probe's options (SmolLM2, `families`, 2 prompts, --runs 5) and its seed, printed with the machine; llama.cpp
     quiet. `each`: what the runs are counted per ("table")."""
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     formats.family_options(ap, families=families)
     ap.set_defaults(models="smollm2", prompts=2)
     ap.add_argument("--runs", type=int, default=5)
-    if settle:
-        ap.add_argument("--settle", type=lambda v: [float(x) for x in v.split(",")], default=[Costs.settle],
-                        help="the bands of the settled tables, comma-separated (default: Costs.settle)")
+    if warm:
         ap.add_argument("--warm", type=int, default=1, help="runs of the prompt that measure the warm table first")
     args = ap.parse_args()
     seed = common.fresh_seed(args.seed)
@@ -81,17 +70,15 @@ def options(doc: str, families: str, each: str, settle: bool = False) -> tuple[a
 
 
 def main() -> None:
-    args, seed = options(__doc__, "raw,instruction", "table", settle=True)
+    args, seed = options(__doc__, "raw,instruction", "table", warm=True)
     print("| model | family | prompt | table | decode time (range over mean) | drafted | accepted | step sequences |")
     print("|---|---|---:|---|---:|---:|---:|---:|")
     for name, target, fam, prompts in formats.each_family(args, seed):
         for i, prompt in enumerate(prompts):
-            base = Costs(settle=0.0)
+            base = Costs()
             for _ in range(args.warm):  # calibrated, then measured over --warm runs
                 decode(target, prompt, args.tokens, base)
-            tables = {"fresh": Costs, "warm": lambda: settled(base, 0.0),
-                      **{f"settled {x:g}": (lambda x=x: settled(base, x)) for x in args.settle},
-                      "frozen": lambda: frozen(base)}
+            tables = {"fresh": Costs, "warm": lambda: copy.deepcopy(base), "frozen": lambda: frozen(base)}
             runs: dict[str, list] = {table: [] for table in tables}
             for _ in range(args.runs):
                 for table, made in tables.items():

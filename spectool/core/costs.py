@@ -101,21 +101,13 @@ class Costs:
     stale_runs: int = 8  # a saved size not measured in this many runs is measured afresh ...
     # ... and so is one measured longer ago than this (the machine's load moves)
     stale_seconds: float = 86400.0
-    # a published price moves only when its estimate moves further than this share from it, so that
-    # a table that goes on measuring charges the same prices, and the controller takes the same
-    # steps, run after run: wider than an estimate wanders over a run on a 2-core VM (p5-p95 of a
-    # confirmed size's lower median: 1-12% for Gemma 3 270M, up to 28% for SmolLM2), well inside a
-    # busy minute's `doubt`; a machine uniformly dearer for a while moves no price, and so no ratio
-    # between them. A size this run measures for the first time follows its samples until `confirm`
-    # agree (research/notes/2026-12-06-settled-prices.md)
-    settle: float = 0.25
     # the price of every batch size is derived anew when a size is measured for the first time, and
     # otherwise at most every this many verifications (prices move slowly): deriving them is most of
     # the controller's work in a step
     reprice_every: int = 16
-    # batch size -> seconds, each size's published price (`settle`)
+    # batch size -> seconds, each size's estimate
     verify: dict[int, float] = field(default_factory=dict)
-    # Evidence.cost_key -> seconds per drafted token, as published (`settle`)
+    # Evidence.cost_key -> seconds per drafted token
     draft: dict[Evidence, float] = field(default_factory=dict)
     # the tables of decodes of several sequences' rows, by how many (`shape`)
     shapes: dict[int, Costs] = field(default_factory=dict)
@@ -123,7 +115,6 @@ class Costs:
     rejected: int = 0  # entries of a saved table dropped as invalid when it was read
     _sizes: dict[int, _Size] = field(default_factory=dict)
     _warm: set = field(default_factory=set)  # drafters whose first draft was timed (a warm-up)
-    _drafting: dict[Evidence, float] = field(default_factory=dict)  # their running averages
     _n: int = 0  # verifications observed
     # (_n, _version) when derived, and verify_costs' list
     _prices: tuple[int, int, list[float]] = (-1, 0, [])
@@ -144,7 +135,6 @@ class Costs:
         now = time.time() if now is None else now
         return {"runs": self.runs + 1,
                 "verify": {str(b): {"seconds": [round(x, 7) for x in s.seconds],
-                                    "price": round(self.verify[b], 7),
                                     "run": self.runs + 1 if s.fresh else s.run, "time": now
                                     if s.fresh else s.time}
                            for b, s in sorted(self._sizes.items()) if s.fresh
@@ -158,8 +148,7 @@ class Costs:
     def from_json(cls, obj, max_batch: int = 1 << 20, now: float | None = None) -> Costs:
         """A table written by `to_json` in an earlier run, read as input: what this code would not
         have written (a size outside 1..max_batch, a cost that is not a finite number of seconds in
-        (0, MAX_SECONDS), a damaged draft entry) is dropped and counted in `rejected`; so is a
-        size's published price further than `settle` from its samples (the samples price it). Sizes
+        (0, MAX_SECONDS), a damaged draft entry) is dropped and counted in `rejected`. Sizes
         measured more than `stale_runs` runs or `stale_seconds` ago are dropped too (not counted),
         to be measured afresh."""
         now = time.time() if now is None else now
@@ -174,15 +163,11 @@ class Costs:
             s = _Size.from_json(entry) if str(b).isdigit() and 1 <= int(b) <= max_batch else None
             if s is None:
                 bad += 1
-                continue
-            price = entry.get("price", s.estimate()) if isinstance(entry, dict) else s.estimate()
-            if not (_seconds(price) and costs._holds(price, s.estimate())):
-                bad, price = bad + 1, s.estimate()  # a price this code would not have published
-            if (
+            elif (
                 costs.runs + 1 - s.run <= costs.stale_runs
                 and now - costs.stale_seconds <= s.time <= now + 60
             ):
-                costs._sizes[int(b)], costs.verify[int(b)] = s, price
+                costs._sizes[int(b)], costs.verify[int(b)] = s, s.estimate()
         for d in (draft if isinstance(draft, list) else ()):
             try:
                 temp, seconds = float(d["temp"]), d["seconds"]
@@ -238,10 +223,7 @@ class Costs:
         if len(s.seconds) > WINDOW:
             del s.seconds[0]
         s.last = self._n
-        learning = s.fresh < self.confirm and len(s.seconds) == s.fresh
-        price = self.verify.get(batch_size)
-        if learning or price is None or not self._holds(price, s.estimate()):
-            self.verify[batch_size] = s.estimate()
+        self.verify[batch_size] = s.estimate()
 
     def observe_draft(self, key: Evidence, n_drafted: int, seconds: float) -> None:
         """A running average per drafter; the first sample is a warm-up, later outliers are
@@ -251,18 +233,8 @@ class Costs:
         if key not in self._warm:
             self._warm.add(key)
             return
-        old, sample = self._drafting.get(key, self.draft.get(key)), seconds / n_drafted
-        avg = sample if old is None else 0.8 * old + 0.2 * min(sample, 4 * old)
-        self._drafting[key] = avg
-        price = self.draft.get(key)
-        # (a lookup's few microseconds a token are held within 1% of a one-token step)
-        if price is None or not self._holds(price, avg, 0.01 * self.verify.get(1, 0.0)):
-            self.draft[key] = avg
-
-    def _holds(self, price: float, estimate: float, floor: float = 0.0) -> bool:
-        """Whether a published `price` stands beside what its samples now say: within `settle` of
-        it, or of `floor` seconds."""
-        return abs(estimate - price) <= max(self.settle * price, floor)
+        old, sample = self.draft.get(key), seconds / n_drafted
+        self.draft[key] = sample if old is None else 0.8 * old + 0.2 * min(sample, 4 * old)
 
     # -- prices
     # --------------------------------------------------------------------------------------------

@@ -175,8 +175,6 @@ def poison(table: dict, factor: float, sizes: range) -> dict:
         if int(b) in sizes:
             if isinstance(entry, dict):
                 entry["seconds"] = [factor * c for c in entry["seconds"]]
-                if "price" in entry:
-                    entry["price"] *= factor
             else:
                 out["verify"][b] = factor * entry
     return out
