@@ -84,14 +84,19 @@ class Hindsight(Controller):
 def hindsight(p: list[int], y: list[int], k_max: int = K_MAX) -> dict[Evidence, float]:
     """Each key's acceptance over output y of prompt p: of the tokens lookup would draft under it at every
     position (its whole draft, k_max tokens), the share accepted, counting those whose predecessors were."""
-    lookup, counts = PromptLookup(), {}
+    return {k: hits / tries for k, (tries, hits) in key_counts(p, y, k_max).items()}
+
+
+def key_counts(p: list[int], y: list[int], k_max: int = K_MAX, counts: dict | None = None) -> dict:
+    """`hindsight`'s counts, key -> [tries, hits], added to `counts` where given (pooled over prompts)."""
+    lookup, counts = PromptLookup(), {} if counts is None else counts
     for j in range(len(y)):
         tokens, keys = lookup.lookup(p + y[:j], min(k_max, len(y) - j - 1))
         m = accepted(tokens, y, j)
         for i in range(min(len(tokens), m + 1)):
             c = counts.setdefault(keys[i], [0, 0])
             c[0], c[1] = c[0] + 1, c[1] + (i < m)
-    return {k: hits / tries for k, (tries, hits) in counts.items()}
+    return counts
 
 
 @dataclass

@@ -41,15 +41,17 @@ def seconds(data, cost, margin: float | None) -> list[float]:
         replay.Audit = real  # type: ignore[misc]
 
 
-def options(doc: str) -> tuple[argparse.Namespace, int]:
-    """The flags of a replay over every family (this script's and research/audit_lag.py's), and the seed."""
+def parser(doc: str) -> argparse.ArgumentParser:
+    """The flags of a replay over the families (formats.family_options): this script's, research/audit_lag.py's and
+    research/mean_bound.py's, which adds its own."""
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
-    ap.add_argument("--prompts", type=int, default=8)
-    ap.add_argument("--tokens", type=int, default=96)
-    ap.add_argument("--seed", type=int, default=None)
-    ap.add_argument("--tuning", action="store_true")
-    ap.add_argument("--models", default="gemma-f16,smollm2")
-    args = ap.parse_args()
+    formats.family_options(ap, tuning=True)
+    return ap
+
+
+def options(doc: str, ap: argparse.ArgumentParser | None = None) -> tuple[argparse.Namespace, int]:
+    """The flags parsed (`ap`, else `parser(doc)`), llama.cpp quiet, and the seed."""
+    args = (ap or parser(doc)).parse_args()
     engine.set_verbose(False)
     return args, common.fresh_seed(args.seed)
 
@@ -72,7 +74,7 @@ def each_family(args, seed: int):
     for name in args.models.split(","):
         with engine.Model(common.real_model(name), n_ctx=CTX_SIZE, n_threads=2) as target:
             chat = formats.ChatFormat.of(target)
-            for fam in formats.FAMILIES:
+            for fam in args.families.split(","):
                 texts = [p.render(chat) for p in formats.chosen(fam, args.prompts, seed, args.tuning)]
                 if not texts:
                     continue

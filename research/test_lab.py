@@ -166,3 +166,29 @@ def test_llama_lookup_port_drafts_what_llama_lookup_drafts(gemma_f16):
             drafted, made = drafted + d, made + m + 1
         assert run.drafted > 10 and run.accepted > 5  # both copy from their prompt: drafted
         assert drafted == run.drafted, name
+
+
+def test_mean_bound_reads_the_live_fastest_drafter_as_the_report_would(tmp_path):
+    """research/mean_bound.py's --live: each family's fastest of llama.cpp's n-gram drafters in a stored run, the
+    mean over repeats of its pooled tok/s, over llama-completion's; a run that ended at its first token left out (it
+    would make llama-lookup the fastest here), a failed one too; another seed's run refused."""
+    import mean_bound
+
+    def rec(contender, repeat, prompt, tokens, seconds, **kw):
+        return {"model": "m", "family": "qa", "repeat": repeat, "prompt": prompt, "contender": contender,
+                "tokens": tokens, "seconds": seconds, "failed": kw.get("failed", ""), "at_once": kw.get("at_once")}
+
+    records = []
+    for k in range(2):
+        records += [rec("llama-completion", k, 0, 100, 1.0), rec("llama-completion", k, 1, 100, 1.0),
+                    rec("ngram-mod", k, 0, 100, 0.8), rec("ngram-mod", k, 1, 100, 0.8 + 0.4 * k),
+                    rec("llama-lookup", k, 0, 100, 1.1), rec("llama-lookup", k, 1, 100, 1.1),
+                    rec("spectool lookup", k, 0, 100, 0.5), rec("spectool lookup", k, 1, 100, 0.5)]
+    records += [rec("ngram-mod", 0, 2, 1, 5.0, at_once=True), rec("ngram-mod", 1, 2, 100, 0.01, failed="x")]
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps({"seed": 7, "records": records}))
+    drafter, over = mean_bound.live_fastest(run, 7)[("m", "qa")]
+    # ngram-mod: 200 tokens in 1.6 s, then in 2.0 s: 125 and 100 tok/s; llama-completion 100 both times
+    assert drafter == "ngram-mod" and over == pytest.approx(1.125)
+    with pytest.raises(SystemExit):
+        mean_bound.live_fastest(run, 8)
