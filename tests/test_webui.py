@@ -179,10 +179,17 @@ def test_conversations_keys_settings_and_theme(browser, server, tmp_path):
 def test_stop_ends_the_stream(browser, server, tmp_path):
     open_page(browser, server.url)
     fill(browser, "max-tokens", 900)
-    send(browser, "Once upon a time")
-    wait(browser, lambda: len(browser.find_element("css selector", ".message.assistant .body").text) > 5, "text")
-    browser.find_element("id", "stop").click()
-    wait(browser, lambda: "(stopped)" in browser.find_element("css selector", ".message.assistant").text, "stopped")
+    # the tiny model can stream all 900 tokens before a click lands (the clean-clone CI of 0f5778e saw no
+    # "(stopped)"): the page reads the stream at 4 KB/s (Chrome's network emulation), so Stop finds it streaming
+    browser.set_network_conditions(latency=1, download_throughput=4096, upload_throughput=1 << 20)
+    try:
+        send(browser, "Once upon a time")
+        wait(browser, lambda: len(browser.find_element("css selector", ".message.assistant .body").text) > 5, "text")
+        browser.find_element("id", "stop").click()
+        wait(browser, lambda: "(stopped)" in browser.find_element("css selector", ".message.assistant").text,
+             "stopped")
+    finally:
+        browser.delete_network_conditions()
     browser.save_screenshot(str(tmp_path / "stopped.png"))
     wait(browser, lambda: not slot0(server)["is_processing"], "the slot free", 10)
     assert browser.find_element("id", "send").is_enabled() and not summary(browser)
