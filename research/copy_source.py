@@ -65,8 +65,8 @@ FNS = {"key": lambda f: f["key"], "key, where": lambda f: (f["key"], f["where"])
 
 def main() -> None:
     args, seed = options(__doc__)
-    print(f"{common.machine(2)}; seed {seed}; each chooser's share of the oracle over lookup's drafts (the oracle's seconds over its own), "
-          "the family's prompts pooled\n")
+    print(f"{common.machine(2)}; seed {seed}; each chooser's share of the oracle over lookup's drafts (the oracle's "
+          "seconds over its own), the family's prompts pooled\n")
     print("| model | family | hindsight: key | key, where | key, how far | key, both | other families': key | "
           "key, both | online: estimate | refined by key, both |\n|---|---|" + "---:|" * 8)
     by_model: dict[str, dict] = {}

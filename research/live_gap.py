@@ -36,7 +36,8 @@ from controller_replay import K_MAX, known
 WARM = 2  # tuning prompts of each family that measure the cost table first
 
 
-def timed(target, prompt: list[int], mode: Mode, costs: Costs, tokens: int = 96) -> tuple[list[int], list[int], float, float]:
+def timed(target, prompt: list[int], mode: Mode, costs: Costs,
+          tokens: int = 96) -> tuple[list[int], list[int], float, float]:
     """(the tokens, each step's draft length, wall seconds of decoding, seconds inside llama_decode then)."""
     lib, inside = target.lib, [0.0]
     decode = lib.llama_decode
@@ -97,8 +98,9 @@ def main() -> None:
     args = ap.parse_args()
     seed = common.fresh_seed(args.seed)
     engine.set_verbose(False)
-    print(f"seed {seed}, {common.machine(2)}\n\n| model | lookup's host ms / step | its decodes / its steps priced | its steps priced / "
-          "the replay's | plain's wall / its price | lookup over plain, live | replayed | left out (other text) |"
+    print(f"seed {seed}, {common.machine(2)}\n\n| model | lookup's host ms / step | its decodes / its steps priced "
+          "| its steps priced / the replay's | plain's wall / its price | lookup over plain, live | replayed "
+          "| left out (other text) |"
           "\n|---|---:|---:|---:|---:|---:|---:|---:|")
     for name in args.models.split(","):
         one_model(name, args, seed)

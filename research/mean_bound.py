@@ -11,9 +11,9 @@ output: no controller choosing among those drafts is faster; replay.oracle), spe
 the best fixed length over lookup's drafts; and spectool's controller told each key's acceptance as it turned out
 over the whole prompt, fixed from the first step (controller_replay.Hindsight): what knowing lookup's keys' rates in
 advance gives. That is a reference, not a bound: a controller that follows the text as it goes can beat rates fixed
-for the whole prompt, and spectool's does on some families. Each is given as plain decoding's replayed seconds over its own, summed
-over the family's prompts as the benchmark pools them: its speed-up over one token a step. Replayed costs leave out
-Python time and machine noise, which only lower a live figure.
+for the whole prompt, and spectool's does on some families. Each is given as plain decoding's replayed seconds over
+its own, summed over the family's prompts as the benchmark pools them: its speed-up over one token a step. Replayed
+costs leave out Python time and machine noise, which only lower a live figure.
 
 The bound: spectool lookup over the fastest drafter, live, is (lookup over plain) x (plain over the fastest), and the
 first factor is at most the oracle's. With --live, a benchmarks/vs_llamacpp.py run's stored .json on the same seed,

@@ -17,13 +17,14 @@ from __future__ import annotations
 import argparse
 
 from spectool_lab import common, formats, replay
-from spectool_lab.replay import batch_costs, oracle, plain_output
+from spectool_lab.replay import batch_costs, oracle
 
 from spectool.core.controller import Controller, _default_priors
 from spectool.core.evidence import Source
 from spectool.llama import engine
 from spectool.options import CTX_SIZE
 
+import rule_margin
 from controller_replay import K_MAX, key_counts, known
 
 ENOUGH = 20  # tokens drafted under a key, pooled, before its measured acceptance replaces the shipped prior
@@ -43,14 +44,8 @@ def measured(data) -> dict:
 
 
 def outputs(target, chat, prompts) -> list:
-    """(prompt, the target's greedy output) of each prompt, those that ended at once left out."""
-    data = []
-    for pr in prompts:
-        p = target.tokenize(pr.render(chat), parse_special=True)
-        y = plain_output(target, p, 96)
-        if len(y) > 1:
-            data.append((p, y))
-    return data
+    """rule_margin.outputs of 96 tokens, those that ended at once left out."""
+    return [(p, y) for p, y in rule_margin.outputs(target, chat, prompts, 96) if len(y) > 1]
 
 
 def replayed(data, cost, priors: dict | None) -> float:
@@ -81,8 +76,9 @@ def main() -> None:
             for f in formats.FAMILIES:
                 data = outputs(target, chat, formats.unseen(f, args.prompts, seed))
                 unseen[name][f] = data, batch_costs(target, data[0][0], K_MAX + 1)
-    print(f"{common.machine(2)}; seed {seed}; replayed speed-up over plain decoding, the family's prompts pooled\n\n| model | family | oracle "
-          "| shipped priors | the model's own | the other model's |\n|---|---|---:|---:|---:|---:|")
+    print(f"{common.machine(2)}; seed {seed}; replayed speed-up over plain decoding, the family's prompts pooled\n\n"
+          "| model | family | oracle | shipped priors | the model's own | the other model's |\n"
+          "|---|---|---:|---:|---:|---:|")
     for name in names:
         other = next((own[m] for m in names if m != name), None)
         for f, (data, cost) in unseen[name].items():

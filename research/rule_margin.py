@@ -67,6 +67,16 @@ def main() -> None:
         print(f"| {name} | {fam} | " + " | ".join(cells) + f" | {sum(theirs) / best:.3f}x |", flush=True)
 
 
+def outputs(target, chat, prompts, tokens: int) -> list[tuple[list[int], list[int]]]:
+    """(prompt, the target's greedy output of up to `tokens`) of each of `prompts` (formats.Prompt), rendered in
+    the model's format `chat` and tokenized as llama.cpp's tools tokenize them."""
+    out = []
+    for pr in prompts:
+        p = target.tokenize(pr.render(chat), parse_special=True)
+        out.append((p, plain_output(target, p, tokens)))
+    return out
+
+
 def each_family(args, seed: int):
     """For each real model of --models and format family: its name, the family's, the target's greedy output of
     --prompts of its prompts (prompt, output), this machine's batch costs, llama-lookup's replayed seconds on each,
@@ -75,13 +85,9 @@ def each_family(args, seed: int):
         with engine.Model(common.real_model(name), n_ctx=CTX_SIZE, n_threads=2) as target:
             chat = formats.ChatFormat.of(target)
             for fam in args.families.split(","):
-                texts = [p.render(chat) for p in formats.chosen(fam, args.prompts, seed, args.tuning)]
-                if not texts:
+                data = outputs(target, chat, formats.chosen(fam, args.prompts, seed, args.tuning), args.tokens)
+                if not data:
                     continue
-                data = []
-                for text in texts:
-                    p = target.tokenize(text, parse_special=True)
-                    data.append((p, plain_output(target, p, args.tokens)))
                 cost = batch_costs(target, data[0][0], K_MAX + 1)
                 theirs = [llama_lookup(p, y, cost) for p, y in data]
                 best = min(sum(fixed(p, y, cost, k) for p, y in data) for k in LENGTHS)
