@@ -76,7 +76,7 @@ def main() -> None:
           "its worst prompt\n")
     print("| model | family | " + " | ".join(VARIANTS) + " | best fixed length |\n|---|---|"
           + "---:|" * (len(VARIANTS) + 1))
-    for name, fam, data, cost, theirs, best in each_family(args, seed):
+    for name, fam, data, cost, theirs, best, _ in each_family(args, seed):
         cells = [cell(theirs, seconds(data, cost, variant)) for variant in VARIANTS.values()]
         print(f"| {name} | {fam} | " + " | ".join(cells) + f" | {sum(theirs) / best:.3f}x |", flush=True)
 

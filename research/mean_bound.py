@@ -77,7 +77,7 @@ def main() -> None:
                  "(replayed) |")
     print(head + "\n|---|---|" + "---:|" * (head.count("|") - 3))
     bounds: dict[str, list[float]] = {}
-    for name, fam, data, cost, theirs, _ in each_family(args, seed):
+    for name, fam, data, cost, theirs, _, _ in each_family(args, seed):
         kept = [i for i, (_, y) in enumerate(data) if len(y) > 1]  # an output that ended at once measures nothing
         data, theirs = [data[i] for i in kept], [theirs[i] for i in kept]
         if not data:

@@ -62,7 +62,7 @@ def main() -> None:
           "over spectool's (above 1: spectool faster): over the family, and (in brackets) its worst prompt\n")
     print("| model | family | " + " | ".join(f"margin {m}" if m is not None else "no rule" for m in MARGINS)
           + " | best fixed length |\n|---|---|" + "---:|" * (len(MARGINS) + 1))
-    for name, fam, data, cost, theirs, best in each_family(args, seed):
+    for name, fam, data, cost, theirs, best, _ in each_family(args, seed):
         cells = [cell(theirs, seconds(data, cost, m)) for m in MARGINS]
         print(f"| {name} | {fam} | " + " | ".join(cells) + f" | {sum(theirs) / best:.3f}x |", flush=True)
 
@@ -80,7 +80,7 @@ def outputs(target, chat, prompts, tokens: int) -> list[tuple[list[int], list[in
 def each_family(args, seed: int):
     """For each real model of --models and format family: its name, the family's, the target's greedy output of
     --prompts of its prompts (prompt, output), this machine's batch costs, llama-lookup's replayed seconds on each,
-    and the best fixed length's seconds over them all."""
+    the best fixed length's seconds over them all, and the target (open until the next model)."""
     for name in args.models.split(","):
         with engine.Model(common.real_model(name), n_ctx=CTX_SIZE, n_threads=2) as target:
             chat = formats.ChatFormat.of(target)
@@ -91,7 +91,7 @@ def each_family(args, seed: int):
                 cost = batch_costs(target, data[0][0], K_MAX + 1)
                 theirs = [llama_lookup(p, y, cost) for p, y in data]
                 best = min(sum(fixed(p, y, cost, k) for p, y in data) for k in LENGTHS)
-                yield name, fam, data, cost, theirs, best
+                yield name, fam, data, cost, theirs, best, target
 
 
 def cell(theirs: list[float], ours: list[float]) -> str:
