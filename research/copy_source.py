@@ -76,7 +76,7 @@ def scaled_seconds(pos: list[tuple[int, list[dict]]], cost: list[float], ratio: 
     def learn(feats: list[dict], k: int, m: int) -> None:
         ctl.observe_accept([f["key"] for f in feats[:k]], k, min(k, m))
 
-    return learnt_seconds(pos, cost, lambda f: min(0.99, ctl.acceptance(f["key"]) * ratio(f)), learn)
+    return learnt_seconds(pos, cost, lambda f: min(1.0, ctl.acceptance(f["key"]) * ratio(f)), learn)
 
 
 def ratios(others: list, fn: Callable[[dict], object]) -> Callable[[dict], float]:

@@ -138,6 +138,29 @@ def test_no_controller_variant_or_hindsight_beats_the_oracle_over_the_same_draft
         assert C.best_k(a, cost) == max(ratio, key=ratio.__getitem__)
 
 
+def test_evidence_harness_scales_the_controllers_estimate_and_reads_text_endings():
+    """research/copy_source.py's harness: scaled by a ratio of 1 the controller's estimate is online_seconds' own, by
+    0 it drafts nothing (plain's seconds), and by the candidate's ratio it stays above the oracle; text_boundary.py's
+    classes of a token's text."""
+    import random
+
+    import controller_replay as C
+    import copy_source as S
+    from spectool_lab.replay import oracle
+    from text_boundary import ending
+
+    rng = random.Random(11)
+    cost = [0.0] + [0.016 + 0.004 * b for b in range(1, C.K_MAX + 3)]
+    words = [rng.randrange(50) for _ in range(40)]
+    p, y = words * 2, words[:15] + [rng.randrange(50) for _ in range(10)] + words[20:40]
+    pos = S.positions(p, y)
+    assert S.scaled_seconds(pos, cost, lambda f: 1.0) == C.online_seconds(pos, cost, None)
+    assert S.scaled_seconds(pos, cost, lambda f: 0.0) == pytest.approx(len(y) * cost[1])
+    assert S.scaled_seconds(pos, cost, S.ratios([pos], S.FNS["key, both"])) >= oracle(p, y, cost, C.K_MAX) - 1e-12
+    assert ([ending(b) for b in (b"end.\n", b" it.", b", ", b" word", b"  ", b")")]
+            == ["line", "sentence", "punct", "word", "punct", "punct"])
+
+
 @pytest.mark.realmodel
 def test_llama_lookup_port_drafts_what_llama_lookup_drafts(gemma_f16):
     """research/lookup_bound.py's port of llama-lookup's drafting (common/ngram-cache.cpp) against
