@@ -187,16 +187,18 @@ FEATURES: dict[str, Callable[[dict], object]] = {
 
 def features(p: list[int], y: list[int], k_max: int = K_MAX) -> list[tuple[int, list[dict]]]:
     """At each position j of output y: how many tokens of lookup's whole draft the target accepts, and the
-    features of each drafted token: its key, its match's length, its followers' votes and their total (capped at 4),
-    the copy run (how many tokens before j lookup's first drafted token was right, capped at 16) and j (capped)."""
+    features of each drafted token: the token itself, its key, its match's length, its followers' votes and their
+    total (capped at 4), the copy run (how many tokens before j lookup's first drafted token was right, capped at 16)
+    and j (capped)."""
     lookup, out, run = PromptLookup(), [], 0
     for j in range(len(y)):
         h = p + y[:j]
         tokens, keys = lookup.lookup(h, min(k_max, len(y) - j - 1))
         preds = islice(lookup.index.predict(h), len(tokens))
         out.append((accepted(tokens, y, j), [
-            {"key": key, "n": n, "votes": min(votes, 4), "total": min(total, 4), "run": run, "at": min(j, 64)}
-            for key, (_, n, votes, total, _) in zip(keys, preds)]))
+            {"token": t, "key": key, "n": n, "votes": min(votes, 4), "total": min(total, 4), "run": run,
+             "at": min(j, 64)}
+            for t, key, (_, n, votes, total, _) in zip(tokens, keys, preds)]))
         run = min(16, run + 1) if tokens and tokens[0] == y[j] else 0
     return out
 

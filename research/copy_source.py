@@ -29,7 +29,6 @@ from spectool_lab import common
 from spectool_lab.replay import oracle
 
 from spectool.core.controller import Controller
-from spectool.drafters.lookup import PromptLookup
 
 from controller_replay import K_MAX, features, hindsight_seconds, known, learnt_seconds, online_seconds, rates
 from rule_margin import each_family, options
@@ -50,13 +49,12 @@ def source(h: list[int], n: int, token: int) -> int | None:
 def positions(p: list[int], y: list[int], _target=None) -> list[tuple[int, list[dict]]]:
     """controller_replay.features, each drafted token's dict given its draft's source: "where" (prompt, output or
     none) and "back" (its distance's bucket). (`table` hands the target too: text_boundary.py reads its vocabulary.)"""
-    out, lookup = features(p, y), PromptLookup()
+    out = features(p, y)
     for j, (_, feats) in enumerate(out):
-        h = p + y[:j]
-        first = lookup.lookup(h, 1)[0]  # the draft's first token (features keeps only whether it was right)
         if not feats:
             continue
-        at = source(h, feats[0]["n"], first[0])
+        h = p + y[:j]
+        at = source(h, feats[0]["n"], feats[0]["token"])
         where = "none" if at is None else "prompt" if at < len(p) else "output"
         back = -1 if at is None else sum(len(h) - at >= b for b in BACK)
         for f in feats:

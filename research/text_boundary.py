@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import re
 
-from spectool.drafters.lookup import PromptLookup
-
 from controller_replay import features
 from copy_source import table
 
@@ -34,7 +32,7 @@ def ending(piece: bytes) -> str:
 
 def positions(p: list[int], y: list[int], target) -> list[tuple[int, list[dict]]]:
     """controller_replay.features, each drafted token's dict given "after": what the token before it ends with."""
-    out, lookup, seen = features(p, y), PromptLookup(), {}
+    out, seen = features(p, y), {}
 
     def end(t: int) -> str:
         if t not in seen:
@@ -42,9 +40,9 @@ def positions(p: list[int], y: list[int], target) -> list[tuple[int, list[dict]]
         return seen[t]
 
     for j, (_, feats) in enumerate(out):
-        tokens = lookup.lookup(p + y[:j], len(feats))[0] if feats else []
-        for f, before in zip(feats, [(p + y[:j])[-1], *tokens]):
-            f["after"] = end(before)
+        before = y[j - 1] if j else p[-1]
+        for f in feats:
+            f["after"], before = end(before), f["token"]
     return out
 
 
