@@ -279,7 +279,9 @@ def row(model: str, family: str, records: list[Record], kinds: list[str]) -> Row
     ratio = (lambda a, b: a / b if b else 0.0)
     worst, worst_at = float("inf"), ""
     for i in sorted({r.prompt for r in records}):
-        best, v = fastest_on([r for r in records if r.prompt == i])
+        if (on := fastest_on([r for r in records if r.prompt == i])) is None:
+            continue
+        best, v = on
         if v < worst:
             worst, worst_at = v, f"prompt {i + 1}" + (f" ({kinds[i]})" if kinds[i] else "") + f", vs {best}"
     return Row(model, family, formats.FAMILIES[family].held_out, ratio(f[LOOKUP].mean, f[fastest].mean), fastest,
@@ -287,10 +289,15 @@ def row(model: str, family: str, records: list[Record], kinds: list[str]) -> Row
                f[LOOKUP], f[LOOKUP_CPP])
 
 
-def fastest_on(prompt: list[Record]) -> tuple[str, float]:
-    """On one prompt's records (its repeats pooled): the fastest llama.cpp drafter, and spectool lookup over it."""
+def fastest_on(prompt: list[Record]) -> tuple[str, float] | None:
+    """On one prompt's records (its repeats pooled): the fastest llama.cpp drafter, and spectool lookup over it; None
+    where spectool lookup or every drafter has no run left (sampled, each run that ended at its first token is left
+    out: report), so nothing compares."""
     ok = [r for r in prompt if not r.failed]
-    best = max(drafters(dict.fromkeys(r.contender for r in ok)), key=lambda n: tps([r for r in ok if r.contender == n]))
+    names = dict.fromkeys(r.contender for r in ok)
+    if LOOKUP not in names or not drafters(names):
+        return None
+    best = max(drafters(names), key=lambda n: tps([r for r in ok if r.contender == n]))
     theirs = tps([r for r in ok if r.contender == best])
     return best, tps([r for r in ok if r.contender == LOOKUP]) / theirs if theirs else 0.0
 
@@ -369,14 +376,15 @@ def undrafted(records: list[Record]) -> str:
     below, plain, other_text = 0, [], 0
     for key in dict.fromkeys((r.model, r.family, r.prompt) for r in records):
         mine = [r for r in records if (r.model, r.family, r.prompt) == key and not r.failed]
-        best, v = fastest_on(mine)
-        if v >= BARS["prompt"]:
+        if (on := fastest_on(mine)) is None or on[1] >= BARS["prompt"]:
             continue
+        best = on[0]
         below += 1
         other_text += any(r.same is False for r in mine if r.contender == LOOKUP)
         theirs = [r for r in mine if r.contender == best]
-        if not sum(r.drafted for r in theirs) and tps(theirs):
-            plain.append(tps([r for r in mine if r.contender == PLAIN]) / tps(theirs))
+        ours = tps([r for r in mine if r.contender == PLAIN])  # (none left, sampled: nothing to compare)
+        if not sum(r.drafted for r in theirs) and tps(theirs) and ours:
+            plain.append(ours / tps(theirs))
     said = ""
     if plain:
         said += (f" On {len(plain)} of the {below} prompts where spectool lookup made below {BARS['prompt']:.2f}x "
