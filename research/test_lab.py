@@ -161,6 +161,34 @@ def test_evidence_harness_scales_the_controllers_estimate_and_reads_text_endings
             == ["line", "sentence", "punct", "word", "punct", "punct"])
 
 
+def test_offer_learner_tells_only_what_the_text_has_judged():
+    """research/offer_learning.py: each offered token beyond the drafted ones is told to the controller only once the
+    text has passed it, with whether the text held it, and nothing of an offer after the first token refused; the
+    replay with it never beats the oracle."""
+    import random
+
+    from offer_learning import OfferLearner
+
+    from controller_replay import K_MAX, known
+    from spectool.core.controller import Controller
+    from spectool_lab.replay import oracle, ours
+
+    rng = random.Random(12)
+    cost = [0.0] + [0.016 + 0.004 * b for b in range(1, K_MAX + 3)]
+    words = [rng.randrange(50) for _ in range(40)]
+    p, y = words * 2, words[:15] + [rng.randrange(50) for _ in range(10)] + words[20:40]
+    learner = OfferLearner(y, 1.0)
+    seconds = ours(p, y, cost, K_MAX, known(cost), ctl=Controller(k_max=K_MAX, costs=known(cost)), step=learner)
+    told = learner.told
+    assert any(hit for *_, hit, _ in told) and not all(hit for *_, hit, _ in told)
+    assert all(at < n for _, at, _, n in told)  # the text had passed it
+    for j in {j for j, *_ in told}:  # each offer: consecutive tokens, none told after one refused
+        mine = [(at, hit) for j0, at, hit, _ in told if j0 == j]
+        assert [at for at, _ in mine] == list(range(mine[0][0], mine[0][0] + len(mine)))
+        assert all(hit for _, hit in mine[:-1])
+    assert seconds >= oracle(p, y, cost, K_MAX) - 1e-12
+
+
 @pytest.mark.realmodel
 def test_llama_lookup_port_drafts_what_llama_lookup_drafts(gemma_f16):
     """research/lookup_bound.py's port of llama-lookup's drafting (common/ngram-cache.cpp) against
@@ -189,6 +217,27 @@ def test_llama_lookup_port_drafts_what_llama_lookup_drafts(gemma_f16):
             drafted, made = drafted + d, made + m + 1
         assert run.drafted > 10 and run.accepted > 5  # both copy from their prompt: drafted
         assert drafted == run.drafted, name
+
+
+def test_a_prompt_whose_sampled_lookup_runs_all_ended_at_once_has_no_per_prompt_figure():
+    """benchmarks/vs_llamacpp.py's report, sampled: where every spectool lookup run of a prompt ended at its first
+    token (left out, nothing timed), the prompt has no figure against the fastest drafter, rather than 0.00x; the other
+    prompts keep theirs (a run of 2026-12-07 reported 0.00x for such a prompt)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "benchmarks" / "vs_llamacpp.py"
+    spec = importlib.util.spec_from_file_location("vs_llamacpp_report", path)
+    V = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # (its dataclasses look it up there)
+    spec.loader.exec_module(V)
+    R = V.Record
+    records = [R("m", "qa", 0, p, c, 96, s) for p in (0, 1)
+               for c, s in ((V.PLAIN, 1.0), (V.COMPLETION, 1.0), (V.LOOKUP_CPP, 0.9), ("ngram-mod", 0.8))]
+    records += [R("m", "qa", 0, 0, V.LOOKUP, 96, 0.64), R("m", "qa", 0, 1, V.LOOKUP, 1, 0.01, at_once=True)]
+    assert V.fastest_on([r for r in records if r.prompt == 1 and not r.at_once]) is None
+    row = V.row("m", "qa", [r for r in records if not r.at_once], ["", ""])
+    assert row.worst == pytest.approx(0.8 / 0.64) and row.worst_at.startswith("prompt 1,")
 
 
 def test_mean_bound_reads_the_live_fastest_drafter_as_the_report_would(tmp_path):
