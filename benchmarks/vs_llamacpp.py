@@ -476,12 +476,13 @@ def prompts_table(records: list[Record], chosen: dict[str, list[formats.Prompt]]
              "ratio |", "|---|---|---:|---|---|---:|---|---:|"]
     for m, fam, i in dict.fromkeys((r.model, r.family, r.prompt) for r in records):
         mine = [r for r in records if (r.model, r.family, r.prompt) == (m, fam, i) and not r.failed]
-        speed = {c: tps([r for r in mine if r.contender == c]) for c in dict.fromkeys(r.contender for r in mine)}
-        best = max(drafters(speed), key=lambda n: speed[n], default="")
-        if LOOKUP in speed and best:
-            p = chosen[fam][i]
-            lines.append(f"| {m} | {fam} | {i + 1} | {p.kind} | {p.key} | {speed[LOOKUP]:.1f} | {best} "
-                         f"{speed[best]:.1f} | {speed[LOOKUP] / speed[best] if speed[best] else 0:.2f}x |")
+        if (on := fastest_on(mine)) is None:
+            continue
+        best, ratio = on
+        ours, theirs = (tps([r for r in mine if r.contender == c]) for c in (LOOKUP, best))
+        p = chosen[fam][i]
+        lines.append(f"| {m} | {fam} | {i + 1} | {p.kind} | {p.key} | {ours:.1f} | {best} {theirs:.1f} | "
+                     f"{ratio:.2f}x |")
     return "\n".join(lines)
 
 
