@@ -88,6 +88,9 @@ class Costs:
     slope_prior: float = 0.2
     # sizes not yet measured are priced this much below their estimate, so they get tried
     unmeasured: float = 0.9
+    # ... and sizes past the largest measured, up to this many times it, at most at the slope prior
+    # (see `curve`; 1: none)
+    reach: float = 1.5
     timed: bool = True
     # a price above this many times its prediction is doubted until confirmed: above the spread of a
     # quiet machine's prices, below a busy spell's (research/notes/2026-12-02-lab.md, "The cost
@@ -331,9 +334,15 @@ class Costs:
 
         Measured sizes answer for themselves; others are read off a piecewise line through the
         measured sizes (between two, the straight line; past the largest, their least-squares
-        slope). Batches of two or more are priced apart from a single token, because llama.cpp's CPU
-        backend switches matmul kernels there (Gemma 3 270M: 1 token 10-13 ms, 2 tokens 21-23 ms):
-        until measured, a batch of 2 costs `jump_prior` more than one token and each further token
+        slope, and up to `reach` times the largest size no more than the slope prior: a slope
+        measured over a few short sizes does not tell a longer batch, and one priced above its worth
+        is never tried, so never measured. 2-core EPYC, Gemma Q4_K_M after a busy run: sizes 3-5
+        measured at 11.5 ms a token where 5-31 cost 5.4, and the controller drafted 3 tokens run
+        after run. The optimism reaches half as far again at a time because trying a long batch
+        costs where each token is dear: research/notes/2026-12-07-extrapolation.md). Batches of
+        two or more are priced apart from a single token, because llama.cpp's CPU backend switches
+        matmul kernels there (Gemma 3 270M: 1 token 10-13 ms, 2 tokens 21-23 ms): until measured, a
+        batch of 2 costs `jump_prior` more than one token and each further token
         `slope_prior` more, both relative to one token (or less, when a measured longer batch says
         so). Interpolating, rather than fitting one line through every size, keeps short batches
         cheap when only long ones were measured, so they get tried."""
@@ -347,6 +356,7 @@ class Costs:
                 else 1.0
             )
         slope = _slope(points) if len(points) >= 2 else self.slope_prior * one
+        near = min(slope, self.slope_prior * one)
         # size 2 from the priors: the cheaper of the jump over one token
         if not points or points[0][0] > 2:
             # and the step down from the smallest measured size
@@ -357,8 +367,10 @@ class Costs:
         out = [0.0, one]
         for (b0, c0), (b1, c1) in pairwise(points):  # between two measured sizes: the straight line
             out += [c0 + (c1 - c0) * (b - b0) / (b1 - b0) for b in range(b0, b1)]
-        b0, c0 = points[-1]  # past the largest: the slope
-        out += [max(c0 + slope * (b - b0), 1e-9) for b in range(b0, largest + 1)]
+        b0, c0 = points[-1]  # past the largest: `near` up to `reach` times its size, then the slope
+        far = self.reach * b0
+        out += [max(c0 + near * (min(b, far) - b0) + slope * max(0.0, b - far), 1e-9)
+                for b in range(b0, largest + 1)]
         return out
 
     # -- what the user sees
