@@ -8,7 +8,8 @@ A cost table that has measured only short batches prices the long ones off the m
 short sizes that line can be steep where the long batches are not: Gemma 3 270M Q4_K_M switches kernels at 5, and
 tests/test_costs.py's busy-neighbour test failed in CI with drafts of 3 tokens for two runs after a busy one (the
 sizes 3-5 measured, 11.5 ms a token, where 5-31 cost 5.4). Optimism past the largest size makes it get tried; it
-costs where long batches are dear (SmolLM2: each further token 0.45 of one), so it reaches a doubling at a time.
+costs where long batches are dear (SmolLM2: each further token 0.45 of one), so it reaches half as far again at a
+time.
 
 For each real model and format family (rule_margin.each_family: greedy outputs, this machine's batch costs), the
 replayed speed-up over plain decoding of spectool's lookup as shipped (audited) under each rule, on a fresh table

@@ -196,7 +196,7 @@ def test_the_busy_run_s_table_drafts_short_on_the_least_squares_line_and_not_as_
     measured 2026-12-07 on the real copy, 1.83x plain decoding against 1.63x), and neither beats the oracle."""
     import random
 
-    from extrapolation import busy_table, seconds
+    from extrapolation import RULES, busy_table, seconds
 
     from controller_replay import K_MAX
     from spectool_lab.replay import oracle
@@ -207,7 +207,7 @@ def test_the_busy_run_s_table_drafts_short_on_the_least_squares_line_and_not_as_
     words = [rng.randrange(500) for _ in range(120)]
     # the prompt ends in an n-gram it holds (a first draft refused), then the text copies the prompt
     p, y = words + words[10:12], [900, 901] + words[:100]
-    line, shipped = (seconds([(p, y)], cost, reach, False, busy_table()) for reach in (1.0, 1.5))
+    line, shipped = (seconds([(p, y)], cost, reach, False, busy_table()) for reach in RULES.values())
     assert shipped < 0.9 * line and min(line, shipped) >= oracle(p, y, cost, K_MAX) - 1e-12
 
 
