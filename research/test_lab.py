@@ -161,6 +161,37 @@ def test_evidence_harness_scales_the_controllers_estimate_and_reads_text_endings
             == ["line", "sentence", "punct", "word", "punct", "punct"])
 
 
+def test_source_runs_count_how_far_the_source_agreed_after_and_matched_before():
+    """research/source_run.py: after an n-gram's latest earlier occurrence (the source) and the one before it, how far
+    the texts after them agreed, and how far the text so far matches the text before the source; each drafted token
+    is "within" that agreement up to its length and "beyond" after it."""
+    import random
+
+    import source_run as R
+    from copy_source import source
+
+    h = [1, 2, 3, 7, 8, 9, 5, 1, 2, 3, 7, 8, 4, 6, 1, 2, 3]
+    at = source(h, 3, 7)
+    assert at == 10 and R.earlier(h, 3, at) == 3
+    assert R.agreed(h, 3, at) == 2  # 7 8, then 9 against 4
+    assert R.matched_before(h, at) == 3  # 1 2 3, then 5 against 6
+    assert R.earlier(h, 3, 3) is None
+    h = [1, 2, 3, 5, 1, 2, 3, 6, 1, 2, 3]  # the texts after the two earlier places part at once
+    assert source(h, 3, 6) == 7 and R.agreed(h, R.earlier(h, 3, 7), 7) == 0
+    rng = random.Random(13)
+    words = [rng.randrange(50) for _ in range(40)]
+    p, y = words * 3, words[:15] + [rng.randrange(50) for _ in range(10)] + words[20:40]
+    pos = R.positions(p, y)
+    marks = [[f["after"] for f in feats] for _, feats in pos]
+    assert {"within", "beyond"} <= {m for ms in marks for m in ms}
+    for j, (_, feats) in enumerate(pos):  # within the agreement up to its length, then beyond it
+        if feats and feats[0]["after"] != "alone":
+            h = p + y[:j]
+            at = source(h, feats[0]["n"], feats[0]["token"])
+            went = R.agreed(h, R.earlier(h, feats[0]["n"], at), at)
+            assert [f["after"] for f in feats] == [("within" if i < went else "beyond") for i in range(len(feats))]
+
+
 def test_offer_learner_tells_only_what_the_text_has_judged():
     """research/offer_learning.py: each offered token beyond the drafted ones is told to the controller only once the
     text has passed it, with whether the text held it, and nothing of an offer after the first token refused; the
