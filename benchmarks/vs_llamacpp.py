@@ -118,7 +118,7 @@ class Record:
     seconds: float = 0.0
     drafted: int = 0
     accepted: int = 0
-    same: bool | None = None  # greedy: the same text as spectool plain's, as far as both went
+    same: bool | None = None  # the same text as spectool plain's (sampled: same seed), as far as both went
     failed: str = ""
     # the target's first token ended it (spectool plain made none before the end): one decode, the last prompt
     # token's, and nothing to time, so left out of the figures (RECOUNT says how older runs are read)
@@ -206,7 +206,7 @@ def run_prompt(b: Bench, family: str, i: int, repeat: int, text: str) -> list[Re
     if not out[COMPLETION].failed and out[COMPLETION].tokens and out[COMPLETION].seconds:
         b.one_decode = out[COMPLETION].seconds / out[COMPLETION].tokens
     out[LOOKUP_CPP].seconds += b.one_decode if not out[LOOKUP_CPP].failed else 0.0
-    if b.sampling.greedy and PLAIN in texts:
+    if PLAIN in texts:  # sampled too: every contender drew with the same seed
         plain_text, plain_tokens = texts[PLAIN]
         for rec in out.values():
             rec.at_once = not plain_tokens

@@ -78,10 +78,18 @@ def sample_joint(target, make_drafter, prompt, s=SAMPLING, n=N_RUNS, stats=None,
 
 def wrong_acceptance(bug):
     """A realistic bug in the sampled acceptance step (a stand-in for verify.accept_sampled), which the chi-square
-    test must catch: "accept always", "q[0] at every position" or "p row off by one"."""
+    test must catch: "accept always", "q[0] at every position", "p row off by one", or "draw again after a
+    refusal" (a lookup draft refused, the token drawn afresh from p rather than the draw that refused it)."""
     from spectool.core.verify import accept_sampled as right
 
+    def draw_again(p, q, d, rng):
+        for i, token in enumerate(d):
+            if p(i).sample(rng) != token:
+                return i, p(i).sample(rng)
+        return len(d), p(len(d)).sample(rng)
+
     return {
+        "draw again after a refusal": draw_again,
         "accept always": lambda p, q, d, rng: (len(d), p(len(d)).sample(rng)),
         "q[0] at every position": lambda p, q, d, rng: right(p, q and [q[0]] * len(q), d, rng),
         "p row off by one": lambda p, q, d, rng: right(lambda i: p(min(i + 1, len(d))), q, d, rng),

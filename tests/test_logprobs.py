@@ -11,6 +11,7 @@ from spectool.llama import native  # noqa: F401, I001 - llama.cpp's libraries be
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from spectool_lab.helpers import Server  # noqa: E402
+from test_verify import llama_cpp_draws  # noqa: E402
 
 from spectool.core.controller import Controller  # noqa: E402
 from spectool.core.grammar import Grammar  # noqa: E402
@@ -101,11 +102,10 @@ def test_logprobs_under_lookup_are_plain_decodings_and_llama_cpps(exact_target, 
         assert_oracle(oracle.rows(prompt, out), out, [lp.logprob for lp in lps], [lp.top for lp in lps])
     (spec, spec_lps, accepted), (plain, plain_lps, _) = runs["lookup"], runs["none"]
     assert accepted > 0  # accepted drafts are among the tokens checked
-    if seed is None:
-        assert spec == plain
-    same = next((i for i, (a, b) in enumerate(zip(spec, plain)) if a != b), len(spec))  # seeded: the two draw
-    assert same > 0  # their random numbers differently, so they agree up to their first difference
-    assert all(abs(a.logprob - b.logprob) < TOL for a, b in zip(spec_lps[:same], plain_lps[:same]))
+    assert spec == plain  # seeded too: a lookup draft is kept where the target's own draw is the same
+    assert all(abs(a.logprob - b.logprob) < TOL for a, b in zip(spec_lps, plain_lps))
+    if seed is not None:  # and that draw is llama.cpp's own for the seed, on llama.cpp's rows
+        assert llama_cpp_draws(oracle.rows(prompt, plain), sampling, seed) == plain
 
 
 def test_logprobs_under_a_grammar_are_the_raw_rows(exact_target, oracle):

@@ -178,7 +178,8 @@ def test_sampled_tokens_follow_the_target_distribution(target, draft, lookup_pro
 
 
 @pytest.mark.parametrize("bug,kind", [("accept always", "draft"), ("q[0] at every position", "draft"),
-                                      ("p row off by one", "lookup"), ("resample from p", "lookup")])
+                                      ("p row off by one", "lookup"), ("resample from p", "draft"),
+                                      ("draw again after a refusal", "lookup")])
 def test_negative_controls_fail(target, draft, lookup_prompt, monkeypatch, bug, kind):
     """The same test must reject a wrong acceptance rule, at any draft position."""
     import spectool.generate.loop as spec

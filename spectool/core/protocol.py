@@ -19,12 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable, NamedTuple, Protocol, Sequence
 
-from spectool.llama import native  # noqa: F401, I001 - llama.cpp before numpy (native.py)
-import numpy as np  # noqa: E402
 
 from spectool.core.evidence import Evidence, Source
 from spectool.core.grammar import Constraint
-from spectool.core.verify import Dist, Sampling
+from spectool.core.verify import Dist, Random, Sampling
 
 
 @dataclass
@@ -100,7 +98,7 @@ class Drafter(Protocol):
     def peek(self, history: Sequence[int], k_max: int, estimate: Estimate | None = None,
              final: int | None = None) -> Iterable[Evidence]: ...
 
-    def propose(self, history: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator,
+    def propose(self, history: Sequence[int], k: int, sampling: Sampling, rng: Random,
                 constraint: Constraint | None = None) -> Draft: ...
 
     def branches(self, history: Sequence[int], chain: Sequence[int], width: int) -> list[Branch]:

@@ -5,7 +5,12 @@ Notation (Leviathan et al. 2023, Chen et al. 2023): p is the TARGET's distributi
 d_1..d_k are the drafted tokens. A draft token is accepted with probability min(1, p(d)/q(d)); at
 the first rejection the token is resampled from max(0, p - q), renormalised; when all k are accepted
 one bonus token comes from p. The output then follows p exactly. At temperature 0 this reduces to:
-accept while argmax p == d.
+accept while argmax p == d. A deterministic draft (q one-hot: prompt lookup) takes the same rule in
+llama.cpp's form: the target draws its own token from p and the draft is kept while they agree
+(accepted with probability p(d), and a refused draft's token drawn from p less d). Every token then
+costs one random number, drafted or not: with llama.cpp's random numbers (`Random`) and its order
+of drawing (`Dist.sample`), a seed gives the text llama.cpp gives, and the same with drafts as
+without.
 
 The chain is llama.cpp's default (common/common.h, `common_params_sampling::samplers`, and
 llama-cpp-python's `Llama` builds the same): penalties -> top-k -> top-p -> min-p -> temperature ->
@@ -19,6 +24,8 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+import math
+import secrets
 from typing import Callable, NamedTuple, Sequence
 
 from spectool.llama import native  # noqa: F401, I001 - llama.cpp before numpy (native.py)
@@ -58,23 +65,48 @@ class Sampling:
         return WHOLE_HISTORY if self.repeat_last_n < 0 else self.repeat_last_n
 
 
+class Random:
+    """The random numbers of llama.cpp's `dist` sampler (src/llama-sampler.cpp): std::mt19937 seeded
+    with the 32-bit seed (a larger one taken modulo 2**32, as llama.cpp's uint32_t holds it; None: a
+    random one), each number libstdc++'s std::generate_canonical<double, 53> of two of its outputs,
+    the first the low half."""
+
+    def __init__(self, seed: int | None = None):
+        seed = secrets.randbits(32) if seed is None else seed % (1 << 32)
+        self._bits = np.random.MT19937()
+        # numpy's legacy seeding of an integer is mt19937's own (init_genrand)
+        legacy = np.random.RandomState(seed).get_state(legacy=False)
+        self._bits.state = {"bit_generator": "MT19937", "state": legacy["state"]}
+
+    def random(self) -> float:
+        """A number in [0, 1), as llama.cpp's std::uniform_real_distribution<double> draws it."""
+        low, high = self._bits.random_raw(2)
+        u = (float(low) + float(high) * 4294967296.0) / 18446744073709551616.0
+        return u if u < 1.0 else math.nextafter(1.0, 0.0)
+
+
 @dataclass(frozen=True)
 class Dist:
     """A sparse distribution over a vocabulary of `n` tokens: token ids[j] has probability p[j] (ids
-    sorted)."""
+    sorted). `ranked`: drawn from in decreasing probability, where llama.cpp's chain sorted its
+    candidates (top-k or top-p ran), else in id order, as llama.cpp's `dist` walks them."""
 
     ids: np.ndarray
     p: np.ndarray
     n: int
+    ranked: bool = False
 
     def prob(self, token: int) -> float:
         j = int(np.searchsorted(self.ids, token))
         return float(self.p[j]) if j < len(self.ids) and self.ids[j] == token else 0.0
 
-    def sample(self, rng: np.random.Generator) -> int:
-        cdf = np.cumsum(self.p)
-        j = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
-        return int(self.ids[min(j, len(self.ids) - 1)])
+    def sample(self, rng: Random) -> int:
+        """A token drawn with one random number: the first whose cumulative probability reaches it
+        (llama.cpp's `dist`)."""
+        order = np.argsort(-self.p, kind="stable") if self.ranked else slice(None)
+        cdf = np.cumsum(self.p[order])
+        j = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="left"))
+        return int(self.ids[order][min(j, len(self.ids) - 1)])
 
     @classmethod
     def one_hot(cls, token: int, n: int) -> Dist:
@@ -180,7 +212,8 @@ def _rest_of_chain(c: np.ndarray, zc: np.ndarray, s: Sampling, norm, n: int) -> 
     keep = w > 0  # a banned token (-inf) is no candidate
     c, w = c[keep], w[keep]
     order = np.argsort(c)
-    return Dist(c[order].astype(np.int64), (w / w.sum())[order], n)
+    return Dist(c[order].astype(np.int64), (w / w.sum())[order], n,
+                ranked=s.top_k > 0 or s.top_p < 1.0)
 
 
 # -- reading a model's outputs: whole rows, or what llama.cpp sampled inside its graph
@@ -294,7 +327,7 @@ def accept_greedy(target_argmax, draft: Sequence[int]) -> tuple[int, int]:
 def accept_tree(target_token: Callable[[int], int], tokens: Sequence[int],
                 parents: Sequence[int],
                 drawn: Callable[[int], tuple[int, Dist, Dist] | None] | None = None,
-                rng: np.random.Generator | None = None) -> tuple[list[int], int]:
+                rng: Random | None = None) -> tuple[list[int], int]:
     """Acceptance on a draft tree (node i holds tokens[i] after node parents[i]; node 0 the root):
     from the root, the target's own token at each node (`target_token(node)`: its argmax, or a
     draw from the node's row) is followed into the child that holds it, and the first one no child
@@ -342,18 +375,23 @@ def _on(d: Dist, ids: np.ndarray) -> np.ndarray:
 
 
 def accept_sampled(p: Callable[[int], Dist], q: Sequence[Dist | None] | None, draft: Sequence[int],
-                   rng: np.random.Generator) -> tuple[int, int]:
+                   rng: Random) -> tuple[int, int]:
     """Rejection sampling. p(i) is the target's row after the first i drafts, computed only when
     reached; q has len(draft) rows, or is None for a deterministic drafter (prompt lookup), whose q
     is one-hot on each draft (a row of None: that one token is deterministic, as the lookup tokens
     of a hybrid draft)."""
     for i, d in enumerate(draft):
         p_i = p(i)
-        drawn = q[i] if q is not None else None
-        q_i = Dist.one_hot(d, p_i.n) if drawn is None else drawn
-        if q_i.n != p_i.n or not 0 <= d < p_i.n:
-            raise ValueError(f"draft row {i} lives on {q_i.n} tokens (draft token {d}) but the "
-                             f"target has {p_i.n}")
+        q_i = q[i] if q is not None else None
+        n = p_i.n if q_i is None else q_i.n
+        if n != p_i.n or not 0 <= d < p_i.n:
+            raise ValueError(f"draft row {i} lives on {n} tokens (draft token {d}) but the target "
+                             f"has {p_i.n}")
+        if q_i is None:  # one-hot q: the target's own draw, the draft kept where it is the same
+            t = p_i.sample(rng)
+            if t == d:
+                continue
+            return i, t
         if rng.random() * q_i.prob(d) < p_i.prob(d):  # accept with probability min(1, p(d)/q(d))
             continue
         return i, residual(p_i, q_i).sample(rng)

@@ -18,7 +18,7 @@ from spectool.core.costs import Costs
 from spectool.core.evidence import Evidence, Mode, Source
 from spectool.core.grammar import Constraint
 from spectool.core.protocol import Branch, Draft, Drafter, Estimate
-from spectool.core.verify import Sampling
+from spectool.core.verify import Random, Sampling
 from spectool.drafters.corpus import Corpus
 from spectool.drafters.dflash import Dflash, DflashContext
 from spectool.drafters.draft_model import DraftModel
@@ -293,7 +293,7 @@ class Drafting(Drafter):
             return []
         return self.inner.peek(history, k_max, estimate, final)
 
-    def propose(self, history: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator,
+    def propose(self, history: Sequence[int], k: int, sampling: Sampling, rng: Random,
                 constraint: Constraint | None = None) -> Draft:
         assert self.inner is not None, "propose before a peek that offered something"
         try:

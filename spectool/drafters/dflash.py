@@ -17,7 +17,7 @@ import numpy as np  # noqa: E402
 from spectool.core.evidence import DFLASH, Evidence, Source
 from spectool.core.grammar import Constraint
 from spectool.core.protocol import EMPTY, Draft, Drafter, Estimate, no_grammar
-from spectool.core.verify import Sampling
+from spectool.core.verify import Random, Sampling
 from spectool.drafters.eagle3 import head_metadata
 from spectool.drafters.mtp import HeadContext, one_sequence
 from spectool.llama.engine import DecodeError, Model, ModelLoadError, last_log_error
@@ -192,7 +192,7 @@ class Dflash(Drafter):
              final: int | None = None) -> list[Evidence]:
         return [self.evidence] * max(0, min(k_max, self.n_max, self.head.n_ctx - len(history)))
 
-    def propose(self, history: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator,
+    def propose(self, history: Sequence[int], k: int, sampling: Sampling, rng: Random,
                 constraint: Constraint | None = None) -> Draft:
         head, n = self.head, len(history)
         k = min(k, self.n_max, head.n_ctx - n)

@@ -15,7 +15,7 @@ from spectool.llama.outputs import IDS, ROWS, Output
 from spectool.core.grammar import Constraint
 from spectool.core.evidence import DRAFT, Evidence
 from spectool.core.evidence import Source
-from spectool.core.verify import Dist, Sampling, backend_chain
+from spectool.core.verify import Dist, Random, Sampling, backend_chain
 from spectool.core.protocol import EMPTY, WIDTH, Branch, Draft, Drafter, Estimate, no_grammar
 from spectool.drafters.draw import draw
 
@@ -95,7 +95,7 @@ class DraftModel(Drafter):
              final: int | None = None) -> list[Evidence]:
         return [DRAFT] * max(0, min(k_max, self.model.n_ctx - len(history)))
 
-    def propose(self, history: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator,
+    def propose(self, history: Sequence[int], k: int, sampling: Sampling, rng: Random,
                 constraint: Constraint | None = None) -> Draft:
         m = self.model
         room = m.n_ctx - len(history)

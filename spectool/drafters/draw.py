@@ -9,11 +9,12 @@ from spectool.llama import native  # noqa: F401, I001 - llama.cpp before numpy (
 import numpy as np  # noqa: E402
 
 from spectool.core.grammar import Constraint, NothingAllowed, dist_under, mask_for, token_under
-from spectool.core.verify import Dist, Sampling, dist_at, likeliest, token_at, top_probability
+from spectool.core.verify import (Dist, Random, Sampling, dist_at, likeliest, token_at,
+                                  top_probability)
 
 
 def draw(model, row: int, k: int, advance: Callable[[int, int], None], sampling: Sampling,
-         rng: np.random.Generator,
+         rng: Random,
          recent: list[int], p_min: float = 0.0, banned=None, constraint: Constraint | None = None,
          to_target: np.ndarray | None = None, width: int = 0) -> tuple[list[int], list[Dist]]:
     """Up to k draft tokens, one at a time from output `row` of `model`'s last decode, through the

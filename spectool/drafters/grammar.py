@@ -6,13 +6,11 @@ from __future__ import annotations
 from itertools import chain
 from typing import Iterable, Sequence
 
-from spectool.llama import native  # noqa: F401, I001 - llama.cpp before numpy (native.py)
-import numpy as np  # noqa: E402
 
 from spectool.core.grammar import Constraint
 from spectool.core.evidence import GRAMMAR, Evidence
 from spectool.core.evidence import Source
-from spectool.core.verify import Sampling
+from spectool.core.verify import Random, Sampling
 from spectool.core.protocol import EMPTY, Branch, Draft, Drafter, Estimate
 from spectool.drafters.lookup import PromptLookup
 
@@ -92,7 +90,7 @@ class GrammarDrafter(Drafter):
         self._keys = keys
         return keys
 
-    def propose(self, history: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator,
+    def propose(self, history: Sequence[int], k: int, sampling: Sampling, rng: Random,
                 constraint: Constraint | None = None) -> Draft:
         taken = self._taken[:k]
         forced = sum(f for _, f in taken)

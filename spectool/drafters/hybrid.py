@@ -5,13 +5,11 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from spectool.llama import native  # noqa: F401, I001 - llama.cpp before numpy (native.py)
-import numpy as np  # noqa: E402
 
 from spectool.core.grammar import Constraint
 from spectool.core.evidence import Evidence
 from spectool.core.evidence import Source
-from spectool.core.verify import Sampling
+from spectool.core.verify import Random, Sampling
 from spectool.core.protocol import EMPTY, Branch, Draft, Drafter, Estimate, no_grammar
 from spectool.drafters.draft_model import DraftModel
 from spectool.drafters.lookup import PromptLookup
@@ -46,7 +44,7 @@ class Hybrid(Drafter):
         self._n_lookup = j
         return keys[:j] + model[j:]
 
-    def propose(self, history: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator,
+    def propose(self, history: Sequence[int], k: int, sampling: Sampling, rng: Random,
                 constraint: Constraint | None = None) -> Draft:
         j = min(k, self._n_lookup)
         head = self.lookup.propose(history, j, sampling, rng) if j else EMPTY

@@ -5,12 +5,10 @@ from __future__ import annotations
 from itertools import islice
 from typing import Iterator, NamedTuple, Sequence
 
-from spectool.llama import native  # noqa: F401, I001 - llama.cpp before numpy (native.py)
-import numpy as np  # noqa: E402
 
 from spectool.core.evidence import Agreement, Evidence, Source, bucket
 from spectool.core.protocol import EMPTY, Branch, Draft, Drafter, Estimate, merged, no_grammar
-from spectool.core.verify import Sampling
+from spectool.core.verify import Random, Sampling
 
 # an n-gram's: {token: count}, or the token alone where one was seen once
 Followers = int | dict[int, int]
@@ -396,7 +394,7 @@ class PromptLookup(Drafter):
         self._offer = LookupOffer(self, history, k_max, final)
         return self._offer
 
-    def propose(self, history: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator,
+    def propose(self, history: Sequence[int], k: int, sampling: Sampling, rng: Random,
                 constraint=None) -> Draft:
         """The first k tokens of the last peek's offer, where it was for this history; else
         predicted afresh. A grammar (`constraint`) cuts them afterwards (drafters/grammar.py):

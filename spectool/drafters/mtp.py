@@ -17,7 +17,7 @@ from spectool.llama.outputs import ROWS
 from spectool.core.grammar import Constraint
 from spectool.core.evidence import MTP, Evidence
 from spectool.core.evidence import Source
-from spectool.core.verify import Sampling
+from spectool.core.verify import Random, Sampling
 from spectool.core.protocol import EMPTY, Draft, Drafter, Estimate, no_grammar
 from spectool.drafters.draw import draw
 
@@ -304,7 +304,7 @@ class Mtp(Drafter):
              final: int | None = None) -> list[Evidence]:
         return [self.evidence] * max(0, min(k_max, self.head.n_ctx - len(history)))
 
-    def propose(self, history: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator,
+    def propose(self, history: Sequence[int], k: int, sampling: Sampling, rng: Random,
                 constraint: Constraint | None = None) -> Draft:
         head, n = self.head, len(history)
         k = min(k, head.n_ctx - n)

@@ -17,13 +17,11 @@ from dataclasses import dataclass
 from itertools import chain
 from typing import Iterable, Sequence
 
-from spectool.llama import native  # noqa: F401, I001 - llama.cpp before numpy (native.py)
-import numpy as np  # noqa: E402
 
 from spectool.core.evidence import Agreement, Evidence, Source, bucket
 from spectool.core.grammar import Constraint
 from spectool.core.protocol import EMPTY, Branch, Draft, Drafter, Estimate, no_grammar
-from spectool.core.verify import Sampling
+from spectool.core.verify import Random, Sampling
 from spectool.drafters.lookup import PromptLookup
 
 
@@ -145,7 +143,7 @@ class PredictionDrafter(Drafter):
             out.append(key)
         return out
 
-    def propose(self, history: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator,
+    def propose(self, history: Sequence[int], k: int, sampling: Sampling, rng: Random,
                 constraint: Constraint | None = None) -> Draft:
         """The first k tokens of the last peek's offer (peeked afresh where it was for another
         history): the prediction's (deterministic), or the fallback's draft."""

@@ -44,9 +44,9 @@ def read_ids(path: str | os.PathLike) -> np.ndarray | None:
 def token_ranking(model, tokens_per_prompt: int = 160, seed: int = 0, progress=None) -> np.ndarray:
     """Average next-token probability of every token, over text the model samples itself from varied
     starts; `progress(done, total)` hears of each start."""
-    from spectool.core.verify import Sampling, distribution
+    from spectool.core.verify import Random, Sampling, distribution
 
-    rng = np.random.default_rng(seed)
+    rng = Random(seed)
     s = Sampling(temp=0.9)
     total = np.zeros(model.n_vocab)
     for i, text in enumerate(CALIBRATION):

@@ -33,7 +33,7 @@ import numpy as np  # noqa: E402
 from spectool.core.evidence import DRAFT, Evidence, Source
 from spectool.core.grammar import Constraint
 from spectool.core.protocol import EMPTY, Draft, Drafter, Estimate, no_grammar
-from spectool.core.verify import Sampling
+from spectool.core.verify import Random, Sampling
 from spectool.llama.engine import Model, shared_prefix
 from spectool.llama.outputs import Logits
 from spectool.llama.vocab import Facts
@@ -83,7 +83,7 @@ class TextDraft(Drafter):
              final: int | None = None) -> list[Evidence]:
         return [DRAFT] * max(0, min(k_max, self.model.n_ctx - len(self._tokens) - 1))
 
-    def propose(self, history: Sequence[int], k: int, sampling: Sampling, rng: np.random.Generator,
+    def propose(self, history: Sequence[int], k: int, sampling: Sampling, rng: Random,
                 constraint: Constraint | None = None) -> Draft:
         no_grammar(constraint)
         t0 = time.perf_counter()

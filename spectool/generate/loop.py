@@ -16,8 +16,6 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Generator, Iterator, Sequence, cast
 
-from spectool.llama import native  # noqa: F401, I001 - llama.cpp before numpy (native.py)
-import numpy as np  # noqa: E402
 
 from spectool.core.audit import HORIZON, Audit, Offer
 from spectool.core.controller import Beside, Controller
@@ -26,8 +24,8 @@ from spectool.core.grammar import (Constraint, Grammar, NothingAllowed, dist_und
                                    token_under)
 from spectool.core.protocol import EMPTY, WIDTH, Draft, Drafter
 from spectool.core.stats import Stats
-from spectool.core.verify import (Dist, Sampling, TokenLogprob, accept_greedy, accept_sampled,
-                                  accept_tree, backend_chain, dist_at,
+from spectool.core.verify import (Dist, Random, Sampling, TokenLogprob, accept_greedy,
+                                  accept_sampled, accept_tree, backend_chain, dist_at,
                                   greedy_rows, token_at, token_logprob)
 from spectool.generate.plan import Offered, Plan
 from spectool.generate.prompt import calibrate, freeze_startup_objects, prefill
@@ -76,7 +74,7 @@ class GenerationConfig:
     max_tokens: int = 256
     seed: int | None = None
     # made from `seed` on first use and kept: a chat's turns go on drawing
-    rng: np.random.Generator | None = None
+    rng: Random | None = None
     grammar: Grammar | None = None  # every token follows it (core/grammar.py)
     # each token's log-probability and this many alternatives (Step.logprobs); None:
     logprobs: int | None = None
@@ -88,9 +86,9 @@ class GenerationConfig:
     # and no logprobs or penalties
     draft_tree: int = 0
 
-    def random(self) -> np.random.Generator:
+    def random(self) -> Random:
         if self.rng is None:
-            self.rng = np.random.default_rng(self.seed)
+            self.rng = Random(self.seed)
         return self.rng
 
 
