@@ -73,10 +73,13 @@ def test_8_choices_with_20_top_logprobs_each_stay_within_the_stated_memory(tiny)
     assert status == 200
     r = json.loads(text)
     entries = [c["logprobs"]["content"] for c in r["choices"]]
-    assert len(entries) == 8 and all(len(e) == 400 for e in entries)
-    assert r["usage"]["completion_tokens"] == 3200 and len({json.dumps(e) for e in entries}) == 8
+    # a sampled choice may end at the end-of-generation token (seed 8 here, at 355): each cut by the limit has 400
+    assert len(entries) == 8 and all(len(e) == 400 for e, c in zip(entries, r["choices"])
+                                     if c["finish_reason"] == "length")
+    tokens = sum(len(e) for e in entries)
+    assert r["usage"]["completion_tokens"] == tokens >= 2400 and len({json.dumps(e) for e in entries}) == 8
     assert all(len(e["top_logprobs"]) == 20 for choice in entries for e in choice)
-    assert peak - before <= PEAK_KB_PER_TOKEN * 3200 / 1024 + PEAK_SLACK_MB, (before, peak)
+    assert peak - before <= PEAK_KB_PER_TOKEN * tokens / 1024 + PEAK_SLACK_MB, (before, peak)
 
 
 @pytest.mark.parametrize("stream", [True, False], ids=["streamed", "whole"])
