@@ -9,8 +9,8 @@ accept while argmax p == d. A deterministic draft (q one-hot: prompt lookup) tak
 llama.cpp's form: the target draws its own token from p and the draft is kept while they agree
 (accepted with probability p(d), and a refused draft's token drawn from p less d). Every token then
 costs one random number, drafted or not: with llama.cpp's random numbers (`Random`) and its order
-of drawing (`Dist.sample`), a seed gives the text llama.cpp gives, and the same with drafts as
-without.
+of drawing (`Dist.sample`), a seed draws what llama.cpp draws, with drafts or without: the same
+text wherever the rows are the same (a batched verification's and a single token's round apart).
 
 The chain is llama.cpp's default (common/common.h, `common_params_sampling::samplers`, and
 llama-cpp-python's `Llama` builds the same): penalties -> top-k -> top-p -> min-p -> temperature ->
