@@ -158,7 +158,7 @@ def test_a_deterministic_draft_costs_one_number_a_token_as_plain_sampling():
     """Lookup's drafts are the target's own draws kept where they are the draft: the same numbers choose the same
     tokens, drafted or not, up to a refused draft's token."""
     rows = [dist([0.5, 0.3, 0.2])] * 6
-    plain, r = [], Random(9)
+    r = Random(9)
     plain = [rows[0].sample(r) for _ in range(6)]
     n, t = accept_sampled(lambda i: rows[i], None, plain[:3] + [(plain[3] + 1) % 3], Random(9))
     assert (n, t) == (3, plain[3])
