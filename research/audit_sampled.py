@@ -29,11 +29,12 @@ from spectool.options import CTX_SIZE, llama_cpp_sampling
 from controller_replay import K_MAX, known
 
 
-def samples(target, prompt: list[int], args) -> list[list[int]]:
-    """`args.samples` seeded samples of plain decoding after `prompt` (those that made a token)."""
+def samples(target, prompt: list[int], args, seeds=None) -> list[list[int]]:
+    """Seeded samples of plain decoding after `prompt` (those that made a token): one a seed of `seeds`, by
+    default `args.samples` of them, seeded 0, 1, ..."""
     s = replace(llama_cpp_sampling(), temp=args.temp)
     out = []
-    for seed in range(args.samples):
+    for seed in range(args.samples) if seeds is None else seeds:
         g = GenerationConfig(target, None, s, max_tokens=args.tokens, seed=seed)
         out.append([t for step in speculative_generate(g, prompt) for t in step.tokens])
     return [y for y in out if y]
@@ -54,13 +55,18 @@ def speeds(data: list[tuple[list[int], list[int]]], cost: list[float], temp: flo
     return {**out, "best fixed": plain / by_length[best], "best k": best}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def options(doc: str) -> tuple[argparse.Namespace, int]:
+    """The flags of a replay over samples (this script's and research/seed_peek.py's), parsed, and the seed."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     formats.family_options(ap)
     ap.add_argument("--samples", type=int, default=3)
     ap.add_argument("--temp", type=float, default=0.8)
     args = ap.parse_args()
-    seed = common.fresh_seed(args.seed)
+    return args, common.fresh_seed(args.seed)
+
+
+def main() -> None:
+    args, seed = options(__doc__)
     print(f"unseen samples drawn with --seed {seed}; temperature {args.temp:g}, {args.samples} samples a prompt\n")
     print("| model | family | audited | unaudited | audited / unaudited | best fixed length (k) | audited / best fixed "
           "|\n|---|---|---:|---:|---:|---:|---:|", flush=True)

@@ -186,6 +186,12 @@ def fresh_seed(given: int | None) -> int:
     return given if given is not None else secrets.randbelow(10**6)
 
 
+def generation_seed(repeat: int, i: int) -> int:
+    """The seed every contender samples prompt i with at a repeat (benchmarks/vs_llamacpp.py), and what a replay
+    over the same samples seeds them with (research/mean_bound.py --temp)."""
+    return 1000 * repeat + i
+
+
 def sample_options(ap, tuning: bool = True) -> None:
     """The options every benchmark draws its prompts by (an argparse parser's): --seed, and --tuning where the
     benchmark can run its tuning list (`tuning`)."""
