@@ -21,7 +21,8 @@ defaults and, by default beside them, sized for short contexts (llamacpp.NGRAM; 
 samples with llama.cpp's default chain, spectool and every tool alike, each prompt seeded.
 
 Decode speed is tokens per second of decoding: llama-completion's `eval time` (single-token decodes) with its share
-of `sampling time` (runs up to 2026-12-04's, seed 131463, left it out), spectool's own
+of `sampling time` (runs up to 2026-12-04's, seed 131463, left it out) and of `unaccounted time`, the rest of its loop
+(runs up to 2026-12-07's, seed 114516, left it out: 0.4-1.9% of its decode time here), spectool's own
 clock from the end of prompt processing to its last token, and llama-lookup's and llama-speculative-simple's `decoded
 N tokens in T seconds` read the same way as spectool's (llamacpp.parse_lookup; llama-lookup's clock leaves out one
 decode, priced as llama-completion's per-token time on the same prompt in the same repeat). The report
@@ -189,7 +190,7 @@ def warm(b: Bench, chat: formats.ChatFormat) -> None:
 def run_prompt(b: Bench, family: str, i: int, repeat: int, text: str) -> list[Record]:
     """Every contender on one prompt, in an order turned by one at each prompt and repeat."""
     prompt = b.target.tokenize(text, parse_special=True)  # as llama.cpp's tools tokenize it
-    jobs = b.jobs(text, prompt, 1000 * repeat + i)
+    jobs = b.jobs(text, prompt, common.generation_seed(repeat, i))
     names = list(jobs)
     turn = (i + repeat) % len(names)
     out, texts = {}, {}

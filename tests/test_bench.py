@@ -127,6 +127,11 @@ def test_llama_cpp_tools_reports_and_prompt_files(tmp_path):
     sampling = "0.00.816.810 I common_perf_print:    sampling time =      96.00 ms\n"
     r = LC.parse_completion("", sampling + perf)
     assert r.tokens == 95 and abs(r.seconds - (3.7125 + 0.095)) < 1e-9
+    # and so does the rest of its loop (each token's text made and written out): the perf report's unaccounted time
+    unaccounted = ("0.00.816.812 I common_perf_print: unaccounted time =      48.00 ms /   1.1 %      "
+                   "(total - sampling - prompt eval - eval) / (total)\n")
+    r = LC.parse_completion("", sampling + perf + unaccounted)
+    assert r.tokens == 95 and abs(r.seconds - (3.7125 + 0.095 + 0.0475)) < 1e-9
     for prompt in ("Question: why?\nAnswer:", "Text\n\nAnswer:\n"):
         path = LC._prompt_file(str(tmp_path), prompt)
         text = path.read_text()

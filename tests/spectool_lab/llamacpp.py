@@ -192,14 +192,19 @@ def completion(binary: Path, model: Path, prompt: str, tokens: int, threads: int
 def parse_completion(text: str, log: str) -> Run:
     """The `eval time = T ms / N runs` line of llama.cpp's perf report (the one after `prompt eval time`): N
     single-token decodes, the first generated token coming from prompt processing; plus their share of the
-    `sampling time` line (choosing each token: its sampler chain over the whole vocabulary), which the eval time
-    leaves out and every other contender's clock holds (spectool's, llama-lookup's `decoded N tokens in T s`)."""
+    `sampling time` line (choosing each token: its sampler chain over the whole vocabulary) and of the
+    `unaccounted time` line (the rest of its loop: each token's text made and written out), which the eval time
+    leaves out and every other contender's clock holds (spectool's, llama-lookup's `decoded N tokens in T s`).
+    (The unaccounted time also holds the prompt's tokenization, well under a millisecond beside a second of
+    decoding.)"""
     m = re.search(r"eval time =\s*([\d.]+) ms /\s*(\d+) runs", log.split("prompt eval time")[-1])
     n, seconds = int(m.group(2)), float(m.group(1)) / 1000
-    # common_perf_print's `sampling time = S ms`: every token sampled, the first one (after the prompt) too
-    s = re.search(r"sampling time =\s*([\d.]+) ms", log)
-    if s:
-        seconds += float(s.group(1)) / 1000 * n / (n + 1)
+    # common_perf_print's `sampling time = S ms` and `unaccounted time = U ms` (total less sampling, prompt eval and
+    # eval): every token sampled and written out, the first one (after the prompt) too
+    for line in ("sampling", "unaccounted"):
+        s = re.search(line + r" time =\s*([\d.]+) ms", log)
+        if s:
+            seconds += float(s.group(1)) / 1000 * n / (n + 1)
     return Run(text, n, seconds)
 
 
