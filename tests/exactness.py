@@ -82,15 +82,20 @@ def wrong_acceptance(bug):
     refusal" (a lookup draft refused, the token drawn afresh from p rather than the draw that refused it)."""
     from spectool.core.verify import accept_sampled as right
 
-    def draw_again(p, q, d, rng):
+    def draw_again(p, q, d, rng, draw=None):  # (the rule's own draws through verify.py's chain)
         for i, token in enumerate(d):
             if p(i).sample(rng) != token:
                 return i, p(i).sample(rng)
         return len(d), p(len(d)).sample(rng)
 
+    def off_by_one(p, q, d, rng, draw=None):  # every row read one further on, by either chain
+        def shift(i):
+            return min(i + 1, len(d))
+        return right(lambda i: p(shift(i)), q, d, rng, draw and (lambda i: draw(shift(i))))
+
     return {
         "draw again after a refusal": draw_again,
-        "accept always": lambda p, q, d, rng: (len(d), p(len(d)).sample(rng)),
-        "q[0] at every position": lambda p, q, d, rng: right(p, q and [q[0]] * len(q), d, rng),
-        "p row off by one": lambda p, q, d, rng: right(lambda i: p(min(i + 1, len(d))), q, d, rng),
+        "accept always": lambda p, q, d, rng, draw=None: (len(d), p(len(d)).sample(rng)),
+        "q[0] at every position": lambda p, q, d, rng, draw=None: right(p, q and [q[0]] * len(q), d, rng, draw),
+        "p row off by one": off_by_one,
     }[bug]

@@ -210,6 +210,38 @@ def test_seeded_runs_reproduce(target, draft, controller):
     assert other != runs[0]
 
 
+@pytest.mark.parametrize("kind", ["plain", "lookup", "hybrid"])
+def test_llama_cpps_chain_on_the_host_draws_what_verify_draws(target, draft, lookup_prompt, monkeypatch, kind):
+    """Sampled, the loop draws the target's own tokens with llama.cpp's chain on the host (generate/sampler.py) where
+    the rows are whole: the seed's one stream of numbers shared with verify.py's own draws (a draft model's
+    proposals, acceptance tests and residuals, in the hybrid), so the text is verify.py's chain's alone, token for
+    token (the controller untimed, as seeded runs are: its lengths then depend on the tokens alone)."""
+    import spectool.generate.loop as spec
+    from spectool.generate.sampler import HostChain
+
+    make = {"plain": lambda: None, "lookup": PromptLookup, "hybrid": lambda: Hybrid(PromptLookup(), DraftModel(draft))}
+    prompt = lookup_prompt if kind == "lookup" else target.tokenize("The quick brown fox")
+    s, host = Sampling(0.8, 40, 0.95, 0.05), [0]
+    chain_draw = HostChain.draw
+
+    def counted(self, rows, i):
+        host[0] += 1
+        return chain_draw(self, rows, i)
+
+    monkeypatch.setattr(HostChain, "draw", counted)
+    texts = []
+    for seed in (5, 6, 7):
+        g = GenerationConfig(target, make[kind](), s, Controller(timed=False), max_tokens=60, seed=seed)
+        texts.append(tokens_of(g, prompt))
+        assert host[0] > 0 and g.rng.drawn > (host[0] if kind == "hybrid" else 0)  # its own draws too
+        host[0] = 0
+    monkeypatch.setattr(spec.Loop, "drawer", lambda self, rows: None)  # verify.py's chain alone
+    for seed, text in zip((5, 6, 7), texts):
+        g = GenerationConfig(target, make[kind](), s, Controller(timed=False), max_tokens=60, seed=seed)
+        assert tokens_of(g, prompt) == text
+    assert host[0] == 0
+
+
 def test_stats_json_schema(target, draft):
     """--stats-json's record of a run: the fields scripts read, each agreeing with the run's steps (counts, rates,
     tokens per step and per second), as strict JSON."""

@@ -69,20 +69,28 @@ class Random:
     """The random numbers of llama.cpp's `dist` sampler (src/llama-sampler.cpp): std::mt19937 seeded
     with the 32-bit seed (a larger one taken modulo 2**32, as llama.cpp's uint32_t holds it; None: a
     random one), each number libstdc++'s std::generate_canonical<double, 53> of two of its outputs,
-    the first the low half."""
+    the first the low half. `drawn` counts the numbers drawn, here or by llama.cpp's own `dist`
+    seeded alike (`skip`: spectool/generate/sampler.py's chain draws on the host)."""
 
     def __init__(self, seed: int | None = None):
-        seed = secrets.randbits(32) if seed is None else seed % (1 << 32)
+        self.seed = secrets.randbits(32) if seed is None else seed % (1 << 32)
+        self.drawn = 0
         self._bits = np.random.MT19937()
         # numpy's legacy seeding of an integer is mt19937's own (init_genrand)
-        legacy = np.random.RandomState(seed).get_state(legacy=False)
+        legacy = np.random.RandomState(self.seed).get_state(legacy=False)
         self._bits.state = {"bit_generator": "MT19937", "state": legacy["state"]}
 
     def random(self) -> float:
         """A number in [0, 1), as llama.cpp's std::uniform_real_distribution<double> draws it."""
+        self.drawn += 1
         low, high = self._bits.random_raw(2)
         u = (float(low) + float(high) * 4294967296.0) / 18446744073709551616.0
         return u if u < 1.0 else math.nextafter(1.0, 0.0)
+
+    def skip(self) -> None:
+        """The next number, drawn elsewhere (by llama.cpp's `dist` seeded alike): passed over."""
+        self.drawn += 1
+        self._bits.random_raw(2)
 
 
 @dataclass(frozen=True)
@@ -375,27 +383,30 @@ def _on(d: Dist, ids: np.ndarray) -> np.ndarray:
 
 
 def accept_sampled(p: Callable[[int], Dist], q: Sequence[Dist | None] | None, draft: Sequence[int],
-                   rng: Random) -> tuple[int, int]:
+                   rng: Random, draw: Callable[[int], int] | None = None) -> tuple[int, int]:
     """Rejection sampling. p(i) is the target's row after the first i drafts, computed only when
     reached; q has len(draft) rows, or is None for a deterministic drafter (prompt lookup), whose q
     is one-hot on each draft (a row of None: that one token is deterministic, as the lookup tokens
-    of a hybrid draft)."""
+    of a hybrid draft; such tokens are the target's own, from its text, so the target can draw
+    them). `draw(i)`, where given, is the target's own token from row i drawn with rng's next
+    number (llama.cpp's chain on the host: spectool/generate/sampler.py), in place of
+    p(i).sample(rng)."""
+    own = draw or (lambda i: p(i).sample(rng))
     for i, d in enumerate(draft):
-        p_i = p(i)
         q_i = q[i] if q is not None else None
-        n = p_i.n if q_i is None else q_i.n
-        if n != p_i.n or not 0 <= d < p_i.n:
-            raise ValueError(f"draft row {i} lives on {n} tokens (draft token {d}) but the target "
-                             f"has {p_i.n}")
         if q_i is None:  # one-hot q: the target's own draw, the draft kept where it is the same
-            t = p_i.sample(rng)
+            t = own(i)
             if t == d:
                 continue
             return i, t
+        p_i = p(i)
+        if q_i.n != p_i.n or not 0 <= d < p_i.n:
+            raise ValueError(f"draft row {i} lives on {q_i.n} tokens (draft token {d}) but the "
+                             f"target has {p_i.n}")
         if rng.random() * q_i.prob(d) < p_i.prob(d):  # accept with probability min(1, p(d)/q(d))
             continue
         return i, residual(p_i, q_i).sample(rng)
-    return len(draft), p(len(draft)).sample(rng)
+    return len(draft), own(len(draft))
 
 
 class TokenLogprob(NamedTuple):

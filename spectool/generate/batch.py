@@ -49,6 +49,9 @@ class Rows:
     def logits(self, i: int):
         return self.target.logits(self.start + i)
 
+    def draw(self, chain, i: int) -> int:
+        return self.target.draw(chain, self.start + i)
+
     def rollback(self, n: int) -> bool:
         return self.target.rollback(n, self.seq)
 

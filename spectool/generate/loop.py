@@ -33,6 +33,7 @@ from spectool.generate.stream import TextStream
 from spectool.llama.engine import Model
 from spectool.llama.outputs import ROWS, Output
 from spectool.llama.parallel import ParallelModel, Tree
+from spectool.generate.sampler import HostChain
 
 @dataclass(slots=True, kw_only=True)
 class Step:
@@ -177,10 +178,23 @@ class Loop:
                 and g.logprobs is None and not g.sampling.window and not g.target.listened)
         # (a spare sequence for each leaf: the siblings' and the chain's end)
         self.tree_cap = max(0, min(g.draft_tree, g.target.n_seq_max - 2)) if tree else 0
+        # the target's own sampled tokens drawn by llama.cpp's chain on the host where it is the
+        # whole rule (no penalties, no grammar), with this generation's numbers (sampler.py)
+        self.host = (HostChain(g.sampling, self.rng)
+                     if not g.sampling.greedy and not g.sampling.window and constraint is None
+                     else None)
 
     def worth(self, key: Evidence) -> float:
         """What the controller makes of a drafter's greedy key at this generation's temperature."""
         return self.ctl.worth(key, self.temp)
+
+    def drawer(self, rows) -> Callable[[int], int] | None:
+        """The target's own token from row i of `rows`, drawn on the host by llama.cpp's chain,
+        where there is one and the rows are whole; else None (verify.py draws)."""
+        host = self.host
+        if host is None or rows.output is not ROWS:
+            return None
+        return lambda i: host.draw(rows, i)
 
     def steps(self, interrupted: Callable[[], bool]) -> Iterator[Step]:
         x, target = self.x, self.target
@@ -330,10 +344,12 @@ class Loop:
             held[:] = follow(c, tree, held, i)
             return under(rows, i, s, (), c)
 
+        draw = self.drawer(rows) if c is None else None
+
         def token_of(i: int) -> int:
             if s.greedy:
                 return row(i, token_at, token_under)
-            return row(i, dist_at, dist_under).sample(self.rng)
+            return draw(i) if draw is not None else row(i, dist_at, dist_under).sample(self.rng)
 
         def drawn(i: int) -> tuple[int, Dist, Dist] | None:  # (chain node i's child is node i + 1)
             q_i = q[i] if i < min(k, len(q)) else None
@@ -381,7 +397,7 @@ class Loop:
         if s.greedy:
             return accept_greedy(greedy_rows(rows, s, recent, tokens), tokens)
         return accept_sampled(lambda i: dist_at(rows, i, s, recent + tokens[:i]), d.q, tokens,
-                              self.rng)
+                              self.rng, self.drawer(rows))
 
     def accept_under(self, rows, d: Draft, recent: list[int], c: Constraint) -> tuple[int, int]:
         """The acceptance rule under a grammar: p_i is the target's row after x + d_1..d_i masked by

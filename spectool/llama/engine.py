@@ -23,19 +23,8 @@ from spectool.llama.memory import (check_kv_fits, context_that_fits, no_context,
                                    ran_out_of_memory, weights_do_not_fit)
 # the engine's errors and backend facts, re-exported
 from spectool.llama.native import (  # noqa: F401
-    DecodeError,
-    DoesNotFit,
-    EngineError,
-    Interrupt,
-    ModelLoadError,
-    avoid_amx,
-    backend_info,
-    bind,
-    clear_log,
-    last_log_error,
-    lib as llama_lib,
-    raise_pending_interrupt,
-    set_verbose,
+    DecodeError, DoesNotFit, EngineError, Interrupt, ModelLoadError, avoid_amx, backend_info, bind,
+    clear_log, last_log_error, lib as llama_lib, raise_pending_interrupt, set_verbose,
     take_interrupt,
 )
 from spectool.llama.outputs import IDS, ROWS, Kind, Logits, Output
@@ -117,6 +106,8 @@ class Model(Facts):
         # read right after a decode, with arguments made once (ctypes' converters cost more than the
         # call)
         self._sampled_token_ith = bind("llama_get_sampled_token_ith", ctypes.c_int32, None)
+        self._sample = bind("llama_sampler_sample", ctypes.c_int32,
+                            [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32])
         self._ctx_arg = ctypes.c_void_p(self._ctx)
         # output -n_batch .. -1
         self._out_args = [ctypes.c_int32(i) for i in range(-self.n_batch, 0)]
@@ -417,6 +408,13 @@ class Model(Facts):
                               np.frombuffer(buf, np.float32).reshape(self._n_out, self.n_vocab))
             self._rows = self._view[1]
         return self._rows[j]
+
+    def draw(self, chain, i: int = -1) -> int:
+        """The token llama.cpp's sampler `chain` (generate/sampler.py) draws from output i's row of
+        the last decode, on the host as llama.cpp's tools draw (whole rows only)."""
+        if self.output is not ROWS:
+            raise DecodeError("the last decode was sampled in llama.cpp's graph: no row to draw")
+        return self._sample(chain, self._ctx_arg, self._row(i, "row"))
 
     def sampled_tokens(self) -> list[int]:
         """The tokens llama.cpp's greedy sampler picked inside the graph (output IDS), one per
