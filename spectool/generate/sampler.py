@@ -16,7 +16,7 @@ import ctypes
 import weakref
 
 from spectool.core.verify import Random, Sampling
-from spectool.llama.native import lib
+from spectool.llama.native import bind, lib
 
 
 class HostChain:
@@ -34,15 +34,19 @@ class HostChain:
             L.llama_sampler_chain_add(self.chain, stage)
         self._finalizer = weakref.finalize(self, L.llama_sampler_free, self.chain)
         self.drawn = 0  # the numbers its `dist` has drawn
-        # one candidate: `dist` applied to it draws one number and nothing else (llama-sampler.cpp)
+        # one candidate: `dist` applied to it draws one number and nothing else (llama-sampler.cpp),
+        # through a binding of our own (a long chat's next turn catches up thousands of numbers)
         self._one = (L.llama_token_data * 1)()
         self._one_array = L.llama_token_data_array(data=self._one, size=1, selected=-1,
                                                    sorted=False)
+        apply = bind("llama_sampler_apply", None, [ctypes.c_void_p, ctypes.c_void_p])
+        dist, one = self._dist, ctypes.addressof(self._one_array)
+        self._draw_one = lambda: apply(dist, one)
 
     def draw(self, rows, i: int) -> int:
         """The token drawn from output i of `rows` (a Model, or one sequence's rows of a batch)."""
         while self.drawn < self.rng.drawn:  # numbers the Random drew on its own
-            lib().llama_sampler_apply(self._dist, ctypes.byref(self._one_array))
+            self._draw_one()
             self.drawn += 1
         token = rows.draw(self.chain, i)
         self.drawn += 1
