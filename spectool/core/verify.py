@@ -387,26 +387,28 @@ def accept_sampled(p: Callable[[int], Dist], q: Sequence[Dist | None] | None, dr
     """Rejection sampling. p(i) is the target's row after the first i drafts, computed only when
     reached; q has len(draft) rows, or is None for a deterministic drafter (prompt lookup), whose q
     is one-hot on each draft (a row of None: that one token is deterministic, as the lookup tokens
-    of a hybrid draft; such tokens are the target's own, from its text, so the target can draw
-    them). `draw(i)`, where given, is the target's own token from row i drawn with rng's next
-    number (llama.cpp's chain on the host: spectool/generate/sampler.py), in place of
-    p(i).sample(rng)."""
-    own = draw or (lambda i: p(i).sample(rng))
+    of a hybrid draft). `draw(i)`, where given, is the target's own token from row i drawn with
+    rng's next number (llama.cpp's chain on the host: spectool/generate/sampler.py), in place of
+    p(i).sample(rng); it reads the row itself, so a deterministic token is then not checked
+    against the row's vocabulary (lookup's come from the target's own text)."""
     for i, d in enumerate(draft):
         q_i = q[i] if q is not None else None
+        p_i = p(i) if q_i is not None or draw is None else None
+        if p_i is not None:
+            n = p_i.n if q_i is None else q_i.n
+            if n != p_i.n or not 0 <= d < p_i.n:
+                raise ValueError(f"draft row {i} lives on {n} tokens (draft token {d}) but the "
+                                 f"target has {p_i.n}")
         if q_i is None:  # one-hot q: the target's own draw, the draft kept where it is the same
-            t = own(i)
+            t = p_i.sample(rng) if p_i is not None else draw(i)  # type: ignore[misc]
             if t == d:
                 continue
             return i, t
-        p_i = p(i)
-        if q_i.n != p_i.n or not 0 <= d < p_i.n:
-            raise ValueError(f"draft row {i} lives on {q_i.n} tokens (draft token {d}) but the "
-                             f"target has {p_i.n}")
+        assert p_i is not None
         if rng.random() * q_i.prob(d) < p_i.prob(d):  # accept with probability min(1, p(d)/q(d))
             continue
         return i, residual(p_i, q_i).sample(rng)
-    return len(draft), own(len(draft))
+    return len(draft), draw(len(draft)) if draw is not None else p(len(draft)).sample(rng)
 
 
 class TokenLogprob(NamedTuple):
