@@ -66,16 +66,16 @@ def verified(ctl: Controller, keys, draft: list[int], y, j: int, cost) -> tuple[
 
 
 def ours(p, y, cost, k_max: int, costs: Costs, lookup: PromptLookup | None = None,
-         ctl: Controller | None = None, temp: float = 0.0, step=None) -> float:
+         ctl: Controller | None = None, temp: float = 0.0, step=None, audit: Audit | None = None) -> float:
     """spectool's lookup (`lookup`, a fresh one by default) under its controller (`ctl`: one of its own), its picks
-    audited against fixed lengths as Loop audits greedy runs (core/audit.py) where the controller's `audit` is on.
-    `temp`: y is a sample at that temperature, the keys at it as the loop's are (a deterministic draft is kept up to
-    where the sample leaves it, so replaying it over y is exact in distribution, as core/audit.py says; the audit
-    then runs as the loop does not: research/audit_sampled.py measured it). `step(ctl, offer, j, keys, m, n)`, where
-    given, hears of each step: at token j, the offer, the keys drafted (none: the draft was not the offer's), m of them
-    accepted, n tokens of y known now."""
+    audited against fixed lengths as Loop audits greedy runs (core/audit.py; `audit`: that one) where the controller's
+    `audit` is on. `temp`: y is a sample at that temperature, the keys at it as the loop's are (a deterministic draft
+    is kept up to where the sample leaves it, so replaying it over y is exact in distribution, as core/audit.py says;
+    the audit then runs as the loop does not: research/audit_sampled.py measured it). `step(ctl, offer, j, keys, m,
+    n)`, where given, hears of each step: at token j, the offer, the keys drafted (none: the draft was not the
+    offer's), m of them accepted, n tokens of y known now."""
     lookup, ctl, total, j = lookup or PromptLookup(), ctl or Controller(k_max=k_max, costs=costs), 0.0, 0
-    audit = Audit() if ctl.audit and ctl.adaptive and not ctl.k_min else None
+    audit = (audit or Audit()) if ctl.audit and ctl.adaptive and not ctl.k_min else None
     while j < len(y):
         h, limit = p + y[:j], len(y) - j - 1
         offer = lookup.peek(h, min(k_max, limit))
