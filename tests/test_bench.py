@@ -138,6 +138,23 @@ def test_llama_cpp_tools_reports_and_prompt_files(tmp_path):
         assert (text[:-1] if text.endswith("\n") else text) == prompt  # what llama.cpp's -f makes of it
 
 
+def test_a_tools_text_cut_inside_a_character_reads_as_text():
+    """llama.cpp's tools write each token's bytes as it comes, so a text cut at the token budget can end inside a
+    character (a sampled SmolLM2 chat stopped a benchmark so, 2026-12-07): the run reads it, and the generated text
+    leaves the cut character out, so that it compares with spectool's up to where both go. A tool that fails
+    raises, naming itself."""
+    import sys
+
+    import pytest
+    from spectool_lab import llamacpp as LC
+
+    write = "import sys; sys.stdout.buffer.write({!r}); sys.exit({})"
+    p = LC._run("a tool", [sys.executable, "-c", write.format("PROMPT caf\u00e9 \u2192".encode()[:-1], 0)])
+    assert LC._generated(p.stdout, "PROMPT") == " caf\u00e9 "
+    with pytest.raises(RuntimeError, match="a tool failed"):
+        LC._run("a tool", [sys.executable, "-c", write.format(b"", 3)])
+
+
 def test_spectool_counts_an_ending_token_as_llama_cpps_drafters_do(smollm2):
     """The oracle for the benchmarks' counting (llamacpp.counted): on a question SmolLM2 answers in a few tokens,
     llama-speculative-simple's `decoded N tokens` holds the end-of-generation token its last decode made; spectool's

@@ -126,9 +126,7 @@ def lookup(binary: Path, model: Path, prompt: str, tokens: int, n_draft: int = 8
         args = [str(binary), *_common(model, _prompt_file(tmp, prompt), tokens - 1, threads, ctx, repack, gpu,
                                       temp, seed, flash_attn),
                 "--spec-draft-n-max", str(n_draft), "-lcd", str(dynamic or Path(tmp) / "dynamic.bin")]
-        p = subprocess.run(args, capture_output=True, text=True)
-    if p.returncode:
-        raise RuntimeError(f"llama-lookup failed ({p.returncode}): {p.stderr[-500:]}")
+        p = _run("llama-lookup", args)
     return parse_lookup(_generated(p.stdout, prompt, echo), p.stdout + p.stderr, tokens, first_decode)
 
 
@@ -169,9 +167,7 @@ def speculative_ngram(binary: Path, model: Path, prompt: str, tokens: int, kind:
         args = [str(binary), *_common(model, _prompt_file(tmp, prompt), tokens - 1, threads, ctx, repack, gpu,
                                       temp, seed, flash_attn),
                 "--spec-type", kind, *(NGRAM[kind] if sizes is None else sizes)]
-        p = subprocess.run(args, capture_output=True, text=True, stdin=subprocess.DEVNULL)
-    if p.returncode:
-        raise RuntimeError(f"llama-speculative-simple --spec-type {kind} failed ({p.returncode}): {p.stderr[-500:]}")
+        p = _run(f"llama-speculative-simple --spec-type {kind}", args)
     return parse_lookup(_generated(p.stdout, prompt, echo), p.stdout + p.stderr, tokens)
 
 
@@ -183,9 +179,7 @@ def completion(binary: Path, model: Path, prompt: str, tokens: int, threads: int
     with tempfile.TemporaryDirectory() as tmp:
         args = [str(binary), *_common(model, _prompt_file(tmp, prompt), tokens, threads, ctx, repack, gpu, temp,
                                       seed, flash_attn), "-no-cnv", "--simple-io"]
-        p = subprocess.run(args, capture_output=True, text=True, stdin=subprocess.DEVNULL)
-    if p.returncode:
-        raise RuntimeError(f"llama-completion failed ({p.returncode}): {p.stderr[-500:]}")
+        p = _run("llama-completion", args)
     return parse_completion(_generated(p.stdout, prompt, echo), p.stderr)
 
 
@@ -217,14 +211,26 @@ def counted(tokens: int, ended: bool) -> int:
     return tokens + int(ended)
 
 
+def _run(tool: str, args: list[str]) -> subprocess.CompletedProcess[str]:
+    """One of llama.cpp's tools run to its end, its output read as text. The tools write each token's bytes as it
+    comes, so a text cut at the token budget can end inside a character (a sampled SmolLM2 chat, 2026-12-07): bytes
+    that are no UTF-8 read as U+FFFD, where they would have stopped the benchmark. A tool that fails raises, naming
+    `tool`."""
+    p = subprocess.run(args, capture_output=True, text=True, errors="replace", stdin=subprocess.DEVNULL)
+    if p.returncode:
+        raise RuntimeError(f"{tool} failed ({p.returncode}): {p.stderr[-500:]}")
+    return p
+
+
 def _generated(stdout: str, prompt: str, echo: str = "") -> str:
     """The generated text: the tools echo the prompt first, some with its special tokens written out, some without
-    (`echo`: the prompt as it reads without them, such as a chat template's turns)."""
+    (`echo`: the prompt as it reads without them, such as a chat template's turns). A character cut at its end (see
+    _run) is left out, so that the text compares with another up to where both go."""
     for shown in (prompt, echo):
         i = stdout.find(shown) if shown else -1
         if i >= 0:
-            return stdout[i + len(shown):]
-    return stdout
+            return stdout[i + len(shown):].rstrip("\ufffd")
+    return stdout.rstrip("\ufffd")
 
 
 # the n-gram drafters llama-server has (`--spec-type`), sized as NGRAM sizes llama-speculative-simple's; ngram-cache
