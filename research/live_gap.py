@@ -33,9 +33,9 @@ from spectool.bench import Contender
 from spectool.core.controller import Controller
 from spectool.core.costs import Costs
 from spectool.core.stats import Stats
+from spectool.core.verify import Sampling
 from spectool.generate.loop import speculative_generate
 from spectool.llama import engine
-from spectool.core.verify import Sampling
 from spectool.options import DRAFT_MAX, Mode, llama_cpp_sampling
 
 from controller_replay import K_MAX, known
