@@ -29,11 +29,11 @@ from spectool.core.verify import (Dist, Random, Sampling, TokenLogprob, accept_g
                                   greedy_rows, token_at, token_logprob)
 from spectool.generate.plan import Offered, Plan
 from spectool.generate.prompt import calibrate, freeze_startup_objects, prefill
+from spectool.generate.sampler import HostChain
 from spectool.generate.stream import TextStream
 from spectool.llama.engine import Model
 from spectool.llama.outputs import ROWS, Output
 from spectool.llama.parallel import ParallelModel, Tree
-from spectool.generate.sampler import HostChain
 
 @dataclass(slots=True, kw_only=True)
 class Step:
@@ -344,7 +344,7 @@ class Loop:
             held[:] = follow(c, tree, held, i)
             return under(rows, i, s, (), c)
 
-        draw = self.drawer(rows) if c is None else None
+        draw = self.drawer(rows)  # (none under a grammar: no host chain there)
 
         def token_of(i: int) -> int:
             if s.greedy:
