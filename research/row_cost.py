@@ -6,8 +6,8 @@ accepted at all.
 A draft of k tokens is verified in one decode of k + 1 rows. For each model file, a one-token step's time, and a
 decode of 2, 3, 5 and 9 rows over it, with every row's logits (a verification) and with the last row's only (what
 the rows cost without the output layer's share), after one chat prompt, rolled back each time; the median of
---rounds rounds (the first builds the graphs). The files: SmolLM2 135M Instruct as shipped (Q4_1, the benchmark's)
-and re-quantized from it by llama.cpp's quantizer to Q4_0, Q8_0 and F16 (cached in ~/.cache/spectool-bench: other
+--rounds rounds (the first builds the graphs), as the replays measure their cost tables (spectool_lab.replay.
+batch_costs). The files: SmolLM2 135M Instruct as shipped (Q4_1, the benchmark's) and re-quantized from it by llama.cpp's quantizer to Q4_0, Q8_0 and F16 (cached in ~/.cache/spectool-bench: other
 weights, so other outputs; only their costs are compared), Gemma 3 270M F16 (derived from the shipped Q4_K_M) and
 Q4_K_M. llama.cpp's CPU backend multiplies a batch of rows by a GEMM kernel for some formats only (llamafile's sgemm:
 F32, F16, BF16, Q8_0, Q4_0, Q5_0, IQ4_NL; ggml-cpu/repack.cpp on AVX2: Q4_0, Q4_K, Q2_K, IQ4_NL and more), and for
@@ -18,10 +18,8 @@ the others (Q4_1 among them) one row after another. The last column, a row's cos
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
-
 from spectool_lab import common, formats
+from spectool_lab.replay import batch_costs
 
 from spectool.llama import engine
 from spectool.llama.quantize import quantize
@@ -44,20 +42,6 @@ def files() -> dict[str, object]:
     return out
 
 
-def costs(target: engine.Model, prompt: list[int], rounds: int) -> dict[tuple[str, int], float]:
-    """(logits, rows) -> the median seconds of a decode of that many rows after `prompt`, rolled back."""
-    target.sync(prompt[:-1], logits="none")
-    n, times = len(prompt) - 1, {(lg, b): [] for lg in ("all", "last") for b in SIZES}
-    for r in range(rounds + 1):
-        for lg, b in times:
-            t0 = time.perf_counter()
-            target.eval([prompt[-1], *prompt[: b - 1]], logits=lg)
-            if r:  # the first round builds each graph
-                times[lg, b].append(time.perf_counter() - t0)
-            target.rollback(n)
-    return {k: statistics.median(v) for k, v in times.items()}
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=7)
@@ -72,10 +56,11 @@ def main() -> None:
         with common.load(path, args.threads) as target:
             chat = formats.ChatFormat.of(target)
             prompt = target.tokenize(formats.unseen("chat", 1, 5)[0].render(chat), parse_special=True)
-            c = costs(target, prompt, args.rounds)
-        one = c["all", 1]
-        print(f"| {name} | {1000 * one:.2f} | " + " | ".join(f"{c['all', b] / one:.2f}" for b in SIZES[1:])
-              + f" | {c['last', 9] / one:.2f} | {(c['all', 9] - one) / 8 / one:.2f} |", flush=True)
+            every, last = (batch_costs(target, prompt, SIZES[-1], args.rounds, logits=lg)
+                           for lg in ("all", "last"))
+        one = every[1]
+        print(f"| {name} | {1000 * one:.2f} | " + " | ".join(f"{every[b] / one:.2f}" for b in SIZES[1:])
+              + f" | {last[9] / one:.2f} | {(every[9] - one) / 8 / one:.2f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -28,16 +28,18 @@ def accepted(draft, y, j) -> int:
     return m
 
 
-def batch_costs(target, prompt, sizes: int, reps: int = 5, clock=time.perf_counter) -> list[float]:
+def batch_costs(target, prompt, sizes: int, reps: int = 5, clock=time.perf_counter,
+                logits: str = "all") -> list[float]:
     """Median seconds to verify a batch of b tokens, b = 1..sizes (index 0 unused), by `clock` (time.process_time:
-    CPU seconds, for one thread on a machine others keep busy)."""
+    CPU seconds, for one thread on a machine others keep busy); `logits`: "last" for the last row's only
+    (research/row_cost.py: what the rows cost without the output layer's share)."""
     target.sync(prompt[:-1], logits="none")
     n, times = len(prompt) - 1, {b: [] for b in range(1, sizes + 1)}
     filler = (prompt * (sizes // len(prompt) + 1))[:sizes]
     for rep in range(reps + 1):
         for b in range(1, sizes + 1):
             t0 = clock()
-            target.eval([prompt[-1], *filler[: b - 1]], logits="all")
+            target.eval([prompt[-1], *filler[: b - 1]], logits=logits)
             if rep:  # the first round builds each graph
                 times[b].append(clock() - t0)
             target.rollback(n)
