@@ -6,8 +6,9 @@ accepted at all.
 A draft of k tokens is verified in one decode of k + 1 rows. For each model file, a one-token step's time, and a
 decode of 2, 3, 5 and 9 rows over it, with every row's logits (a verification) and with the last row's only (what
 the rows cost without the output layer's share), after one chat prompt, rolled back each time; the median of
---rounds rounds (the first builds the graphs), as the replays measure their cost tables (spectool_lab.replay.
-batch_costs). The files: SmolLM2 135M Instruct as shipped (Q4_1, the benchmark's) and re-quantized from it by llama.cpp's quantizer to Q4_0, Q8_0 and F16 (cached in ~/.cache/spectool-bench: other
+--rounds rounds (the first builds the graphs), as the replays measure their cost tables
+(spectool_lab.replay.batch_costs). The files: SmolLM2 135M Instruct as shipped (Q4_1, the benchmark's) and
+re-quantized from it by llama.cpp's quantizer to Q4_0, Q8_0 and F16 (cached in ~/.cache/spectool-bench: other
 weights, so other outputs; only their costs are compared), Gemma 3 270M F16 (derived from the shipped Q4_K_M) and
 Q4_K_M. llama.cpp's CPU backend multiplies a batch of rows by a GEMM kernel for some formats only (llamafile's sgemm:
 F32, F16, BF16, Q8_0, Q4_0, Q5_0, IQ4_NL; ggml-cpu/repack.cpp on AVX2: Q4_0, Q4_K, Q2_K, IQ4_NL and more), and for
@@ -18,6 +19,7 @@ the others (Q4_1 among them) one row after another. The last column, a row's cos
 from __future__ import annotations
 
 import argparse
+
 from spectool_lab import common, formats
 from spectool_lab.replay import batch_costs
 
