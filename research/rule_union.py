@@ -19,7 +19,6 @@ from __future__ import annotations
 from spectool_lab.replay import accepted, cheapest, ours
 
 from spectool.core.audit import Audit
-from spectool.core.controller import Controller
 from spectool.core.ngram_cache import NgramCache
 from spectool.drafters.lookup import PromptLookup
 
@@ -53,8 +52,9 @@ def reaches(p, y) -> tuple[list[int], list[int], int]:
 
 
 def played(p, y, cost, audit: Audit) -> float:
-    """spectool's lookup replayed over y with `audit`, as rule_margin.seconds replays it."""
-    return ours(p, y, cost, K_MAX, known(cost), ctl=Controller(k_max=K_MAX, costs=known(cost)), audit=audit)
+    """spectool's lookup replayed over y with `audit`, its controller's cost table known, as rule_margin.seconds
+    replays it."""
+    return ours(p, y, cost, K_MAX, known(cost), audit=audit)
 
 
 def main() -> None:
