@@ -229,7 +229,7 @@ class Options:
                           parse=_flash_attn,
                           help="llama.cpp's flash attention for the target; auto = on a GPU as "
                           "llama.cpp decides, on a CPU whichever kernel this machine runs "
-                          "faster (measured once per model).")
+                          "faster for what the model decodes (measured once per model).")
     gpu_layers: str = opt("auto", "--gpu-layers", "-ngl", group=HARDWARE, metavar="N|auto|all",
                           parse=_gpu_layers,
                           help="Target layers to offload to the GPU or RPC workers; auto = all of "

@@ -240,10 +240,11 @@ def load_models(o: Options, stack: contextlib.ExitStack, refs: Refs, want_draft:
         unified: dict = {"kv_unified": True} if o.draft_tree or (o.kv_unified and n_seq > 1) else {}
         if o.draft_tree and o.parallel > 1 and not o.kv_unified:  # (each slot -c / N, as without)
             unified["slots"] = o.parallel
+        flash = attention.chosen(path, o.threads, o.gpu_layers, o.flash_attn,
+                                 plain=o.spec is Mode.none)  # (nothing drafted: a token a step)
         target = stack.enter_context(kind(path, n_ctx=o.ctx_size, n_threads=o.threads,
                                           n_gpu_layers=o.gpu_layers, load_mtp=load_mtp,
-                                          flash_attn=attention.chosen(path, o.threads, o.gpu_layers,
-                                                                      o.flash_attn),
+                                          flash_attn=flash,
                                           progress=bar.fraction, n_seq_max=n_seq, **unified,
                                           ctx_seqs=o.parallel))
     out = Loaded(target, None, target_ref, draft_ref)
@@ -254,9 +255,9 @@ def load_models(o: Options, stack: contextlib.ExitStack, refs: Refs, want_draft:
 
 def _load_draft(o: Options, stack: contextlib.ExitStack, out: Loaded, ref: ModelRef,
                 hooks: Hooks) -> None:
-    """Load the draft `ref` beside the target of `out`, on the attention kernel chosen for it as
-    for the target; a draft that cannot be loaded goes to `out.draft_error`; one whose vocabulary
-    is not the target's drafts through text."""
+    """Load the draft `ref` beside the target of `out`, on the attention kernel chosen for a model
+    that decodes a token a step; a draft that cannot be loaded goes to `out.draft_error`; one whose
+    vocabulary is not the target's drafts through text."""
     from spectool import attention
     from spectool.llama import engine
     from spectool.models import hub
@@ -265,7 +266,8 @@ def _load_draft(o: Options, stack: contextlib.ExitStack, out: Loaded, ref: Model
     try:
         path = hub.ensure(ref, yes=o.yes, ask=hooks.ask)
         with hooks.bar(f"loading {Path(path).name}", "") as bar:
-            flash = attention.chosen(path, o.threads, o.gpu_layers_draft, o.flash_attn)
+            flash = attention.chosen(path, o.threads, o.gpu_layers_draft, o.flash_attn,
+                                     plain=True)  # (a draft decodes a token a step)
             draft = stack.enter_context(engine.Model(path, n_ctx=out.target.n_ctx,
                                                      n_threads=o.threads,
                                                      n_gpu_layers=o.gpu_layers_draft,

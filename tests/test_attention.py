@@ -13,11 +13,21 @@ import pytest
 from spectool import attention
 
 
+def timed(on: tuple[float, float], off: tuple[float, float]) -> dict[bool, dict[int, float]]:
+    """Seconds a decode of one token and of a verification took with flash attention on and off."""
+    return {True: dict(zip(attention.BATCHES, on)), False: dict(zip(attention.BATCHES, off))}
+
+
 def test_flash_attention_is_kept_unless_the_plain_kernel_is_faster_by_the_margin():
-    assert attention.faster({True: 1.0, False: 1.0})
-    assert attention.faster({True: 1.0 + attention.MARGIN / 2, False: 1.0})
-    assert not attention.faster({True: 1.0 + 2 * attention.MARGIN, False: 1.0})
-    assert attention.faster({True: 0.5, False: 1.0})
+    m, step = attention.MARGIN, attention.STEP_MARGIN
+    assert attention.faster(timed((1, 1), (1, 1))) and attention.faster(timed((1, 1), (1, 1)), plain=True)
+    assert attention.faster(timed((1 + m, 1 + m), (1, 1)))
+    assert not attention.faster(timed((1.01 + m, 1.01 + m), (1, 1)))
+    assert not attention.faster(timed((1, 1.1), (1, 1))) and attention.faster(timed((0.5, 1), (1, 1)))
+    # a model that decodes a token a step (--spec none, a draft) is timed by that decode alone, with its margin
+    assert attention.faster(timed((1, 2), (1, 1)), plain=True)
+    assert attention.faster(timed((1 + step / 2, 1), (1, 1)), plain=True)
+    assert not attention.faster(timed((1 + 2 * step, 1), (1, 1)), plain=True)
 
 
 @pytest.mark.parametrize("asked, flash", [("on", True), ("off", False)])
@@ -31,17 +41,16 @@ def test_auto_on_a_cpu_measures_both_kernels_once_and_keeps_the_faster(tiny, tmp
     monkeypatch.setenv("SPECTOOL_CACHE", str(tmp_path))
     flash = attention.chosen(tiny["target"], 1, 0)
     [kept] = (tmp_path / "attention").glob("*.json")
-    saved = json.loads(kept.read_text())
-    seconds = {fa == "true": s for fa, s in saved["seconds"].items()}
-    assert set(seconds) == {True, False} and all(s > 0 for s in seconds.values())
-    assert flash is saved["flash_attn"] is attention.faster(seconds)
-    # kept: the next run reads the choice instead of measuring (the file says the other kernel now)
-    kept.write_text(json.dumps({**saved, "flash_attn": not flash}))
-    assert attention.chosen(tiny["target"], 1, 0) is (not flash)
+    seconds = attention.kept(json.loads(kept.read_text()))
+    assert all(s > 0 for by in seconds.values() for s in by.values())
+    assert flash is attention.faster(seconds)
+    # kept: the next run reads the seconds instead of measuring, for either use of the model
+    kept.write_text(json.dumps({"seconds": {"true": {"1": 1.0, "8": 10.0}, "false": {"1": 1.0, "8": 5.0}}}))
+    assert attention.chosen(tiny["target"], 1, 0) is False and attention.chosen(tiny["target"], 1, 0, plain=True)
     # a damaged file is measured again and replaced whole
-    kept.write_text('{"flash_attn": ')
+    kept.write_text('{"seconds": ')
     assert attention.chosen(tiny["target"], 1, 0) in (True, False)
-    assert set(json.loads(kept.read_text())) == {"flash_attn", "seconds"}
+    assert set(json.loads(kept.read_text())) == {"seconds"} and attention.kept(json.loads(kept.read_text()))
 
 
 def test_a_table_of_costs_is_kept_per_kernel(tiny, tmp_path, monkeypatch):
@@ -74,8 +83,23 @@ def test_auto_chooses_the_draft_s_kernel_too(tiny, tmp_path, monkeypatch):
 
     monkeypatch.setenv("SPECTOOL_CACHE", str(tmp_path))
     _, stats = generate(tiny, tmp_path, "-md", str(tiny["draft"]), "--spec", "draft", "-ngld", "0")
-    kept = {json.loads(f.read_text())["flash_attn"] for f in (tmp_path / "attention").glob(f"{tiny['draft'].stem}-*")}
+    kept = {attention.faster(attention.kept(json.loads(f.read_text())), plain=True)
+            for f in (tmp_path / "attention").glob(f"{tiny['draft'].stem}-*")}
     assert kept == {stats["offload"]["draft"]["flash_attn"]}
+
+
+def test_auto_chooses_for_what_the_target_decodes(tiny, tmp_path, monkeypatch):
+    """A kept file whose one-token decode ties and whose verification runs faster without flash attention: a
+    target that verifies drafts runs without it, one that decodes a token a step (--spec none) with it."""
+    from test_rpc import generate
+
+    monkeypatch.setenv("SPECTOOL_CACHE", str(tmp_path))
+    generate(tiny, tmp_path, "--spec", "none")
+    [kept] = (tmp_path / "attention").glob(f"{tiny['target'].stem}-*")
+    kept.write_text(json.dumps({"seconds": {"true": {"1": 1.0, "8": 10.0}, "false": {"1": 1.0, "8": 5.0}}}))
+    for spec, flash in (("none", True), ("lookup", False)):
+        _, stats = generate(tiny, tmp_path, "--spec", spec)
+        assert stats["offload"]["target"]["flash_attn"] is flash
 
 
 PROBE_THREADS = """
@@ -91,7 +115,7 @@ path, on_main = sys.argv[1], sys.argv[2] == "main"
 native.lib()
 before = threads()
 if on_main:  # the control: the probe's decodes on this thread, as they ran before
-    attention.decode_seconds(path, 2, False)
+    attention.kernel_seconds(path, 2)
 else:
     attention.chosen(path, 2, 0)
 print(before, threads(), "libgomp" in open("/proc/self/maps").read())
@@ -112,3 +136,18 @@ def test_the_probe_leaves_no_threads_of_llama_cpp_behind(tiny, tmp_path):
         counts[where] = int(after) - int(before)
     assert counts["own"] == 0
     assert openmp == "False" or counts["main"] > 0  # the control: with OpenMP, decoding on the main thread leaves its team
+
+
+def test_a_choice_kept_by_an_older_measurement_is_measured_again(tiny, tmp_path, monkeypatch):
+    """The measurement's version is in the kept file's name: a choice kept by an older, less careful one (which
+    chose the slower kernel here, research/notes/2026-12-07-kernel-choice.md) is not read."""
+    monkeypatch.setenv("SPECTOOL_CACHE", str(tmp_path))
+    monkeypatch.setattr(attention, "METHOD", attention.METHOD - 1)
+    attention.chosen(tiny["target"], 1, 0)
+    [old] = (tmp_path / "attention").glob("*.json")
+    old.write_text(json.dumps({**json.loads(old.read_text()), "seconds": "kept by the older method"}))
+    monkeypatch.undo()
+    monkeypatch.setenv("SPECTOOL_CACHE", str(tmp_path))
+    attention.chosen(tiny["target"], 1, 0)
+    assert len(list((tmp_path / "attention").glob("*.json"))) == 2
+    assert json.loads(old.read_text())["seconds"] == "kept by the older method"

@@ -11,6 +11,7 @@ llama.cpp than a decode's outputs (the MTP head, drafters/mtp.py) listens to the
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import os
 from typing import Any, Callable, Sequence
@@ -37,6 +38,7 @@ DecodeListener = Callable[[Sequence[int], int], None]
 class Model(Facts):
     """One llama.cpp model with one context holding one sequence (seq id 0); what its file says
     (tokenize, pieces, end-of-generation, metadata) comes from Facts (vocab.py)."""
+    _owner = True  # of the weights (which close frees): not a Model made `beside` another
 
     def __init__(
         self,
@@ -215,8 +217,7 @@ class Model(Facts):
         for i in range(n):
             b.seq_id[i][0] = 0
 
-    # -- lifetime
-    # ------------------------------------------------------------------------------------------
+    # -- lifetime ------------------------------------------------------------------------------
     def offload(self) -> dict:
         """Where the weights went, for the live panel, --stats-json and the cost tables' names: the
         backend (the devices, or CPU), the devices, how many of the offloadable layers went there,
@@ -238,9 +239,9 @@ class Model(Facts):
         if self._chain is not None:  # after the context that ran it
             lib.llama_sampler_free(self._chain)
             self._chain = None
-        if self._model:
+        if self._model and self._owner:  # (a Model beside this one's weights leaves them)
             lib.llama_model_free(self._model)
-            self._model = None
+        self._model = None
 
     @property
     def closed(self) -> bool:
@@ -259,19 +260,27 @@ class Model(Facts):
         except Exception:
             pass
 
-    # -- for code that builds on this model (drafters/mtp.py)
-    # ----------------------------------------------
+    # -- for code that builds on this model (drafters/mtp.py, attention.py) ---------------------
     @property
     def llama_model(self):
-        """llama.cpp's `llama_model *` of this Model, for a context of one's own over the same
-        weights."""
+        """llama.cpp's `llama_model *`, for a context of one's own over the same weights."""
         return self._model
 
     @property
     def llama_context(self):
-        """llama.cpp's `llama_context *` of this Model (valid until close), for a context that reads
-        from it."""
+        """llama.cpp's `llama_context *` (valid until close), for a context that reads from it."""
         return self._ctx
+
+    def beside(self, flash_attn: bool | None) -> "Model":
+        """A second Model on these weights (nothing loaded again), its own context as large, flash
+        attention as asked: two kernels timed side by side (attention.py). Close it first."""
+        other = copy.copy(self)
+        other._owner, other._ctx, other._chain, other._batch = False, None, None, None  # (its own)
+        other._ctx = other._make_context(self.n_ctx, self.n_batch, flash_attn, 1, None, 1)
+        other._mem = self.lib.llama_get_memory(other._ctx)
+        other._make_batch()
+        other._init_outputs()
+        return other
 
     def add_decode_listener(self, listener: DecodeListener) -> None:
         """Have `listener(tokens, pos0)` hear of every successful decode, right after it, while what
@@ -286,8 +295,7 @@ class Model(Facts):
         """Whether anything follows its decodes (a head's context: add_decode_listener)."""
         return bool(self._listeners)
 
-    # -- decoding
-    # ------------------------------------------------------------------------------------------
+    # -- decoding ------------------------------------------------------------------------------
     @property
     def graph_sampling(self) -> bool:
         """Whether decodes that ask for ids or top-k candidates have llama.cpp sample them inside
@@ -428,8 +436,7 @@ class Model(Facts):
         return ids
 
     def sampled_token(self, i: int = -1) -> int:
-        """The token llama.cpp's greedy sampler picked, inside the graph, for output `i` (output
-        IDS)."""
+        """The token llama.cpp's greedy sampler picked inside the graph for output `i` (IDS)."""
         self._row(i, "sampled token")
         return self.sampled_tokens()[i]
 
@@ -440,15 +447,14 @@ class Model(Facts):
             raise DecodeError("the last decode had no top-k sampled inside llama.cpp's graph")
         lib, ctx, r = self.lib, self._ctx, self._row(i, "candidates")
         n = lib.llama_get_sampled_candidates_count_ith(ctx, r)
-        ids, z = lib.llama_get_sampled_candidates_ith(ctx,
-                                                      r), lib.llama_get_sampled_logits_ith(ctx, r)
+        ids = lib.llama_get_sampled_candidates_ith(ctx, r)
+        z = lib.llama_get_sampled_logits_ith(ctx, r)
         if not (n and ids and z):
             raise DecodeError(f"llama.cpp returned no candidates for output {i}")
         return np.ctypeslib.as_array(ids, shape=(n,)), np.ctypeslib.as_array(z, shape=(n,))
 
     def rollback(self, n: int, seq: int = 0) -> bool:
-        """Keep the first `n` tokens of sequence `seq`; False if this model cannot drop a partial
-        sequence."""
+        """Keep the first `n` tokens of sequence `seq`; False if it cannot drop a partial one."""
         held = self.seqs[seq]
         if n >= len(held):
             return True
