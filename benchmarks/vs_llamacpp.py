@@ -38,6 +38,7 @@ It is rewritten after every family, so a run cut short leaves what it measured.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -142,11 +143,14 @@ class Bench:
     target: engine.Model
     sampling: Sampling
     ngram: dict
+    plain: engine.Model | None = None  # what spectool plain decodes on (common.plain_beside; None: the target)
     costs: dict = field(default_factory=dict)
     one_decode: float = 0.0  # llama-completion's last seconds per token: llama-lookup's missing decode
     gpu: bool = field(default_factory=on_gpu)  # every layer of every contender on the GPU where there is one
     # flash attention for llama.cpp's tools: None, their default (-fa auto); with --llama-fa same, spectool's choice
+    # (for llama-completion, spectool plain's)
     flash_attn: bool | None = None
+    plain_flash_attn: bool | None = None
 
     def jobs(self, text: str, prompt: list[int], seed: int) -> dict[str, Callable[[], tuple]]:
         """Each contender's run of one prompt: name -> () -> (llamacpp.Run, spectool's tokens or None)."""
@@ -154,7 +158,8 @@ class Bench:
         kw = dict(threads=a.threads, gpu=self.gpu, temp=a.temp, seed=seed, flash_attn=self.flash_attn,
                   echo=self.target.detokenize(prompt))
         out: dict[str, Callable[[], tuple]] = {c.name: self.ours(c, prompt, seed) for c in ours(a)}
-        out[COMPLETION] = lambda: (llamacpp.completion(b[COMPLETION], self.path, text, a.tokens, **kw), None)
+        out[COMPLETION] = lambda: (llamacpp.completion(b[COMPLETION], self.path, text, a.tokens,
+                                                       **{**kw, "flash_attn": self.plain_flash_attn}), None)
         out[LOOKUP_CPP] = lambda: (llamacpp.lookup(b[LOOKUP_CPP], self.path, text, a.tokens, a.n_draft,
                                                    **kw), None)
 
@@ -168,7 +173,8 @@ class Bench:
     def ours(self, c: Contender, prompt: list[int], seed: int) -> Callable[[], tuple]:
         def run() -> tuple:
             st = Stats(mode=c.mode)
-            g = c.generation(self.target, {}, self.args.tokens, self.costs[c.name], self.sampling, seed=seed)
+            target = self.plain if c.mode is Mode.none and self.plain is not None else self.target
+            g = c.generation(target, {}, self.args.tokens, self.costs[c.name], self.sampling, seed=seed)
             tokens, n, seconds = decode(g, prompt, st)
             return llamacpp.Run(self.target.detokenize(tokens), n, seconds, st.n_drafted, st.n_accepted), tokens
         return run
@@ -663,9 +669,11 @@ def load(path: Path, args) -> engine.Model:
                        ctx_seqs=1)
 
 
-def attention_text(target: engine.Model, tools: bool | None) -> str:
-    """Which attention kernel spectool ran on, and llama.cpp's tools."""
-    ours = {True: "on", False: "off", None: "llama.cpp's default"}[target.flash_attn]
+def attention_text(target: engine.Model, plain: engine.Model, tools: bool | None) -> str:
+    """Which attention kernel spectool ran on (drafting, and plain where it differs), and llama.cpp's tools."""
+    said = {True: "on", False: "off", None: "llama.cpp's default"}
+    ours = said[target.flash_attn] + (f", spectool plain {said[plain.flash_attn]}"
+                                      if plain.flash_attn != target.flash_attn else "")
     return f"flash attention {ours} (llama.cpp's tools: {'-fa auto' if tools is None else ours})"
 
 
@@ -685,12 +693,15 @@ def main() -> None:
     backends: dict[str, str] = {}
     for name in args.models:
         path = common.real_model(name)
-        with load(path, args) as target:
+        with load(path, args) as target, contextlib.ExitStack() as stack:
             chat = formats.ChatFormat.of(target)
-            b = Bench(args, bins, name, path, target, sampling, ngram_drafters(args.ngram),
-                      flash_attn=target.flash_attn if args.llama_fa == "same" else None)
+            plain = common.plain_beside(stack, target, args.threads)
+            same = args.llama_fa == "same"
+            b = Bench(args, bins, name, path, target, sampling, ngram_drafters(args.ngram), plain,
+                      flash_attn=target.flash_attn if same else None,
+                      plain_flash_attn=plain.flash_attn if same else None)
             backends[name] = (f"{offload_text({'target': target.offload()})}, chat template: {chat.name}, "
-                              f"{attention_text(target, b.flash_attn)}")
+                              f"{attention_text(target, plain, b.flash_attn)}")
             texts = {f: [p.render(chat) for p in ps] for f, ps in chosen.items()}
             if saved(args):
                 warm(b, chat)

@@ -317,14 +317,26 @@ def real_model(name: str) -> Path:
     return models(({"gemma-f16": "F16", "gemma-q4": "Q4_K_M"}[name],)).popitem()[1]
 
 
-def load(path: Path, threads: int | None, kind: type[engine.Model] = engine.Model, **kw) -> engine.Model:
+def load(path: Path, threads: int | None, kind: type[engine.Model] = engine.Model, plain: bool = False,
+         **kw) -> engine.Model:
     """A model loaded as `spectool run` loads it: every layer on the GPU where there is one, else the attention
-    kernel spectool/attention.py chooses for this CPU; `kind` (a ParallelModel) and `kw` (more of its arguments)
-    as `spectool run` would pass them."""
+    kernel spectool/attention.py chooses for this CPU, for a model that verifies drafts or (`plain`) one that
+    decodes a token a step (`--spec none`, a draft model); `kind` (a ParallelModel) and `kw` (more of its
+    arguments) as `spectool run` would pass them."""
     from spectool import attention
 
     return kind(path, n_ctx=CTX_SIZE, n_threads=threads, n_gpu_layers="auto",
-                flash_attn=attention.chosen(path, threads, "auto"), **kw)
+                flash_attn=attention.chosen(path, threads, "auto", plain=plain), **kw)
+
+
+def plain_beside(stack: contextlib.ExitStack, target: engine.Model, threads: int | None) -> engine.Model:
+    """The model `spectool run --spec none` decodes on, for a benchmark that loaded `target` (load) for drafting:
+    `target` itself where the kernel chosen for a token a step is the same, else a context beside it (on the same
+    weights) with that kernel, opened on `stack`."""
+    from spectool import attention
+
+    flash = attention.chosen(target.path, threads, "auto", plain=True)
+    return target if flash == target.flash_attn else stack.enter_context(target.beside(flash))
 
 
 def open_drafts(stack: contextlib.ExitStack, draft_path: Path | None, contenders: list[Contender],
@@ -334,7 +346,7 @@ def open_drafts(stack: contextlib.ExitStack, draft_path: Path | None, contenders
     drafts = {}
     for vocab in sorted({c.draft_vocab for c in contenders if c.mode in ("draft", "hybrid")}):
         path = prune.pruned_draft(draft_path, vocab, n_threads=threads) if vocab else draft_path
-        m = stack.enter_context(load(path, threads))
+        m = stack.enter_context(load(path, threads, plain=True))  # (a draft decodes a token a step)
         drafts[vocab] = (m, prune.read_ids(path) if vocab else None)
     return drafts
 
