@@ -34,7 +34,7 @@ ROUNDS, RUN = 3, 4  # ... ROUNDS rounds of RUN decodes, the kernels in turn, the
 # verifies drafts, by any margin over both decodes: on a 2-core EPYC the probe had them 2-16% faster
 # without flash attention and spectool's lookup ran 2-5% faster without it. For one that decodes a
 # token a step (--spec none, a draft model), by STEP_MARGIN over the one-token decode: there the
-# probe moved 5% either way between runs while a generation ran 0-6% faster with flash attention,
+# probe moved 5% either way between runs while a generation ran 0-7% faster with flash attention,
 # on average (research/notes/2026-12-07-kernel-choice.md); SmolLM2 on a 2-core Xeon, 1.3x faster
 # without it at 512 tokens of context, is still caught.
 MARGIN, STEP_MARGIN = 0.0, 0.15
