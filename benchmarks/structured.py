@@ -51,10 +51,9 @@ from spectool.models.registry import PAIR_DRAFT_MAX
 from spectool.options import DRAFT_MAX
 from spectool.templates import prompt_tokens
 from spectool_lab import common, llamacpp
-from spectool_lab.common import machine, models, on_gpu, open_drafts
+from spectool_lab.common import decode, machine, models, on_gpu, open_drafts
 from spectool_lab.extraction import Extraction, Row, extraction_prompts, table
 
-from vs_llamacpp import decode
 
 HERE = Path(__file__).resolve().parent
 

@@ -52,13 +52,12 @@ from spectool.cli.display import offload_text
 from spectool.core.costs import Costs
 from spectool.core.stats import Stats
 from spectool.core.verify import Sampling
-from spectool.generate.loop import GenerationConfig, speculative_generate
 from spectool.llama import engine
 from spectool.llama.parallel import ParallelModel
 from spectool.options import DRAFT_MAX, Mode, llama_cpp_sampling
 from spectool.session import tree_seqs
 from spectool_lab import common, formats, llamacpp
-from spectool_lab.common import machine, on_gpu
+from spectool_lab.common import decode, machine, on_gpu
 
 HERE = Path(__file__).resolve().parent
 COMPLETION, PLAIN, LOOKUP_CPP, LOOKUP = "llama-completion", "spectool plain", "llama-lookup", "spectool lookup"
@@ -84,16 +83,6 @@ def tables(args) -> dict[str, Costs]:
 
 WARM = 2  # --tables saved: the prompts of each family's tuning list a table is measured over first
 BARS = {"family": 1.0, "prompt": 0.97, "mean": 1.15, "spread": 1.5, "plain": 0.97}  # issue 57's "Done when"
-
-
-def decode(g: GenerationConfig, prompt: list[int], st: Stats) -> tuple[list[int], int, float]:
-    """(tokens, how many, seconds): wall-clock decode time, as llama.cpp's tools count it (prompt processing,
-    which for spectool includes indexing the prompt and measuring a fresh cost table, excluded), an ending
-    end-of-generation token counted as theirs is (llamacpp.counted)."""
-    t0 = time.perf_counter()
-    tokens = [t for step in speculative_generate(g, prompt, st) for t in step.tokens]
-    seconds = time.perf_counter() - t0 - st.prompt_seconds
-    return tokens, llamacpp.counted(len(tokens), st.finish_reason == "stop"), seconds
 
 
 def ngram_drafters(which: str) -> dict[str, tuple[str, list[str]]]:
@@ -143,7 +132,7 @@ class Bench:
     target: engine.Model
     sampling: Sampling
     ngram: dict
-    plain: engine.Model | None = None  # what spectool plain decodes on (common.plain_beside; None: the target)
+    plain: engine.Model  # what spectool plain decodes on (common.plain_beside: the target or a context beside it)
     costs: dict = field(default_factory=dict)
     one_decode: float = 0.0  # llama-completion's last seconds per token: llama-lookup's missing decode
     gpu: bool = field(default_factory=on_gpu)  # every layer of every contender on the GPU where there is one
@@ -173,7 +162,7 @@ class Bench:
     def ours(self, c: Contender, prompt: list[int], seed: int) -> Callable[[], tuple]:
         def run() -> tuple:
             st = Stats(mode=c.mode)
-            target = self.plain if c.mode is Mode.none and self.plain is not None else self.target
+            target = self.plain if c.mode is Mode.none else self.target
             g = c.generation(target, {}, self.args.tokens, self.costs[c.name], self.sampling, seed=seed)
             tokens, n, seconds = decode(g, prompt, st)
             return llamacpp.Run(self.target.detokenize(tokens), n, seconds, st.n_drafted, st.n_accepted), tokens

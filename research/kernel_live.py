@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import time
 
 from spectool_lab import common, formats, llamacpp
 
@@ -26,7 +25,6 @@ from spectool.bench import Contender
 from spectool.core.costs import Costs
 from spectool.core.stats import Stats
 from spectool.core.verify import Sampling
-from spectool.generate.loop import speculative_generate
 from spectool.llama import engine
 from spectool.options import CTX_SIZE, DRAFT_MAX, Mode
 
@@ -35,12 +33,9 @@ OURS = {"plain": Contender("plain", Mode.none), "lookup": Contender("lookup", Mo
 
 
 def ours(m: engine.Model, c: Contender, prompt: list[int], costs: Costs, tokens: int) -> float:
-    """Tokens per second of spectool's contender `c` decoding `prompt` on `m`."""
-    st = Stats(mode=c.mode)
-    g = c.generation(m, {}, tokens, costs, Sampling(), seed=0)
-    t0 = time.perf_counter()
-    n = sum(len(step.tokens) for step in speculative_generate(g, prompt, st))
-    return llamacpp.counted(n, st.finish_reason == "stop") / (time.perf_counter() - t0 - st.prompt_seconds)
+    """Tokens per second of spectool's contender `c` decoding `prompt` on `m`, as the benchmark counts them."""
+    _, n, seconds = common.decode(c.generation(m, {}, tokens, costs, Sampling(), seed=0), prompt, Stats(mode=c.mode))
+    return n / seconds
 
 
 def one_model(name: str, args, seed: int, binary) -> None:

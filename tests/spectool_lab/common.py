@@ -21,11 +21,14 @@ import contextlib
 import json
 import os
 import re
+import time
 from pathlib import Path
 from typing import IO, Iterator
 
 from spectool.bench import Contender, Result
+from spectool.core.stats import Stats
 from spectool.drafters import prune
+from spectool.generate.loop import GenerationConfig, speculative_generate
 from spectool.llama import devices, engine
 from spectool.llama.quantize import quantize
 from spectool.options import CTX_SIZE
@@ -349,6 +352,16 @@ def open_drafts(stack: contextlib.ExitStack, draft_path: Path | None, contenders
         m = stack.enter_context(load(path, threads, plain=True))  # (a draft decodes a token a step)
         drafts[vocab] = (m, prune.read_ids(path) if vocab else None)
     return drafts
+
+
+def decode(g: GenerationConfig, prompt: list[int], st: Stats) -> tuple[list[int], int, float]:
+    """(tokens, how many, seconds): wall-clock decode time, as llama.cpp's tools count it (prompt processing,
+    which for spectool includes indexing the prompt and measuring a fresh cost table, excluded), an ending
+    end-of-generation token counted as theirs is (llamacpp.counted)."""
+    t0 = time.perf_counter()
+    tokens = [t for step in speculative_generate(g, prompt, st) for t in step.tokens]
+    seconds = time.perf_counter() - t0 - st.prompt_seconds
+    return tokens, llamacpp.counted(len(tokens), st.finish_reason == "stop"), seconds
 
 
 # -- the machine and the reports ------------------------------------------------------------------------
